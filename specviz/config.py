@@ -1,0 +1,128 @@
+"""DecodeConfig: every decoding knob and its default, defined once.
+
+Validation lives here too, so the CLI, the app and the engines share one set of
+one-line error messages ("gamma=0 is out of range: use an integer 1..16 or 'auto'").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Union
+
+DEFAULT_TARGET = "smollm2-135m"  # the embedded SmolLM2-135M-Instruct
+DEFAULT_DRAFT = "int8"           # an int8 copy of the target
+METHODS = ("ar", "vanilla", "pld")
+GAMMA_MAX = 16
+MAX_NEW_TOKENS_CAP = 2048
+
+
+class ConfigError(ValueError):
+    """A bad user-supplied value; its message is one line naming the value and what is accepted."""
+
+
+Gamma = Union[int, str]  # 1..GAMMA_MAX or "auto"
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    method: str = "vanilla"          # "ar" | "vanilla" (a draft model) | "pld" (prompt lookup)
+    gamma: Gamma = 4                 # drafted tokens per step, or "auto" (adaptive)
+    temperature: float = 0.0         # 0 = greedy; > 0 = exact speculative sampling
+    top_k: int = 0                   # 0 = off; else keep the k most likely tokens
+    top_p: float = 1.0               # nucleus mass in (0, 1]; 1 = off
+    max_new_tokens: int = 128        # exact cap on emitted tokens
+    seed: int = 0                    # seeds the run's own torch.Generator
+    # adaptive gamma ("auto"): start, bounds, and the early-stop confidence
+    gamma_auto_start: int = 4
+    gamma_auto_min: int = 1
+    gamma_auto_max: int = 12
+    draft_confidence: float = 0.4    # auto: stop drafting when the draft's top prob falls below this
+    # prompt lookup
+    pld_ngram_max: int = 3           # longest suffix n-gram searched for in the context
+    pld_ngram_min: int = 1
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def adaptive(self) -> bool:
+        return self.gamma == "auto"
+
+    def initial_gamma(self) -> int:
+        return self.gamma_auto_start if self.adaptive else int(self.gamma)
+
+    def with_(self, **changes) -> "DecodeConfig":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def parse_gamma(value) -> Gamma:
+    """'auto' or an integer 1..GAMMA_MAX, from a string, int or float."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return "auto"
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(f"gamma={value!r} is not valid: use an integer 1..{GAMMA_MAX} or 'auto'") from None
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ConfigError(f"gamma={value!r} is not valid: use an integer 1..{GAMMA_MAX} or 'auto'")
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= GAMMA_MAX:
+        raise ConfigError(f"gamma={value!r} is out of range: use an integer 1..{GAMMA_MAX} or 'auto'")
+    return value
+
+
+def _number(name: str, value, kind=float):
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} is not a number")
+    try:
+        out = kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={value!r} is not a number") from None
+    if kind is int and isinstance(value, float) and not value.is_integer():
+        raise ConfigError(f"{name}={value!r} is not an integer")
+    if out != out:  # NaN
+        raise ConfigError(f"{name}={value!r} is not a number")
+    return out
+
+
+def validate(cfg: DecodeConfig) -> None:
+    """Raise ConfigError with a one-line message for the first bad field. Normalises types in place."""
+    set_ = lambda k, v: object.__setattr__(cfg, k, v)  # noqa: E731  (frozen dataclass normalisation)
+    if cfg.method not in METHODS:
+        raise ConfigError(f"method={cfg.method!r} is unknown: use one of {', '.join(METHODS)}")
+    set_("gamma", parse_gamma(cfg.gamma))
+    t = _number("temperature", cfg.temperature)
+    if not 0.0 <= t <= 100.0:
+        raise ConfigError(f"temperature={cfg.temperature!r} is out of range: use 0 (greedy) up to 100")
+    set_("temperature", t)
+    k = _number("top_k", cfg.top_k, int)
+    if k < 0:
+        raise ConfigError(f"top_k={cfg.top_k!r} is out of range: use 0 (off) or a positive integer")
+    set_("top_k", k)
+    p = _number("top_p", cfg.top_p)
+    if not 0.0 < p <= 1.0:
+        raise ConfigError(f"top_p={cfg.top_p!r} is out of range: use a number in (0, 1]")
+    set_("top_p", p)
+    n = _number("max_new_tokens", cfg.max_new_tokens, int)
+    if not 1 <= n <= MAX_NEW_TOKENS_CAP:
+        raise ConfigError(f"max_new_tokens={cfg.max_new_tokens!r} is out of range: use 1..{MAX_NEW_TOKENS_CAP}")
+    set_("max_new_tokens", n)
+    s = _number("seed", cfg.seed, int)
+    if not 0 <= s < 2**63:
+        raise ConfigError(f"seed={cfg.seed!r} is out of range: use an integer 0..2^63-1")
+    set_("seed", s)
+    if not 1 <= cfg.gamma_auto_min <= cfg.gamma_auto_start <= cfg.gamma_auto_max <= GAMMA_MAX:
+        raise ConfigError("auto gamma bounds must satisfy 1 <= min <= start <= max <= %d" % GAMMA_MAX)
+    if not 0.0 <= cfg.draft_confidence < 1.0:
+        raise ConfigError(f"draft_confidence={cfg.draft_confidence!r} is out of range: use [0, 1)")
+    if not 1 <= cfg.pld_ngram_min <= cfg.pld_ngram_max:
+        raise ConfigError("prompt lookup n-gram bounds must satisfy 1 <= min <= max")

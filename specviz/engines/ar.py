@@ -1,0 +1,38 @@
+"""Plain autoregressive decoding: the baseline, one token per target forward."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from specviz.cache import CachedLM, clock
+from specviz.config import DecodeConfig
+from specviz.engines.base import commit
+from specviz.events import StepEvent, Verdict
+from specviz.models import LoadedModel
+from specviz.sampling import pick, warp
+
+
+class AREngine:
+    method = "ar"
+
+    def __init__(self, target: LoadedModel):
+        self.target = target
+
+    def steps(self, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[StepEvent]:
+        generator = torch.Generator().manual_seed(cfg.seed)
+        target = CachedLM(self.target.model, self.target.device)
+        tokens = list(prompt_ids)
+        step = 0
+        while True:
+            t0 = clock(self.target.device)
+            p_next = warp(target.logits(tokens)[0], cfg)  # (V,)
+            token = pick(p_next, cfg.greedy, generator)
+            t1 = clock(self.target.device)
+            emitted, finish = commit([(token, Verdict.PLAIN, float(p_next[token]))], len(tokens) - len(prompt_ids),
+                                     cfg, self.target.eos_ids, self.target.text_of)
+            tokens.append(token)
+            yield StepEvent(step, (), tuple(emitted), 0.0, t1 - t0, 0, 1, 0, finish)
+            if finish:
+                return
+            step += 1

@@ -1,0 +1,41 @@
+"""Prompt lookup decoding: draft the tokens that followed the latest n-gram's last occurrence. No model."""
+from __future__ import annotations
+
+import torch
+
+from specviz.config import DecodeConfig
+from specviz.engines.speculative import Proposal
+
+
+def lookup(tokens: list[int], gamma: int, n_max: int, n_min: int) -> list[int]:
+    """The up-to-γ tokens after the most recent earlier match of the longest suffix n-gram."""
+    for n in range(min(n_max, len(tokens) - 1), n_min - 1, -1):
+        suffix = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):  # most recent match first
+            if tokens[start:start + n] == suffix:
+                follow = tokens[start + n:start + n + gamma]
+                if follow:
+                    return follow
+    return []
+
+
+class PromptLookupDrafter:
+    name = "prompt lookup"
+
+    def session(self, vocab_size: int, eos_ids: frozenset[int]) -> "PromptLookupSession":
+        return PromptLookupSession(vocab_size)
+
+
+class PromptLookupSession:
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, generator: torch.Generator) -> Proposal:
+        drafted = lookup(tokens, gamma, cfg.pld_ngram_max, cfg.pld_ngram_min)
+        q = torch.zeros(len(drafted), self.vocab_size)  # (γ', V) deterministic proposals: one-hot q
+        if drafted:
+            q[torch.arange(len(drafted)), torch.tensor(drafted)] = 1.0
+        return Proposal(drafted, q, 0)
+
+    def rollback(self, n_valid: int) -> None:
+        pass  # stateless: it reads the committed tokens each step

@@ -1,0 +1,135 @@
+"""Events -> numbers. Definitions (DESIGN.md): α = accepted / judged drafted tokens; τ = tokens emitted
+per target forward (the resampled/bonus token included; AR has τ = 1); tok/s = emitted tokens / engine
+compute seconds; c = seconds of one draft forward / seconds of one AR target forward. No torch here."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Optional
+
+from specviz.events import StepEvent, Verdict
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    method: str
+    new_tokens: int
+    steps: int                      # target forwards
+    seconds: float                  # engine compute seconds (draft + verify)
+    draft_s: float
+    verify_s: float
+    draft_forwards: int
+    drafted: int                    # drafted tokens judged by the target (accepted + rejected)
+    accepted: int
+    tok_per_s: float
+    alpha: Optional[float]          # None when nothing was drafted
+    tau: float
+    alpha_by_position: list[Optional[float]] = field(default_factory=list)
+    finish_reason: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _ratio(a: float, b: float) -> Optional[float]:
+    return a / b if b else None
+
+
+def summarize(method: str, events: Iterable[StepEvent]) -> RunSummary:
+    events = list(events)
+    new_tokens = sum(len(e.emitted) for e in events)
+    seconds = sum(e.seconds for e in events)
+    drafted = sum(e.n_judged for e in events)
+    accepted = sum(e.n_accepted for e in events)
+    # per-position acceptance α_i = P(position i accepted | positions before it accepted)
+    reached: list[int] = []
+    kept: list[int] = []
+    for e in events:
+        for d in e.drafts:
+            if d.verdict not in (Verdict.ACCEPTED, Verdict.REJECTED):
+                continue
+            while len(reached) <= d.depth:
+                reached.append(0)
+                kept.append(0)
+            reached[d.depth] += 1
+            kept[d.depth] += d.verdict is Verdict.ACCEPTED
+    return RunSummary(
+        method=method,
+        new_tokens=new_tokens,
+        steps=len(events),
+        seconds=seconds,
+        draft_s=sum(e.draft_s for e in events),
+        verify_s=sum(e.verify_s for e in events),
+        draft_forwards=sum(e.draft_forwards for e in events),
+        drafted=drafted,
+        accepted=accepted,
+        tok_per_s=_ratio(new_tokens, seconds) or 0.0,
+        alpha=_ratio(accepted, drafted),
+        tau=_ratio(new_tokens, len(events)) or 0.0,
+        alpha_by_position=[_ratio(k, r) for k, r in zip(kept, reached)],
+        finish_reason=events[-1].finish_reason if events else None,
+    )
+
+
+def cost_ratio(spec: RunSummary, ar: RunSummary) -> Optional[float]:
+    """c = seconds of one draft forward / seconds of one AR target forward (None without drafts)."""
+    if not spec.draft_forwards or not ar.steps or not ar.seconds:
+        return None
+    return (spec.draft_s / spec.draft_forwards) / (ar.seconds / ar.steps)
+
+
+def expected_tokens_per_step(alpha: float, gamma: int) -> float:
+    """Leviathan et al. (2023): E[tokens per target forward] = (1 − α^(γ+1)) / (1 − α)."""
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
+    """Leviathan et al. (2023): S = (1 − α^(γ+1)) / ((1 − α)(γc + 1))."""
+    return expected_tokens_per_step(alpha, gamma) / (gamma * c + 1.0)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One prompt, two engines, same settings: what the app's summary and the bench rows report."""
+    ar: RunSummary
+    spec: RunSummary
+    speedup: Optional[float]            # AR seconds / method seconds (same tokens)
+    cost_ratio: Optional[float]
+    mean_gamma: Optional[float]
+    predicted_speedup: Optional[float]  # Leviathan prediction at the measured α, mean γ and c
+    identical: Optional[bool]           # greedy: token ids equal; None when sampling
+    first_divergence: Optional[int]     # index of the first differing token, if any
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ar"] = self.ar.to_dict()
+        d["spec"] = self.spec.to_dict()
+        return d
+
+
+def first_divergence(a: list[int], b: list[int]) -> Optional[int]:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare(ar_events: list[StepEvent], spec_events: list[StepEvent], method: str, greedy: bool) -> Comparison:
+    ar = summarize("ar", ar_events)
+    spec = summarize(method, spec_events)
+    ar_ids = [t.token_id for e in ar_events for t in e.emitted]
+    spec_ids = [t.token_id for e in spec_events for t in e.emitted]
+    # compare speed over the same number of tokens: AR seconds per token x the method's tokens
+    speedup = None
+    if ar.new_tokens and spec.seconds and ar.seconds:
+        speedup = (ar.seconds / ar.new_tokens) / (spec.seconds / spec.new_tokens) if spec.new_tokens else None
+    c = cost_ratio(spec, ar)
+    gammas = [e.gamma for e in spec_events if e.gamma]
+    mean_gamma = sum(gammas) / len(gammas) if gammas else None
+    predicted = None
+    if spec.alpha is not None and c is not None and mean_gamma:
+        predicted = predicted_speedup(spec.alpha, round(mean_gamma), c)
+    div = first_divergence(ar_ids, spec_ids) if greedy else None
+    identical = (div is None) if greedy else None
+    return Comparison(ar, spec, speedup, c, mean_gamma, predicted, identical, div)
