@@ -1,0 +1,300 @@
+"""The app's handler logic without Gradio: form values -> DecodeConfig, the race as a stream of snapshots,
+a throttle for the UI, and the HTML of the panes and the summary.
+
+The streaming UI handler and the non-streaming /race endpoint share `race_stream`; the latter is a fold.
+"""
+from __future__ import annotations
+
+import html
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Optional, TypeVar
+
+from specviz import plots, render
+from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS, ConfigError, DecodeConfig
+from specviz.events import StepEvent
+from specviz.metrics import Comparison, compare
+
+DEFAULTS = DecodeConfig()
+SPEC_METHODS = tuple(m for m in METHODS if m != "ar")  # AR is always the baseline lane
+UPDATE_INTERVAL_S = 0.25                                # ~4 UI updates per second
+
+# Example prompts by category (our own, not from any benchmark).
+EXAMPLES: dict[str, list[str]] = {
+    "writing": [
+        "Write a short, cheerful poem about a lighthouse keeper who loves tea.",
+        "Write the opening two sentences of a mystery story set on a night train.",
+    ],
+    "coding": [
+        "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
+        "Explain what this Python line does: sorted(words, key=len, reverse=True)[:3]",
+    ],
+    "math": [
+        "A train travels 180 km in 2.5 hours. What is its average speed in km/h? Show your steps.",
+        "What is 15% of 240? Explain briefly.",
+    ],
+    "summarization": [
+        "Summarize in one sentence: Photosynthesis is the process by which green plants use sunlight, water "
+        "and carbon dioxide to make glucose and release oxygen. It happens mainly in the leaves, inside "
+        "chloroplasts that contain the green pigment chlorophyll.",
+    ],
+    "translation": [
+        "Translate into French: The library opens at nine and closes at six on weekdays.",
+    ],
+    "QA": [
+        "Why is the sky blue?",
+        "What causes the seasons on Earth?",
+    ],
+}
+DEFAULT_PROMPT = EXAMPLES["QA"][0]
+LANE_TITLES = {"ar": "Plain autoregressive", "spec": "Speculative ({method})"}
+
+
+def example_rows() -> tuple[list[list[str]], list[str]]:
+    """(examples, labels) for gr.Examples: one row per prompt, labelled by its category."""
+    rows, labels = [], []
+    for category, prompts in EXAMPLES.items():
+        for prompt in prompts:
+            rows.append([prompt])
+            labels.append(f"{category}: {prompt[:48]}{'…' if len(prompt) > 48 else ''}")
+    return rows, labels
+
+
+def make_config(method: str = DEFAULTS.method, gamma=DEFAULTS.gamma, temperature=DEFAULTS.temperature,
+                top_p=DEFAULTS.top_p, max_new_tokens=DEFAULTS.max_new_tokens, seed=DEFAULTS.seed) -> DecodeConfig:
+    """Form values -> a validated DecodeConfig (raises ConfigError with a one-line message)."""
+    if method not in SPEC_METHODS:
+        raise ConfigError(f"method={method!r} is not a speculative method: use one of {', '.join(SPEC_METHODS)} "
+                          "(plain AR always runs as the baseline)")
+    if seed is None or seed == "":
+        seed = DEFAULTS.seed
+    return DecodeConfig(method=method, gamma=gamma, temperature=temperature, top_p=top_p,
+                        max_new_tokens=max_new_tokens, seed=seed)
+
+
+@dataclass
+class Lane:
+    events: list[StepEvent] = field(default_factory=list)
+    clock: float = 0.0          # engine compute seconds so far
+    done: bool = False
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(e.emitted) for e in self.events)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t.token_id for e in self.events for t in e.emitted]
+
+    @property
+    def tok_per_s(self) -> float:
+        return self.n_tokens / self.clock if self.clock else 0.0
+
+
+@dataclass
+class Snapshot:
+    """The state of one race, updated in place as ticks arrive."""
+    cfg: DecodeConfig
+    draft: str
+    phase: str = "loading"      # loading | running | done
+    lanes: dict[str, Lane] = field(default_factory=lambda: {"ar": Lane(), "spec": Lane()})
+    comparison: Optional[Comparison] = None
+    decode: Optional[Callable[[list[int]], str]] = None
+    started: float = field(default_factory=time.perf_counter)
+
+    def title(self, lane: str) -> str:
+        return LANE_TITLES[lane].format(method=self.cfg.method)
+
+    def text(self, lane: str) -> str:
+        ids = self.lanes[lane].token_ids
+        return self.decode(ids) if self.decode else ""
+
+    def result(self) -> dict:
+        """JSON-able: the final texts and the comparison (metrics.Comparison.to_dict())."""
+        return {
+            "ar_text": self.text("ar"),
+            "spec_text": self.text("spec"),
+            "summary": self.comparison.to_dict() if self.comparison else None,
+            "config": self.cfg.to_dict(),
+            "draft": self.draft if self.cfg.method == "vanilla" else None,
+        }
+
+
+def race_stream(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT,
+                target: str = DEFAULT_TARGET) -> Iterator[Snapshot]:
+    """Yield the snapshot once before loading, after every step of either lane, and once when done.
+    Raises ConfigError / ModelError (after the first, 'loading' snapshot)."""
+    from specviz.session import prepare  # torch and the engines load on first use, not at import
+
+    snap = Snapshot(cfg, draft)
+    yield snap
+    prepared = prepare(prompt, cfg, target, draft)
+    snap.decode = prepared.target.decode
+    snap.phase = "running"
+    for tick in prepared.race():
+        lane = snap.lanes[tick.lane]
+        lane.events.append(tick.event)
+        lane.clock = tick.clock
+        lane.done = tick.event.finish_reason is not None
+        yield snap
+    snap.comparison = compare(snap.lanes["ar"].events, snap.lanes["spec"].events, cfg.method, cfg.greedy)
+    snap.phase = "done"
+    yield snap
+
+
+def race_result(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT, target: str = DEFAULT_TARGET) -> dict:
+    """The non-streaming API: a fold over race_stream."""
+    snap = None
+    for snap in race_stream(prompt, cfg, draft, target):
+        pass
+    return snap.result()
+
+
+T = TypeVar("T")
+
+
+def throttle(stream: Iterable[T], interval: float = UPDATE_INTERVAL_S, key: Callable[[T], object] = lambda x: None,
+             now: Callable[[], float] = time.perf_counter) -> Iterator[T]:
+    """Pass at most one item per `interval` seconds, plus every item whose key differs from the last one
+    passed (a phase change), and always the final item."""
+    last_t = None
+    last_key = object()
+    pending = False
+    item = None
+    for item in stream:
+        k = key(item)
+        t = now()
+        if last_t is None or k != last_key or t - last_t >= interval:
+            last_t, last_key, pending = t, k, False
+            yield item
+        else:
+            pending = True
+    if pending:
+        yield item
+
+
+# --- HTML -------------------------------------------------------------------------------------------------
+
+def pane_html(title: str, lane: Lane, running: bool) -> str:
+    """A pane: a header with live counters, then the coloured tokens (each with data-verdict)."""
+    state = "done" if lane.done else ("running" if running else "idle")
+    stats = (f'<span class="sv-stat"><b>{lane.n_tokens}</b> tokens</span>'
+             f'<span class="sv-stat"><b>{lane.clock:.2f}</b> s compute</span>'
+             f'<span class="sv-stat"><b>{lane.tok_per_s:.1f}</b> tok/s</span>')
+    body = render.to_html(render.spans(lane.events)) if lane.events else '<span class="sv-placeholder">…</span>'
+    badge = {"done": "✓ done", "running": "● running", "idle": ""}[state]
+    return (f'<div class="sv-pane-box" data-state="{state}">'
+            f'<div class="sv-pane-head"><span class="sv-pane-title">{html.escape(title)}</span>'
+            f'<span class="sv-state sv-state-{state}">{badge}</span></div>'
+            f'<div class="sv-stats">{stats}</div>'
+            f'<div class="sv-pane">{body}</div></div>')
+
+
+def empty_panes(method: str = DEFAULTS.method) -> tuple[str, str]:
+    return (pane_html(LANE_TITLES["ar"], Lane(), False),
+            pane_html(LANE_TITLES["spec"].format(method=method), Lane(), False))
+
+
+TAU_LABEL = ("mean accepted length τ, tokens per target forward incl. the bonus token, "
+             "as Spec-Bench/EAGLE count it")
+
+
+def _num(value: Optional[float], fmt: str = "{:.2f}", none: str = "–") -> str:
+    return none if value is None else fmt.format(value)
+
+
+def summary_html(snap: Snapshot) -> str:
+    """The end-of-run summary: speedup beside the Leviathan prediction, α, τ, c, and the identity badge."""
+    c = snap.comparison
+    if c is None:
+        return '<div class="sv-summary sv-summary-empty">The summary appears when both lanes have finished.</div>'
+    ar_ev, spec_ev = snap.lanes["ar"].events, snap.lanes["spec"].events
+    gamma = snap.cfg.gamma if snap.cfg.adaptive else int(snap.cfg.gamma)
+    cards = [
+        ("speedup (measured)", _num(c.speedup, "×{:.2f}"), "AR seconds per token / speculative seconds per token"),
+        ("predicted speedup", _num(c.predicted_speedup, "×{:.2f}"),
+         f"Leviathan et al. (2023) at the measured α, γ = {_num(c.mean_gamma, '{:.1f}')}, c"),
+        ("acceptance rate α", _num(c.spec.alpha), f"{c.spec.accepted} of {c.spec.drafted} drafted tokens kept"),
+        ("τ", _num(c.spec.tau), TAU_LABEL),
+        ("cost ratio c", _num(c.cost_ratio, "{:.3f}"), "seconds of one draft forward / one AR target forward"),
+        ("tok/s", f"{c.ar.tok_per_s:.1f} → {c.spec.tok_per_s:.1f}", "plain AR → speculative, engine compute only"),
+    ]
+    items = "".join(f'<div class="sv-card" data-metric="{html.escape(k)}"><div class="sv-card-k">{html.escape(k)}</div>'
+                    f'<div class="sv-card-v">{html.escape(v)}</div><div class="sv-card-n">{html.escape(n)}</div></div>'
+                    for k, v, n in cards)
+    if c.identical is None:
+        badge = ('<span class="sv-badge sv-badge-info">sampling (temperature > 0): the texts differ by chance; '
+                 'speculative sampling keeps the target\'s distribution</span>')
+    elif c.identical:
+        badge = '<span class="sv-badge sv-badge-ok">✓ identical to plain decoding</span>'
+    else:
+        i = c.first_divergence
+        ar_tok = _token_at(ar_ev, i)
+        spec_tok = _token_at(spec_ev, i)
+        badge = (f'<span class="sv-badge sv-badge-warn">✗ differs from plain decoding at token {i}: '
+                 f'AR {html.escape(repr(ar_tok))} vs speculative {html.escape(repr(spec_tok))}</span>')
+    settings = (f"{snap.cfg.method}, γ = {gamma}, temperature {snap.cfg.temperature:g}, top-p {snap.cfg.top_p:g}, "
+                f"{c.spec.new_tokens} tokens, {c.spec.steps} target forwards vs {c.ar.steps}")
+    return (f'<div class="sv-summary"><div class="sv-badges">{badge}</div>'
+            f'<div class="sv-cards">{items}</div><div class="sv-settings">{html.escape(settings)}</div></div>')
+
+
+def _token_at(events: list[StepEvent], i: Optional[int]) -> Optional[str]:
+    tokens = [t.text for e in events for t in e.emitted]
+    return tokens[i] if i is not None and i < len(tokens) else None
+
+
+def status_html(message: str, kind: str = "info") -> str:
+    return f'<div class="sv-status sv-status-{kind}">{html.escape(message)}</div>'
+
+
+def status_of(snap: Snapshot) -> str:
+    if snap.phase == "loading":
+        return status_html("Loading the models and preparing the prompt… (the first run takes ~20 s on CPU)")
+    if snap.phase == "running":
+        return status_html(f"Racing… {snap.lanes['ar'].n_tokens} plain vs {snap.lanes['spec'].n_tokens} "
+                           "speculative tokens so far")
+    finish = snap.comparison.spec.finish_reason if snap.comparison else None
+    return status_html(f"Done ({finish or 'finished'}) in {time.perf_counter() - snap.started:.1f} s wall time.",
+                       "ok")
+
+
+@dataclass(frozen=True)
+class View:
+    """Everything the UI shows for one snapshot, in the order of the handler's outputs."""
+    status: str
+    pane_ar: str
+    pane_spec: str
+    summary: str
+    alpha: object
+    speed: object
+    accept: object
+    tree: object
+
+    def as_tuple(self) -> tuple:
+        return (self.status, self.pane_ar, self.pane_spec, self.summary, self.alpha, self.speed, self.accept,
+                self.tree)
+
+
+def view_of(snap: Snapshot) -> View:
+    running = snap.phase == "running"
+    ar, spec = snap.lanes["ar"], snap.lanes["spec"]
+    return View(
+        status=status_of(snap),
+        pane_ar=pane_html(snap.title("ar"), ar, running),
+        pane_spec=pane_html(snap.title("spec"), spec, running),
+        summary=summary_html(snap),
+        alpha=plots.alpha_figure(spec.events),
+        speed=plots.speed_figure({"ar": ar.events, "spec": spec.events},
+                                 {"ar": "plain AR", "spec": f"speculative ({snap.cfg.method})"}),
+        accept=plots.accept_figure(spec.events),
+        tree=plots.tree_figure(spec.events[-1] if spec.events else None),
+    )
+
+
+def empty_view(method: str = DEFAULTS.method, message: str = "") -> View:
+    ar, spec = empty_panes(method)
+    return View(status_html(message) if message else "", ar, spec, summary_html(Snapshot(DEFAULTS, DEFAULT_DRAFT)),
+                plots.alpha_figure([]), plots.speed_figure({"ar": [], "spec": []}, {"ar": "plain AR",
+                                                                                     "spec": "speculative"}),
+                plots.accept_figure([]), plots.tree_figure(None))

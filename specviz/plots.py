@@ -1,0 +1,280 @@
+"""Events / summaries -> Plotly figures. Pure functions, no torch.
+
+Every figure keeps a fixed set of traces (possibly empty) so a live view can redraw it in place, uses the
+Okabe-Ito palette of render.COLOURS (with a marker shape as a second cue), and large fonts for a projector.
+Figures are built from plain dicts and wrapped without plotly's per-property validation, which is ten times
+faster and matters at four updates a second on a CPU that is also decoding; tests/test_plots.py validates
+every figure's dict with plotly's checking constructor instead.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Mapping, Optional, Sequence
+
+import plotly.graph_objects as go
+
+from specviz.events import DraftToken, StepEvent, Verdict
+from specviz.metrics import summarize
+from specviz.render import COLOURS
+
+# Okabe-Ito for lanes and lines (verdict colours come from render.COLOURS)
+LANE_COLOURS = {"ar": "#000000", "spec": "#CC79A7"}
+CUMULATIVE = "#009E73"
+ROLLING = "#0072B2"
+EDGE = "#B0B0B0"
+ROOT = "#666666"
+FONT = {"family": "DejaVu Sans, Arial, sans-serif", "size": 16, "color": "#222222"}
+ROLLING_WINDOW = 8
+HEIGHT = 360
+
+# second cue beside colour: marker shape per verdict
+SYMBOLS = {
+    Verdict.ACCEPTED: "circle",
+    Verdict.REJECTED: "x",
+    Verdict.DISCARDED: "circle-open",
+    Verdict.RESAMPLED: "diamond",
+    Verdict.BONUS: "star",
+    Verdict.PLAIN: "square",
+}
+
+
+@lru_cache(maxsize=1)
+def _template() -> dict:
+    import plotly.io as pio
+
+    return pio.templates["plotly_white"].to_plotly_json()
+
+
+def _figure(data: list[dict], title: str, note: Optional[str] = None, **layout) -> go.Figure:
+    """Wrap trace and layout dicts in a Figure with the shared look (unvalidated: see the module note)."""
+    base = {
+        "template": _template(),
+        "title": {"text": title, "font": {"size": 19}, "x": 0.01, "xanchor": "left"},
+        "font": FONT, "height": HEIGHT,
+        "margin": {"l": 64, "r": 20, "t": 60, "b": 56},
+        "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0,
+                   "font": {"size": 15}},
+        "hoverlabel": {"font": {"size": 15}},
+    }
+    base.update(layout)
+    if note:
+        base["annotations"] = list(base.get("annotations", [])) + [{
+            "text": note, "showarrow": False, "x": 0.5, "y": 0.5, "xref": "paper", "yref": "paper",
+            "font": {"size": 17, "color": "#777777"}}]
+    return go.Figure({"data": data, "layout": base}, _validate=False)
+
+
+def alpha_figure(events: Sequence[StepEvent], window: int = ROLLING_WINDOW) -> go.Figure:
+    """Acceptance rate α after each step: cumulative, and over the last `window` steps. Two traces."""
+    steps, cumulative, rolling = [], [], []
+    acc_total = judged_total = 0
+    recent: list[tuple[int, int]] = []
+    for e in events:
+        acc, judged = e.n_accepted, e.n_judged
+        acc_total += acc
+        judged_total += judged
+        recent = (recent + [(acc, judged)])[-window:]
+        r_acc, r_judged = sum(a for a, _ in recent), sum(j for _, j in recent)
+        steps.append(e.step + 1)
+        cumulative.append(acc_total / judged_total if judged_total else None)
+        rolling.append(r_acc / r_judged if r_judged else None)
+    data = [
+        {"type": "scatter", "x": steps, "y": cumulative, "name": "cumulative α", "mode": "lines",
+         "line": {"color": CUMULATIVE, "width": 4},
+         "hovertemplate": "step %{x}<br>cumulative α = %{y:.2f}<extra></extra>"},
+        {"type": "scatter", "x": steps, "y": rolling, "name": f"last {window} steps", "mode": "lines",
+         "line": {"color": ROLLING, "width": 2.5, "dash": "dot"},
+         "hovertemplate": "step %{x}<br>rolling α = %{y:.2f}<extra></extra>"},
+    ]
+    return _figure(
+        data, "Acceptance rate α per step", None if judged_total else "no drafted tokens judged yet",
+        xaxis={"title": {"text": "step (target forward)"}, "rangemode": "tozero"},
+        yaxis={"title": {"text": "acceptance rate α"}, "range": [-0.03, 1.03]})
+
+
+def speed_figure(lanes: Mapping[str, Sequence[StepEvent]], labels: Optional[Mapping[str, str]] = None) -> go.Figure:
+    """Tokens emitted against engine compute seconds, one line per lane: the slope is tok/s."""
+    labels = labels or {}
+    data = []
+    for i, (lane, events) in enumerate(lanes.items()):
+        label = labels.get(lane, lane)
+        xs, ys = [0.0], [0]
+        for e in events:
+            xs.append(xs[-1] + e.seconds)
+            ys.append(ys[-1] + len(e.emitted))
+        rate = ys[-1] / xs[-1] if xs[-1] else 0.0
+        data.append({
+            "type": "scatter", "x": xs, "y": ys, "mode": "lines",
+            "name": f"{label} · {rate:.1f} tok/s" if events else label,
+            "line": {"color": LANE_COLOURS.get(lane, ROLLING), "width": 4 if i else 3, "dash": "solid" if i else "dash"},
+            "hovertemplate": "%{y} tokens after %{x:.2f} s<extra>" + label + "</extra>"})
+    return _figure(data, "Tokens over compute time (slope = tok/s)",
+                   xaxis={"title": {"text": "engine compute seconds"}, "rangemode": "tozero"},
+                   yaxis={"title": {"text": "tokens emitted"}, "rangemode": "tozero"})
+
+
+def accepted_length_counts(events: Sequence[StepEvent]) -> list[int]:
+    """counts[k] = how many drafting steps kept exactly k drafted tokens (k = 0..longest γ)."""
+    drafting = [e for e in events if e.drafts]
+    longest = max((max(e.gamma, len(e.drafts)) for e in drafting), default=-1)
+    counts = [0] * (longest + 1)
+    for e in drafting:
+        counts[e.n_accepted] += 1
+    return counts
+
+
+def accept_figure(events: Sequence[StepEvent]) -> go.Figure:
+    """Left: how many drafts each step kept (a histogram). Right: per-position acceptance α_i."""
+    summary = summarize("spec", events)
+    counts = accepted_length_counts(events)
+    alpha_i = summary.alpha_by_position
+    data = [
+        {"type": "bar", "x": list(range(len(counts))), "y": counts, "name": "steps", "xaxis": "x", "yaxis": "y",
+         "marker": {"color": COLOURS[Verdict.BONUS]}, "hovertemplate": "%{y} steps kept %{x} drafts<extra></extra>"},
+        {"type": "bar", "x": list(range(1, len(alpha_i) + 1)), "y": alpha_i, "name": "α_i", "xaxis": "x2",
+         "yaxis": "y2", "marker": {"color": COLOURS[Verdict.ACCEPTED]},
+         "hovertemplate": "position %{x}: α_i = %{y:.2f}<extra></extra>"},
+    ]
+    titles = [{"text": text, "showarrow": False, "x": x, "y": 1.0, "xref": "paper", "yref": "paper",
+               "xanchor": "center", "yanchor": "bottom", "font": {"size": 16}}
+              for text, x in (("accepted drafts per step", 0.215), ("per-position acceptance α_i", 0.785))]
+    tau = f" · τ = {summary.tau:.2f}" if events else ""
+    return _figure(
+        data, "Accepted length" + tau, None if counts else "no drafts yet", showlegend=False,
+        annotations=titles, margin={"l": 64, "r": 20, "t": 84, "b": 56},
+        xaxis={"domain": [0.0, 0.43], "title": {"text": "drafts kept"}, "dtick": 1, "anchor": "y"},
+        yaxis={"title": {"text": "steps"}, "anchor": "x", "rangemode": "tozero"},
+        xaxis2={"domain": [0.57, 1.0], "title": {"text": "draft position i"}, "dtick": 1, "anchor": "y2"},
+        yaxis2={"range": [0, 1.03], "anchor": "x2"})
+
+
+def _label(text: str) -> str:
+    shown = text.replace("\n", "↵").replace(" ", "␣")
+    return shown if shown else "∅"
+
+
+def tree_layout(drafts: Sequence[DraftToken]) -> list[float]:
+    """A y position per draft node: leaves take consecutive slots in depth-first order, a parent sits at
+    the mean of its children. A chain is a straight line at y = 0."""
+    children: dict[int, list[int]] = {}
+    for i, d in enumerate(drafts):
+        children.setdefault(d.parent, []).append(i)
+    ys = [0.0] * len(drafts)
+    next_slot = [0]
+
+    def place(i: int) -> float:
+        kids = children.get(i, [])
+        if not kids:
+            y = float(next_slot[0])
+            next_slot[0] += 1
+        else:
+            y = sum(place(k) for k in kids) / len(kids)
+        if i >= 0:
+            ys[i] = y
+        return y
+
+    place(-1)
+    return ys
+
+
+def accepted_path(drafts: Sequence[DraftToken]) -> list[int]:
+    """Indices of the accepted nodes from the root down: the deepest accepted node and its ancestors."""
+    accepted = [i for i, d in enumerate(drafts) if d.verdict is Verdict.ACCEPTED]
+    if not accepted:
+        return []
+    path, node = [], max(accepted, key=lambda i: drafts[i].depth)
+    while node >= 0:
+        path.append(node)
+        node = drafts[node].parent
+    return path[::-1]
+
+
+def _segments(pairs: list[tuple[tuple[float, float], tuple[float, float]]]) -> tuple[list, list]:
+    xs: list = []
+    ys: list = []
+    for (x0, y0), (x1, y1) in pairs:
+        xs += [x0, x1, None]
+        ys += [y0, y1, None]
+    return xs, ys
+
+
+def _hover(d: DraftToken) -> str:
+    parts = [f"{d.verdict.value}, position {d.depth + 1}", f"q_draft={d.q_draft:.3f}"]
+    if d.p_target is not None:
+        parts.append(f"p_target={d.p_target:.3f}")
+    if d.accept_prob is not None:
+        parts.append(f"accept prob={d.accept_prob:.3f}")
+    return "<br>".join(parts)
+
+
+def tree_figure(event: Optional[StepEvent]) -> go.Figure:
+    """The candidate tree of one step: the context as the root at x = 0, each drafted node at x = depth + 1
+    (a chain is a one-branch tree), and the target's own token (resampled / bonus / plain) hanging off the
+    end of the accepted path. Traces, in order: edges not taken, the accepted path (thick), the root, then
+    one marker trace per verdict present."""
+    root = {"type": "scatter", "x": [0], "y": [0.0], "mode": "markers+text", "text": ["context"],
+            "textposition": "top center", "name": "context", "hoverinfo": "skip", "showlegend": False,
+            "marker": {"size": 18, "color": ROOT, "symbol": "square"}}
+    axes = {"xaxis": {"title": {"text": "draft position (0 = the context so far)"}, "dtick": 1, "zeroline": False,
+                      "range": [-0.5, 2.5]},
+            "yaxis": {"visible": False, "range": [0.6, -0.8]}}
+    if event is None:
+        return _figure([root], "Candidate tree of the latest step", "no step yet", **axes)
+    drafts = list(event.drafts)
+    ys = tree_layout(drafts)
+    tops = [ys[i] for i, d in enumerate(drafts) if d.parent == -1]
+    root_y = sum(tops) / len(tops) if tops else 0.0
+    root["y"] = [root_y]
+
+    def pos(i: int) -> tuple[float, float]:
+        return (0.0, root_y) if i < 0 else (float(drafts[i].depth + 1), ys[i])
+
+    path = accepted_path(drafts)
+    tail = path[-1] if path else -1
+    last = event.emitted[-1] if event.emitted else None
+    final = last if last is not None and last.verdict is not Verdict.ACCEPTED else None
+    final_xy = None
+    if final is not None:
+        x = pos(tail)[0] + 1.0
+        blocked = any(d.parent == tail and pos(i)[1] == pos(tail)[1] for i, d in enumerate(drafts) if i not in path)
+        final_xy = (x, (max(ys) + 1.0) if blocked else pos(tail)[1])
+
+    on_path = set(path)
+    other = [(pos(d.parent), pos(i)) for i, d in enumerate(drafts) if i not in on_path]
+    chain = [-1] + path
+    taken = [(pos(a), pos(b)) for a, b in zip(chain, chain[1:])]
+    if final_xy is not None:
+        taken.append((pos(tail), final_xy))
+    ox, oy = _segments(other)
+    px, py = _segments(taken)
+    data = [
+        {"type": "scatter", "x": ox, "y": oy, "mode": "lines", "name": "not taken", "hoverinfo": "skip",
+         "showlegend": False, "line": {"color": EDGE, "width": 2}},
+        {"type": "scatter", "x": px, "y": py, "mode": "lines", "name": "accepted path", "hoverinfo": "skip",
+         "line": {"color": COLOURS[Verdict.ACCEPTED], "width": 7}},
+        root,
+    ]
+    nodes: dict[Verdict, list[tuple[float, float, str, str]]] = {}
+    for i, d in enumerate(drafts):
+        nodes.setdefault(d.verdict, []).append((*pos(i), _label(d.text), _hover(d)))
+    if final is not None:
+        hover = f"{final.verdict.value}: the target's own token"
+        if final.p_target is not None:
+            hover += f"<br>p_target={final.p_target:.3f}"
+        nodes.setdefault(final.verdict, []).append((*final_xy, _label(final.text), hover))
+    for verdict in Verdict:
+        if verdict not in nodes:
+            continue
+        nx, ny, text, hover = (list(v) for v in zip(*nodes[verdict]))
+        colour = COLOURS[verdict] if verdict is not Verdict.PLAIN else "#000000"
+        data.append({"type": "scatter", "x": nx, "y": ny, "mode": "markers+text", "text": text,
+                     "textposition": "top center", "textfont": {"size": 16, "color": colour},
+                     "name": verdict.value, "hovertext": hover, "hoverinfo": "text",
+                     "marker": {"size": 18, "color": colour, "symbol": SYMBOLS[verdict],
+                                "line": {"width": 2, "color": colour}}})
+    all_x = [0.0] + [pos(i)[0] for i in range(len(drafts))] + ([final_xy[0]] if final_xy else [])
+    all_y = [root_y] + ys + ([final_xy[1]] if final_xy else [])
+    axes["xaxis"]["range"] = [-0.5, max(all_x) + 0.6]
+    axes["yaxis"]["range"] = [max(all_y) + 0.6, min(all_y) - 0.8]  # reversed: the first branch on top
+    title = f"Candidate tree of step {event.step + 1}: kept {event.n_accepted} of {len(drafts)} drafts"
+    return _figure(data, title, **axes)

@@ -1,0 +1,79 @@
+"""The app through a real client: launch it in-process on a free port and call the named /race endpoint."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+gradio_client = pytest.importorskip("gradio_client")
+
+PROMPT = "Name three primary colours."
+N = 24
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(target):  # `target` loads the real model once; the app reuses it through models.get's cache
+    import app
+
+    demo = app.build_ui()
+    port = free_port()
+    demo.queue().launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(app_url):
+    return gradio_client.Client(app_url, verbose=False)
+
+
+def test_race_endpoint_greedy_matches_plain_decoding(client):
+    out = client.predict(prompt=PROMPT, max_new_tokens=N, api_name="/race")
+    assert out["ar_text"].strip() and out["spec_text"].strip()
+    assert out["spec_text"] == out["ar_text"]  # greedy speculative decoding is exact
+    s = out["summary"]
+    for key in ("speedup", "cost_ratio", "mean_gamma", "predicted_speedup", "identical", "first_divergence"):
+        assert key in s
+    assert s["identical"] is True and s["first_divergence"] is None
+    assert s["ar"]["new_tokens"] == s["spec"]["new_tokens"] <= N
+    assert s["ar"]["tau"] == 1.0 and s["spec"]["tau"] >= 1.0
+    assert 0.0 <= s["spec"]["alpha"] <= 1.0
+    assert s["speedup"] > 0 and s["predicted_speedup"] > 0 and s["cost_ratio"] > 0
+    assert out["config"]["method"] == "vanilla" and out["config"]["max_new_tokens"] == N
+
+
+def test_race_endpoint_prompt_lookup(client):
+    out = client.predict(prompt="Repeat exactly: one two three, one two three, one two three.", method="pld",
+                         gamma="auto", max_new_tokens=N, api_name="/race")
+    assert out["spec_text"] == out["ar_text"]
+    assert out["summary"]["spec"]["method"] == "pld" and out["draft"] is None
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"gamma": "0"}, "gamma"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"method": "ar"}, "speculative method"),
+    ({"prompt": "   "}, "prompt is empty"),
+    ({"draft": "no/such-model-here"}, "no/such-model-here"),
+])
+def test_bad_input_is_a_readable_error_and_the_app_keeps_serving(client, kwargs, needle):
+    with pytest.raises(Exception) as info:
+        client.predict(**{"prompt": PROMPT, "max_new_tokens": 4, **kwargs}, api_name="/race")
+    assert needle in str(info.value)
+
+
+def test_streaming_endpoint_yields_updates_and_a_final_summary(client):
+    job = client.submit(PROMPT, "vanilla", "int8", "4", 0.0, 1.0, N, 0, api_name="/race_stream")
+    outputs = list(job)  # every streamed update
+    assert len(outputs) >= 2  # the loading/first-token update, then the final state
+    final = job.outputs()[-1]
+    status, pane_ar, pane_spec, summary = final[:4]
+    assert 'data-state="done"' in pane_ar and 'data-state="done"' in pane_spec
+    assert 'data-verdict="accepted"' in pane_spec and 'data-verdict="plain"' in pane_ar
+    assert "identical to plain decoding" in summary
