@@ -30,11 +30,11 @@ class CachedLM:
 
     @torch.inference_mode()
     def logits(self, tokens: list[int], extra: list[int] = (), keep: int = 1) -> torch.Tensor:
-        """Feed tokens[seen:] + extra; return the last `keep` positions' logits (keep, V), float32 on CPU."""
-        new = list(tokens[self.seen:]) + list(extra)
+        """Feed the unseen part of tokens + extra; return the last `keep` positions' logits (keep, V), float32 on CPU."""
+        new = (list(tokens) + list(extra))[self.seen:]
         assert new, "nothing to feed: the cache already holds every token"
         input_ids = torch.tensor([new], dtype=torch.long, device=self.device)  # (1, n)
-        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+        out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=keep)
         self.seen += len(new)
         return out.logits[0, -keep:].float().cpu()  # (keep, V)
 

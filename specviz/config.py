@@ -126,3 +126,15 @@ def validate(cfg: DecodeConfig) -> None:
         raise ConfigError(f"draft_confidence={cfg.draft_confidence!r} is out of range: use [0, 1)")
     if not 1 <= cfg.pld_ngram_min <= cfg.pld_ngram_max:
         raise ConfigError("prompt lookup n-gram bounds must satisfy 1 <= min <= max")
+
+
+MAX_PROMPT_CHARS = 16000
+
+
+def check_prompt(prompt) -> str:
+    """The prompt text, or a one-line ConfigError for an empty or oversized one."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ConfigError("prompt is empty: type a question or an instruction")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ConfigError(f"prompt has {len(prompt)} characters: the limit is {MAX_PROMPT_CHARS}")
+    return prompt

@@ -1,0 +1,274 @@
+"""`python -m specviz`: generate (coloured tokens in the terminal) and bench (methods against AR)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, METHODS, ConfigError, DecodeConfig
+
+DEFAULTS = DecodeConfig()
+
+
+class InputError(ValueError):
+    """Bad CLI input other than a decode setting (a missing or malformed prompt file)."""
+
+
+def _decode_args(p: argparse.ArgumentParser, methods=METHODS) -> None:
+    p.add_argument("--target", default=DEFAULT_TARGET, help="model spec: smollm2-135m, ORG/NAME, folder or .gguf (default %(default)s)")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft for vanilla: int8 or a model spec sharing the target's tokenizer (default %(default)s)")
+    p.add_argument("--gamma", default=str(DEFAULTS.gamma), help=f"drafted tokens per step, 1..{GAMMA_MAX} or auto (default %(default)s)")
+    p.add_argument("--temperature", default=DEFAULTS.temperature, help="0 = greedy (default %(default)s)")
+    p.add_argument("--top-k", default=DEFAULTS.top_k, help="0 = off (default %(default)s)")
+    p.add_argument("--top-p", default=DEFAULTS.top_p, help="nucleus mass in (0, 1] (default %(default)s)")
+    p.add_argument("--max-new-tokens", default=DEFAULTS.max_new_tokens, help="(default %(default)s)")
+    p.add_argument("--seed", default=DEFAULTS.seed, help="(default %(default)s)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
+
+
+def _config(args, method: str) -> DecodeConfig:
+    return DecodeConfig(method=method, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
+                        top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
+
+
+def _target(args):
+    import torch
+
+    from specviz import models
+
+    device = torch.device(args.device) if args.device else models.default_device()
+    if device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
+        raise ConfigError(f"device={args.device!r} is not available: use cpu" + (" or cuda" if torch.cuda.is_available() else ""))
+    return models.get(args.target, device, models.parse_dtype(args.dtype, device))
+
+
+def cmd_generate(args) -> int:
+    from specviz import metrics, render, session
+
+    cfg = _config(args, args.method)
+    prepared = session.prepare(args.prompt, cfg, _target(args), args.draft)
+    colour = sys.stdout.isatty() and not args.no_color or args.color
+    out = sys.stdout
+    lanes = {"ar": [], "spec": []}
+    stream = prepared.race() if args.race and cfg.method != "ar" else (
+        session.Tick("spec", e, 0.0) for e in prepared.spec_steps())
+    out.write(f"── {cfg.method} ──\n")
+    for tick in stream:
+        lanes[tick.lane].append(tick.event)
+        if tick.lane == "spec":
+            out.write(render.to_ansi(render.spans([tick.event]), colour))
+            out.flush()
+    out.write("\n")
+    if cfg.method != "ar":
+        out.write("legend: " + (render.legend_ansi() if colour else "accepted rejected discarded resampled bonus") + "\n")
+    spec = metrics.summarize(cfg.method, lanes["spec"])
+    line = f"{spec.new_tokens} tokens in {spec.seconds:.2f} s compute = {spec.tok_per_s:.1f} tok/s · τ={spec.tau:.2f}"
+    if spec.alpha is not None:
+        line += f" · α={spec.alpha:.2f}"
+    out.write(line + "\n")
+    if lanes["ar"]:
+        cmp = metrics.compare(lanes["ar"], lanes["spec"], cfg.method, cfg.greedy)
+        out.write(f"AR: {cmp.ar.new_tokens} tokens = {cmp.ar.tok_per_s:.1f} tok/s · speedup {cmp.speedup:.2f}×")
+        if cmp.predicted_speedup is not None:
+            out.write(f" (Leviathan prediction {cmp.predicted_speedup:.2f}× at α={cmp.spec.alpha:.2f}, "
+                      f"γ={cmp.mean_gamma:.1f}, c={cmp.cost_ratio:.2f})")
+        out.write("\n")
+        if cmp.identical is not None:
+            out.write("identical to plain decoding\n" if cmp.identical else
+                      f"differs from plain decoding at token {cmp.first_divergence}\n")
+    return 0
+
+
+def read_prompts(path: str, categories: list[str] | None, limit: int | None) -> list[dict]:
+    """JSONL rows (id/question_id, category, prompt or turns) or plain text, one prompt a line.
+    --limit picks round-robin across categories so a small sample still spans them."""
+    file = Path(path)
+    if not file.is_file():
+        raise InputError(f"prompt file {path!r} does not exist")
+    rows = []
+    for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                raise InputError(f"{path}:{n} is not valid JSON") from None
+            prompt = obj.get("prompt") or (obj.get("turns") or [None])[0]
+            if not prompt:
+                raise InputError(f"{path}:{n} has neither 'prompt' nor 'turns'")
+            rows.append({"id": obj.get("id", obj.get("question_id", n)), "category": obj.get("category", "-"), "prompt": prompt})
+        else:
+            rows.append({"id": n, "category": "-", "prompt": line.strip()})
+    if categories:
+        known = sorted({r["category"] for r in rows})
+        unknown = [c for c in categories if c not in known]
+        if unknown:
+            raise InputError(f"categories {unknown} are not in {path}: use some of {', '.join(known)}")
+        rows = [r for r in rows if r["category"] in categories]
+    if limit is not None:
+        if limit < 1:
+            raise InputError(f"limit={limit} is out of range: use a positive integer")
+        by_cat: dict[str, list[dict]] = {}
+        for r in rows:
+            by_cat.setdefault(r["category"], []).append(r)
+        picked, queues = [], list(by_cat.values())
+        while len(picked) < limit and any(queues):
+            for q in queues:
+                if q and len(picked) < limit:
+                    picked.append(q.pop(0))
+        rows = picked
+    if not rows:
+        raise InputError(f"prompt file {path!r} holds no prompts")
+    return rows
+
+
+def _hf_assisted(target, draft, ids: list[int], cfg: DecodeConfig) -> tuple[list[int], float]:
+    """transformers' own assisted generation with the same draft and γ, greedy, timed."""
+    import torch
+
+    from specviz.cache import clock
+
+    input_ids = torch.tensor([ids], device=target.device)
+    kwargs = dict(assistant_model=draft.model, max_new_tokens=cfg.max_new_tokens, do_sample=False,
+                  num_assistant_tokens=cfg.initial_gamma(), num_assistant_tokens_schedule="constant",
+                  eos_token_id=sorted(target.eos_ids), pad_token_id=sorted(target.eos_ids)[0])
+    with torch.inference_mode():
+        t0 = clock(target.device)
+        out = target.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
+        t1 = clock(target.device)
+    return [int(t) for t in out[0, len(ids):]], t1 - t0
+
+
+def cmd_bench(args) -> int:
+    import torch
+    import transformers
+    from tqdm import tqdm
+
+    from specviz import engines, metrics, models
+
+    methods = args.method or ["vanilla", "pld"]
+    for m in methods:
+        if m not in ("vanilla", "pld"):
+            raise ConfigError(f"method={m!r} is not benchmarkable: use vanilla or pld (AR is always the baseline)")
+    cfgs = {m: _config(args, m) for m in methods}
+    base = _config(args, "ar")
+    prompts = read_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
+    target = _target(args)
+    built = {m: engines.build(m, target, args.draft) for m in methods}
+    ar = engines.build("ar", target)
+    draft = models.load_draft(args.draft, target) if args.compare_hf else None
+    # warm-up (first-call allocations), not timed
+    warm_ids = target.encode_prompt("Hello")
+    for e in [ar, *built.values()]:
+        engines.generate(e, warm_ids, base.with_(max_new_tokens=8, method=e.method))
+    rows = []
+    for row in tqdm(prompts, desc="bench", unit="prompt", file=sys.stderr):
+        ids = target.encode_prompt(row["prompt"])
+        ar_run = engines.generate(ar, ids, base)
+        ar_sum = metrics.summarize("ar", ar_run.events)
+        results = []
+        for m in methods:
+            run = engines.generate(built[m], ids, cfgs[m])
+            s = metrics.summarize(m, run.events)
+            results.append((m, run.token_ids, s.seconds, s.alpha, s.tau))
+        if draft is not None:
+            hf_ids, hf_s = _hf_assisted(target, draft, ids, base)
+            results.append(("hf-assisted", hf_ids, hf_s, None, None))
+        for m, token_ids, seconds, alpha, tau in results:
+            n = len(token_ids)
+            rows.append({
+                "id": row["id"], "category": row["category"], "method": m, "new_tokens": n,
+                "seconds": seconds, "tok_per_s": n / seconds if seconds else None,
+                "ar_seconds": ar_sum.seconds, "ar_tok_per_s": ar_sum.tok_per_s, "ar_new_tokens": ar_sum.new_tokens,
+                "speedup": (ar_sum.seconds / ar_sum.new_tokens) / (seconds / n) if n and seconds and ar_sum.new_tokens else None,
+                "alpha": alpha, "tau": tau,
+                "identical_to_ar": (token_ids == ar_run.token_ids) if base.greedy else None,
+            })
+    summary = [_summarize_rows(m, [r for r in rows if r["method"] == m]) for m in dict.fromkeys(r["method"] for r in rows)]
+    report = {
+        "command": "python -m specviz " + " ".join(sys.argv[1:]),
+        "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}",
+        "target": args.target, "draft": args.draft, "config": base.to_dict(),
+        "summary": summary, "rows": rows,
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=1))
+    print(format_summary(summary))
+    print(f"wrote {args.json}")
+    return 0
+
+
+def _summarize_rows(method: str, rows: list[dict]) -> dict:
+    """Totals over prompts: speedup = total AR seconds / total method seconds over the same tokens."""
+    tokens = sum(r["new_tokens"] for r in rows)
+    seconds = sum(r["seconds"] for r in rows)
+    ar_tokens = sum(r["ar_new_tokens"] for r in rows)
+    ar_seconds = sum(r["ar_seconds"] for r in rows)
+    ar_rate = ar_tokens / ar_seconds if ar_seconds else None
+    rate = tokens / seconds if seconds else None
+    alphas = [(r["alpha"], r["tau"], r["new_tokens"]) for r in rows if r["alpha"] is not None]
+    steps = sum(n / tau for _, tau, n in alphas if tau)
+    identical = [r["identical_to_ar"] for r in rows]
+    return {
+        "method": method, "prompts": len(rows), "new_tokens": tokens, "tok_per_s": rate, "ar_tok_per_s": ar_rate,
+        "speedup": rate / ar_rate if rate and ar_rate else None,
+        "alpha": (sum(a * n for a, _, n in alphas) / sum(n for *_, n in alphas)) if alphas else None,
+        "tau": (sum(n for *_, n in alphas) / steps) if steps else None,
+        "identical_all": None if None in identical else all(identical),
+    }
+
+
+def format_summary(summary: list[dict]) -> str:
+    f = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    lines = ["| method | prompts | tokens | tok/s | AR tok/s | speedup | α | τ | identical |", "|---|---|---|---|---|---|---|---|---|"]
+    for s in summary:
+        lines.append(f"| {s['method']} | {s['prompts']} | {s['new_tokens']} | {f(s['tok_per_s'], '.1f')} | "
+                     f"{f(s['ar_tok_per_s'], '.1f')} | {f(s['speedup'], '.2f')}× | {f(s['alpha'], '.2f')} | "
+                     f"{f(s['tau'], '.2f')} | {f(s['identical_all'], '')} |")
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m specviz", description="See and check speculative decoding.")
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate with colour-coded verdicts")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--method", default=DEFAULTS.method, help=f"one of {', '.join(METHODS)} (default %(default)s)")
+    g.add_argument("--race", action="store_true", help="also run plain AR on the race clock and report the speedup")
+    g.add_argument("--no-color", action="store_true")
+    g.add_argument("--color", action="store_true", help="force ANSI colours even when not a terminal")
+    _decode_args(g)
+    b = sub.add_parser("bench", help="run methods against AR over a prompt file")
+    b.add_argument("--prompts", required=True, help="JSONL (id/question_id, category, prompt or turns) or one prompt a line")
+    b.add_argument("--method", nargs="+", help="methods to compare with AR (default: vanilla pld)")
+    b.add_argument("--limit", type=int, default=None, help="at most N prompts, round-robin across categories")
+    b.add_argument("--categories", default=None, help="comma-separated categories to keep")
+    b.add_argument("--compare-hf", action="store_true", help="add transformers' assisted generation with the same draft and γ")
+    b.add_argument("--json", required=True, help="output file")
+    _decode_args(b)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from specviz.models import ModelError
+
+    args = parser().parse_args(argv)
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        return {"generate": cmd_generate, "bench": cmd_bench}[args.command](args)
+    except (ConfigError, ModelError, InputError) as exc:
+        print(f"specviz: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specviz: interrupted", file=sys.stderr)
+        return 130

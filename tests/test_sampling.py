@@ -1,0 +1,112 @@
+"""Sampler exactness by Monte-Carlo on synthetic p/q, with tolerances derived from the sample size.
+
+Statistic: total-variation distance between the empirical distribution of the first emitted token
+and p. For n samples over k outcomes, E[TV] <= 0.5 * sum_i sqrt(p_i (1 - p_i) / n), and TV changes by
+at most 1/n per sample, so by McDiarmid P(TV > E[TV] + t) <= exp(-2 n t^2). We take t for a false
+alarm probability of 1e-4.
+"""
+import math
+
+import pytest
+import torch
+
+from specviz.config import DecodeConfig
+from specviz.sampling import residual, verify_chain, warp
+
+N = 20000
+K = 12
+
+
+def tv_bound(p: torch.Tensor, n: int, false_alarm: float = 1e-4) -> float:
+    expected = 0.5 * float(torch.sqrt(p * (1 - p) / n).sum())
+    return expected + math.sqrt(math.log(1 / false_alarm) / (2 * n))
+
+
+def random_dist(gen, k=K, zeros=0):
+    x = torch.rand(k, generator=gen) ** 2
+    if zeros:
+        x[torch.randperm(k, generator=gen)[:zeros]] = 0.0
+    return x / x.sum()
+
+
+def first_tokens(p, q, n=N, gamma=1, greedy_draft_bug=False, seed=0):
+    """Draw a draft chain from q (or, with the planted bug, take argmax q while still reporting q),
+    verify against p at every position, and count the first emitted token."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(p.shape[0])
+    q_rows = q.expand(gamma, -1)
+    p_rows = p.expand(gamma + 1, -1)
+    for _ in range(n):
+        if greedy_draft_bug:
+            draft = torch.full((gamma,), int(q.argmax()))
+        else:
+            draft = torch.multinomial(q_rows, 1, replacement=True, generator=gen)[:, 0]
+        r = verify_chain(draft, q_rows, p_rows, greedy=False, generator=gen)
+        first = int(draft[0]) if r.n_accepted > 0 else r.next_token
+        counts[first] += 1
+        if r.rejected:
+            assert r.next_token != int(draft[r.n_accepted]), "a resampled token equals the rejected draft"
+    return counts / n
+
+
+def tv(a, b):
+    return 0.5 * float((a - b).abs().sum())
+
+
+@pytest.mark.parametrize("case", ["generic", "q_has_zeros", "p_equals_q", "one_hot_p"])
+def test_first_emitted_token_follows_p(case):
+    gen = torch.Generator().manual_seed(1)
+    p, q = random_dist(gen), random_dist(gen)
+    if case == "q_has_zeros":
+        q = random_dist(gen, zeros=5)
+    if case == "p_equals_q":
+        q = p.clone()
+    if case == "one_hot_p":
+        p = torch.zeros(K)
+        p[3] = 1.0
+    emp = first_tokens(p, q, n=N if case != "one_hot_p" else 2000)
+    assert tv(emp, p) < tv_bound(p, N), f"{case}: TV {tv(emp, p):.4f}"
+    if case == "one_hot_p":
+        assert emp[3] == 1.0
+
+
+def test_chain_of_three_keeps_p():
+    gen = torch.Generator().manual_seed(2)
+    p, q = random_dist(gen), random_dist(gen)
+    emp = first_tokens(p, q, n=N, gamma=3, seed=5)
+    assert tv(emp, p) < tv_bound(p, N)
+
+
+def test_planted_bug_is_caught():
+    """Drafting greedily but reporting the softmax as q (a bug transformers once had) skews the output."""
+    gen = torch.Generator().manual_seed(1)
+    p, q = random_dist(gen), random_dist(gen)
+    emp = first_tokens(p, q, n=N, greedy_draft_bug=True)
+    assert tv(emp, p) > tv_bound(p, N)
+
+
+def test_residual_guard_and_support():
+    p = torch.tensor([0.5, 0.5, 0.0])
+    assert torch.equal(residual(p, p.clone()), p)  # zero residual mass -> falls back to p
+    q = torch.tensor([0.9, 0.1, 0.0])
+    r = residual(p, q)
+    assert r[0] == 0.0 and abs(float(r.sum()) - 1) < 1e-6
+
+
+def test_greedy_verification_accepts_matching_prefix():
+    p = torch.eye(5)[[1, 2, 3, 4]]  # argmax at positions: 1, 2, 3, 4
+    r = verify_chain(torch.tensor([1, 2, 0]), torch.eye(5)[[1, 2, 0]], p, greedy=True, generator=None)
+    assert (r.n_accepted, r.rejected, r.next_token) == (2, True, 3)
+    r = verify_chain(torch.tensor([1, 2, 3]), torch.eye(5)[[1, 2, 3]], p, greedy=True, generator=None)
+    assert (r.n_accepted, r.rejected, r.next_token) == (3, False, 4)
+
+
+def test_warp_top_k_top_p_temperature():
+    logits = torch.tensor([3.0, 2.0, 1.0, 0.0])
+    assert torch.count_nonzero(warp(logits, DecodeConfig(temperature=1.0, top_k=2))) == 2
+    probs = torch.softmax(logits, -1)  # [0.64, 0.24, 0.09, 0.03]
+    kept = warp(logits, DecodeConfig(temperature=1.0, top_p=0.7))
+    assert torch.count_nonzero(kept) == 2 and abs(float(kept.sum()) - 1) < 1e-6
+    assert torch.count_nonzero(warp(logits, DecodeConfig(temperature=1.0, top_p=0.5))) == 1
+    hot = warp(logits, DecodeConfig(temperature=0.5))
+    assert hot[0] > probs[0]
