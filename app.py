@@ -46,13 +46,18 @@ APP_CSS = """
 .sv-badge-ok { background: #e0f3ec; color: #00573f; border: 2px solid #009E73; }
 .sv-badge-warn { background: #fdeee6; color: #8a3300; border: 2px solid #D55E00; }
 .sv-badge-info { background: #e6f0f8; color: #004a75; border: 2px solid #0072B2; font-weight: 600; font-size: 16px; }
-.sv-cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(200px, 1fr)); gap: 10px; }
+.sv-cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(165px, 1fr)); gap: 10px; }
 .sv-card { background: #fff; border: 1px solid #e2e2e2; border-radius: 8px; padding: 8px 12px; }
 .sv-card-k { font-size: 15px; color: #555; }
 .sv-card-v { font-size: 28px; font-weight: 700; color: #111; font-variant-numeric: tabular-nums; }
 .sv-card-n { font-size: 13.5px; color: #666; line-height: 1.3; }
 .sv-settings { font-size: 14px; color: #555; margin-top: 8px; }
 #explainer p, #explainer li { font-size: 16px; }
+@media (max-width: 640px) {
+  .sv-legend-item { white-space: normal; }
+  .sv-pane { font-size: 16px; }
+  #title h1 { font-size: 24px; }
+}
 """
 
 EXPLAINER = """
@@ -160,16 +165,16 @@ def build_ui() -> gr.Blocks:
         status = gr.HTML(initial.status, elem_id="status")
         gr.HTML(f"<style>{render.CSS}{APP_CSS}</style>{render.legend_html()}")
         with gr.Row(equal_height=True):
-            pane_ar = gr.HTML(initial.pane_ar, elem_id="pane-ar")
-            pane_spec = gr.HTML(initial.pane_spec, elem_id="pane-spec")
+            pane_ar = gr.HTML(initial.pane_ar, elem_id="pane-ar", min_width=340)
+            pane_spec = gr.HTML(initial.pane_spec, elem_id="pane-spec", min_width=340)
         summary = gr.HTML(initial.summary, elem_id="summary")
         with gr.Row():
-            plot_speed = gr.Plot(initial.speed, elem_id="plot-speed", show_label=False)
-            plot_alpha = gr.Plot(initial.alpha, elem_id="plot-alpha", show_label=False)
+            plot_speed = gr.Plot(initial.speed, elem_id="plot-speed", show_label=False, min_width=380)
+            plot_alpha = gr.Plot(initial.alpha, elem_id="plot-alpha", show_label=False, min_width=380)
         with gr.Row():
-            plot_accept = gr.Plot(initial.accept, elem_id="plot-accept", show_label=False)
-            with gr.Column():
-                plot_tree = gr.Plot(initial.tree, elem_id="plot-tree", show_label=False)
+            plot_accept = gr.Plot(initial.accept, elem_id="plot-accept", show_label=False, min_width=380)
+            with gr.Column(min_width=380):
+                plot_tree = gr.Plot(initial.tree, elem_id="plot-tree", show_label=False, min_width=380)
                 tree_step = gr.Slider(1, 2, value=1, step=1, label="Step shown in the tree (after a run)",
                                       interactive=False, elem_id="tree-step")
         spec_events = gr.State([])  # this session's last finished speculative run, for the tree slider

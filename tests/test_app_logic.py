@@ -1,0 +1,90 @@
+"""The app's handler logic without a server: config from form values, the throttle, the summary and the fold."""
+from __future__ import annotations
+
+import pytest
+
+from specviz import app_logic as logic
+from specviz.config import ConfigError, DecodeConfig
+from specviz.metrics import compare
+from test_render import AR, FULL, NO_DRAFT, PARTIAL
+
+
+def test_form_defaults_come_from_decode_config():
+    cfg = logic.make_config()
+    assert cfg == DecodeConfig()
+    assert logic.make_config("pld", "auto", seed=None).gamma == "auto"
+
+
+@pytest.mark.parametrize("kwargs, needle", [({"method": "ar"}, "speculative method"), ({"gamma": "17"}, "gamma"),
+                                            ({"temperature": -1}, "temperature"), ({"max_new_tokens": 0}, "max_new")])
+def test_bad_form_values_raise_one_line_config_errors(kwargs, needle):
+    with pytest.raises(ConfigError, match=needle):
+        logic.make_config(**kwargs)
+
+
+def test_throttle_passes_first_phase_changes_at_most_one_per_interval_and_the_last():
+    times = iter([0.0, 0.1, 0.2, 0.3, 0.36, 0.4, 0.9, 0.95])
+    items = [("a", 0), ("b", 1), ("b", 2), ("b", 3), ("b", 4), ("b", 5), ("b", 6), ("b", 7)]
+    out = list(logic.throttle(items, 0.25, key=lambda x: x[0], now=lambda: next(times)))
+    # a: first; b@0.1: phase change; b@0.36 is the first >= 0.25 s later; b@0.9 next; the final b@0.95
+    assert [i for _, i in out] == [0, 1, 4, 6, 7]
+
+
+def test_throttle_never_repeats_the_final_item():
+    assert list(logic.throttle([1, 2], 10.0, now=lambda: 0.0)) == [1, 2]
+    assert list(logic.throttle([1], 10.0, now=lambda: 0.0)) == [1]
+    assert list(logic.throttle([], 10.0)) == []
+
+
+def snapshot(ar, spec, cfg=None):
+    snap = logic.Snapshot(cfg or DecodeConfig(), "int8", phase="done")
+    for name, events in (("ar", ar), ("spec", spec)):
+        lane = snap.lanes[name]
+        lane.events = list(events)
+        lane.clock = sum(e.seconds for e in events)
+        lane.done = True
+    snap.comparison = compare(ar, spec, snap.cfg.method, snap.cfg.greedy)
+    return snap
+
+
+def test_summary_labels_tau_and_shows_the_prediction_beside_the_measured_speedup():
+    out = logic.summary_html(snapshot(AR, [PARTIAL]))
+    assert logic.TAU_LABEL in out
+    for label in ("speedup (measured)", "predicted speedup", "acceptance rate α", "cost ratio c"):
+        assert f'data-metric="{label}"' in out
+    assert "Leviathan" in out
+
+
+def test_summary_badge_names_the_first_divergence_with_both_tokens():
+    out = logic.summary_html(snapshot(AR, [PARTIAL]))  # AR: "The", " sky"; spec: "The", " sky", " looks"
+    assert "differs from plain decoding at token 2" in out and "&#x27; looks&#x27;" in out
+    same = logic.summary_html(snapshot(AR, [StepEventSlice.first_two()]))
+    assert "identical to plain decoding" in same
+    sampled = logic.summary_html(snapshot(AR, [PARTIAL], DecodeConfig(temperature=0.7)))
+    assert "sampling" in sampled and "identical" not in sampled
+
+
+class StepEventSlice:
+    @staticmethod
+    def first_two():
+        from dataclasses import replace
+        return replace(PARTIAL, emitted=PARTIAL.emitted[:2], finish_reason="length")
+
+
+def test_panes_show_live_counters_and_state():
+    snap = snapshot(AR, [PARTIAL, FULL, NO_DRAFT])
+    view = logic.view_of(snap)
+    assert 'data-state="done"' in view.pane_spec and "Speculative (vanilla)" in view.pane_spec
+    assert "<b>7</b> tokens" in view.pane_spec and "<b>0.07</b> s compute" in view.pane_spec
+    assert "Plain autoregressive" in view.pane_ar and 'data-verdict="plain"' in view.pane_ar
+    assert [len(f.data) >= 1 for f in (view.alpha, view.speed, view.accept, view.tree)] == [True] * 4
+
+
+def test_the_api_result_is_a_fold_over_the_stream(tiny_target):
+    cfg = DecodeConfig(method="pld", max_new_tokens=12)
+    prompt = "5 6 7 8 5 6 7 8 5 6 7"
+    phases = [s.phase for s in logic.race_stream(prompt, cfg, target=tiny_target)]
+    assert phases[0] == "loading" and phases[-1] == "done" and set(phases[1:-1]) == {"running"}
+    result = logic.race_result(prompt, cfg, target=tiny_target)
+    assert result["ar_text"] and result["spec_text"] == result["ar_text"]
+    assert result["summary"]["identical"] is True and result["summary"]["spec"]["method"] == "pld"

@@ -1,0 +1,102 @@
+"""The app in a real browser: headless Debian Chromium through Playwright (never a downloaded browser)."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium to run the browser test", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api")
+
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update"]
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+PROMPT = "Write a haiku about the sea."
+N = 24
+PLOTS = ("plot-alpha", "plot-speed", "plot-accept", "plot-tree")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(target):  # `target` loads the real model once; the app reuses it through models.get's cache
+    import app
+
+    demo = app.build_ui()
+    port = free_port()
+    demo.queue().launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        yield b
+        b.close()
+
+
+def set_number(page, elem_id: str, value) -> None:
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def test_run_in_browser(app_url, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(app_url)
+    page.wait_for_selector("#run")
+    page.locator("#prompt textarea").fill(PROMPT)
+    set_number(page, "max-new-tokens", N)
+    assert page.locator("#explainer").is_visible()  # the accordion is there, collapsed
+    t0 = time.perf_counter()
+    page.locator("#run").click()
+    page.wait_for_selector("#pane-ar [data-verdict]", timeout=120_000)
+    first_tokens_s = time.perf_counter() - t0
+    page.wait_for_selector("#pane-ar .sv-pane-box[data-state=done]", timeout=180_000)
+    page.wait_for_selector("#pane-spec .sv-pane-box[data-state=done]", timeout=180_000)
+    page.wait_for_selector("#summary .sv-badge", timeout=60_000)
+    print(f"\nfirst tokens visible {first_tokens_s:.2f} s after clicking Run")
+
+    assert page.locator("#pane-spec [data-verdict=accepted]").count() > 0
+    assert page.locator("#pane-ar [data-verdict=plain]").count() == N
+    assert "identical to plain decoding" in page.locator("#summary").inner_text()
+    assert "Speculative (vanilla)" in page.locator("#pane-spec").inner_text()
+    legend = page.locator("#legend")
+    assert legend.is_visible()
+    for verdict in ("accepted", "rejected", "discarded", "resampled", "bonus"):
+        assert legend.locator(f"[data-verdict={verdict}]").count() == 1
+    title = page.locator("#pane-spec [data-verdict=accepted]").first.get_attribute("title")
+    assert "q_draft=" in title and "p_target=" in title
+    page.wait_for_timeout(500)  # let Plotly finish drawing the final figures
+    for plot in PLOTS:
+        n = page.evaluate(f"() => document.querySelector('#{plot} .js-plotly-plot')?.data?.length ?? 0")
+        assert n >= 1, plot
+
+    ASSETS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ASSETS / "screenshot.png"), full_page=True)
+    page.set_viewport_size({"width": 420, "height": 900})
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(ASSETS / "screenshot-narrow.png"), full_page=True)
+    page.close()
+
+
+def test_bad_input_shows_a_readable_message(app_url, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(app_url)
+    page.wait_for_selector("#run")
+    page.locator("#prompt textarea").fill("   ")
+    page.locator("#run").click()
+    page.wait_for_selector("#status .sv-status-error", timeout=60_000)
+    assert "prompt is empty" in page.locator("#status").inner_text()
+    page.close()

@@ -1,0 +1,119 @@
+"""Golden event lists -> Plotly figures: trace counts, values, the tree's accepted path (no model, no torch)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import plotly.graph_objects as go
+import pytest
+from pathlib import Path
+
+from specviz import plots
+from specviz.events import DraftToken as D, EmittedToken as E, StepEvent, Verdict as V
+from test_render import AR, FULL, NO_DRAFT, PARTIAL
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = [PARTIAL, FULL, NO_DRAFT]
+
+
+def segments(trace) -> list[tuple[tuple, tuple]]:
+    """A lines trace drawn as [x0, x1, None, ...] -> [((x0, y0), (x1, y1)), ...]."""
+    xs, ys = list(trace.x), list(trace.y)
+    return [((xs[i], ys[i]), (xs[i + 1], ys[i + 1])) for i in range(0, len(xs), 3)]
+
+
+def all_figures():
+    return [plots.alpha_figure(SPEC), plots.alpha_figure([]), plots.speed_figure({"ar": AR, "spec": SPEC}),
+            plots.speed_figure({"ar": [], "spec": []}), plots.accept_figure(SPEC), plots.accept_figure([]),
+            plots.tree_figure(PARTIAL), plots.tree_figure(FULL), plots.tree_figure(NO_DRAFT),
+            plots.tree_figure(None), plots.tree_figure(TREE)]
+
+
+@pytest.mark.parametrize("index", range(11))
+def test_every_figure_passes_plotlys_validation(index):
+    fig = all_figures()[index]  # built unvalidated for speed: check the names and values here
+    go.Figure(fig.to_dict())
+    assert len(fig.data) >= 1
+
+
+def test_alpha_cumulative_and_rolling():
+    fig = plots.alpha_figure(SPEC, window=1)
+    cumulative, rolling = fig.data
+    assert list(cumulative.x) == [1, 2, 3]
+    assert list(cumulative.y) == pytest.approx([2 / 3, 4 / 5, 4 / 5])  # 2 of 3 judged, then 2 of 2, then none
+    assert list(rolling.y)[:2] == pytest.approx([2 / 3, 1.0]) and rolling.y[2] is None
+
+
+def test_speed_lines_are_tokens_over_compute_seconds():
+    fig = plots.speed_figure({"ar": AR, "spec": SPEC}, {"ar": "plain AR", "spec": "speculative"})
+    ar, spec = fig.data
+    assert list(ar.x) == pytest.approx([0, 0.02, 0.04]) and list(ar.y) == [0, 1, 2]
+    assert list(spec.x) == pytest.approx([0, 0.03, 0.055, 0.075]) and list(spec.y) == [0, 3, 6, 7]
+    assert ar.name == "plain AR · 50.0 tok/s" and spec.name.startswith("speculative · 93.3")
+
+
+def test_accept_histogram_and_per_position_alpha():
+    fig = plots.accept_figure(SPEC)
+    hist, alpha_i = fig.data
+    assert list(hist.x) == [0, 1, 2, 3, 4] and list(hist.y) == [0, 0, 2, 0, 0]  # both drafting steps kept 2
+    assert list(alpha_i.x) == [1, 2, 3] and list(alpha_i.y) == pytest.approx([1.0, 1.0, 0.0])
+    assert "τ = 2.33" in fig.layout.title.text  # 7 tokens over 3 target forwards
+
+
+def test_chain_tree_highlights_the_accepted_path_and_hangs_the_resampled_token_off_it():
+    fig = plots.tree_figure(PARTIAL)
+    names = [t.name for t in fig.data]
+    assert names == ["not taken", "accepted path", "context", "accepted", "rejected", "discarded", "resampled"]
+    path = segments(fig.data[1])
+    assert path == [((0, 0), (1, 0)), ((1, 0), (2, 0)), ((2, 0), (3, 1))]  # root -> The -> sky -> " looks"
+    assert segments(fig.data[0]) == [((2, 0), (3, 0)), ((3, 0), (4, 0))]  # " is" and " red", not taken
+    resampled = fig.data[-1]
+    assert list(resampled.text) == ["␣looks"] and (resampled.x[0], resampled.y[0]) == (3, 1)
+    rejected = fig.data[4]
+    assert "p_target=0.100" in rejected.hovertext[0] and "q_draft=0.600" in rejected.hovertext[0]
+
+
+def test_fully_accepted_chain_ends_in_the_bonus_token_on_the_same_line():
+    fig = plots.tree_figure(FULL)
+    assert segments(fig.data[1]) == [((0, 0), (1, 0)), ((1, 0), (2, 0)), ((2, 0), (3, 0))]
+    assert fig.data[-1].name == "bonus" and list(fig.data[-1].text) == ["<b>"]
+    assert list(fig.data[3].text) == ["␣blue", "↵"]
+
+
+# a real tree (as a Medusa engine would yield it): two roots; the first has two children, one of which is kept
+TREE = StepEvent(5, (
+    D(1, "A", V.ACCEPTED, 0.6, 0.7, None, -1, 0),
+    D(2, "B", V.DISCARDED, 0.3, None, None, -1, 0),
+    D(3, "C", V.ACCEPTED, 0.5, 0.6, None, 0, 1),
+    D(4, "D", V.DISCARDED, 0.2, None, None, 0, 1),
+    D(5, "E", V.REJECTED, 0.4, 0.2, None, 2, 2),
+), (E(1, "A", V.ACCEPTED), E(3, "C", V.ACCEPTED), E(6, "F", V.RESAMPLED)), 0.01, 0.02, 3, 1, 3)
+
+
+def test_tree_layout_places_leaves_in_depth_first_order():
+    assert plots.tree_layout(TREE.drafts) == [0.5, 2.0, 0.0, 1.0, 0.0]  # E, D, B are the leaves
+    assert plots.tree_layout(PARTIAL.drafts) == [0.0, 0.0, 0.0, 0.0]  # a chain is one straight branch
+    assert plots.accepted_path(TREE.drafts) == [0, 2]
+
+
+def test_real_tree_draws_every_branch_and_highlights_one_path():
+    fig = plots.tree_figure(TREE)
+    path = segments(fig.data[1])
+    root_y = fig.data[2].y[0]
+    assert root_y == pytest.approx(1.25)  # the mean of its children A (0.5) and B (2.0)
+    assert [p[1][0] for p in path] == [1, 2, 3]  # A, C, then the resampled F
+    assert path[0] == ((0, root_y), (1, 0.5)) and path[1] == ((1, 0.5), (2, 0.0))
+    assert len(segments(fig.data[0])) == 3  # B, D and E are off the path
+
+
+def test_tree_of_a_step_without_drafts_and_the_empty_tree():
+    fig = plots.tree_figure(NO_DRAFT)
+    assert fig.data[-1].name == "plain" and list(fig.data[-1].text) == ["!"]
+    assert list(fig.data[1].x)[:2] == [0, 1]  # root -> the target's own token
+    empty = plots.tree_figure(None)
+    assert [t.name for t in empty.data] == ["context"]
+
+
+def test_plots_and_handler_logic_do_not_import_torch():
+    code = "import sys, specviz.plots, specviz.app_logic; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=str(ROOT)).returncode == 0
