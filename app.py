@@ -10,8 +10,8 @@ import os
 import gradio as gr
 
 from specviz import render
-from specviz.app_logic import (DEFAULT_PROMPT, DEFAULTS, SPEC_METHODS, Snapshot, empty_view, example_rows,
-                               make_config, race_result, race_stream, status_html, throttle, view_of)
+from specviz.app_logic import (DEFAULT_PROMPT, DEFAULTS, SPEC_METHODS, empty_view, example_rows,
+                               live_views, make_config, race_result, race_stream, status_html)
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, ConfigError
 from specviz import plots
 
@@ -91,14 +91,12 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
 
     try:
         cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed)
-        snap: Snapshot | None = None
-        for snap in throttle(race_stream(prompt, cfg, (draft or DEFAULT_DRAFT).strip()), key=lambda s: s.phase):
-            done = snap.phase == "done"
-            events = list(snap.lanes["spec"].events)
-            yield (*view_of(snap).as_tuple(),
-                   events if done else gr.skip(),
-                   gr.Slider(minimum=1, maximum=max(2, len(events)), value=max(1, len(events)), step=1,
-                             interactive=True) if done else gr.skip())
+        for view in live_views(race_stream(prompt, cfg, (draft or DEFAULT_DRAFT).strip())):
+            events = view.final_events
+            yield (*(gr.skip() if v is None else v for v in view.as_tuple()),
+                   gr.skip() if events is None else events,
+                   gr.skip() if events is None else gr.Slider(minimum=1, maximum=max(2, len(events)),
+                                                              value=max(1, len(events)), step=1, interactive=True))
     except (ConfigError, ModelError) as exc:
         gr.Warning(str(exc))
         yield (status_html(f"⚠ {exc}", "error"), *([gr.skip()] * 9))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import html
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Optional, TypeVar
 
 from specviz import plots, render
@@ -17,7 +17,8 @@ from specviz.metrics import Comparison, compare
 
 DEFAULTS = DecodeConfig()
 SPEC_METHODS = tuple(m for m in METHODS if m != "ar")  # AR is always the baseline lane
-UPDATE_INTERVAL_S = 0.25                                # ~4 UI updates per second
+UPDATE_INTERVAL_S = 0.25                                # ~4 pane updates per second
+PLOT_INTERVAL_S = 1.0                                   # plots redraw about once a second (and at the end)
 
 # Example prompts by category (our own, not from any benchmark).
 EXAMPLES: dict[str, list[str]] = {
@@ -261,35 +262,55 @@ def status_of(snap: Snapshot) -> str:
 
 @dataclass(frozen=True)
 class View:
-    """Everything the UI shows for one snapshot, in the order of the handler's outputs."""
+    """Everything the UI shows for one snapshot, in the order of the handler's outputs (None: unchanged)."""
     status: str
     pane_ar: str
     pane_spec: str
     summary: str
-    alpha: object
-    speed: object
-    accept: object
-    tree: object
+    alpha: object = None
+    speed: object = None
+    accept: object = None
+    tree: object = None
+    final_events: Optional[list[StepEvent]] = None  # the speculative lane's events, once the race is done
 
     def as_tuple(self) -> tuple:
         return (self.status, self.pane_ar, self.pane_spec, self.summary, self.alpha, self.speed, self.accept,
                 self.tree)
 
 
-def view_of(snap: Snapshot) -> View:
+def view_of(snap: Snapshot, with_plots: bool = True) -> View:
     running = snap.phase == "running"
     ar, spec = snap.lanes["ar"], snap.lanes["spec"]
-    return View(
+    view = View(
         status=status_of(snap),
         pane_ar=pane_html(snap.title("ar"), ar, running),
         pane_spec=pane_html(snap.title("spec"), spec, running),
         summary=summary_html(snap),
+        final_events=list(spec.events) if snap.phase == "done" else None,
+    )
+    if not with_plots:
+        return view
+    return replace(
+        view,
         alpha=plots.alpha_figure(spec.events),
         speed=plots.speed_figure({"ar": ar.events, "spec": spec.events},
                                  {"ar": "plain AR", "spec": f"speculative ({snap.cfg.method})"}),
         accept=plots.accept_figure(spec.events),
         tree=plots.tree_figure(spec.events[-1] if spec.events else None),
     )
+
+
+def live_views(stream: Iterable[Snapshot], interval: float = UPDATE_INTERVAL_S, plot_interval: float = PLOT_INTERVAL_S,
+               now: Callable[[], float] = time.perf_counter) -> Iterator[View]:
+    """The UI's stream: panes at most every `interval` s, plots at most every `plot_interval` s, and every
+    phase change (loading, first tokens, done) and the final state in full."""
+    last_plot = None
+    for snap in throttle(stream, interval, key=lambda s: s.phase, now=now):
+        t = now()
+        full = snap.phase != "running" or last_plot is None or t - last_plot >= plot_interval
+        if full:
+            last_plot = t
+        yield view_of(snap, with_plots=full)
 
 
 def empty_view(method: str = DEFAULTS.method, message: str = "") -> View:

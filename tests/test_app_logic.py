@@ -88,3 +88,21 @@ def test_the_api_result_is_a_fold_over_the_stream(tiny_target):
     result = logic.race_result(prompt, cfg, target=tiny_target)
     assert result["ar_text"] and result["spec_text"] == result["ar_text"]
     assert result["summary"]["identical"] is True and result["summary"]["spec"]["method"] == "pld"
+
+
+def test_live_views_redraw_plots_about_once_a_second_and_in_full_at_the_end():
+    cfg = DecodeConfig()
+    phases = ["loading"] + ["running"] * 6 + ["done"]
+    times = [0.0, 0.0, 0.1, 0.3, 0.6, 0.9, 1.2, 1.3]
+    current = [0.0]
+
+    def feed():
+        for t, phase in zip(times, phases):
+            current[0] = t
+            yield logic.Snapshot(cfg, "int8", phase=phase)
+
+    views = list(logic.live_views(feed(), 0.25, 1.0, now=lambda: current[0]))
+    # panes: loading, the first tokens, then every >= 0.25 s (0.1 is skipped), and the final state
+    assert [v.status != "" for v in views] == [True] * 7
+    assert [v.alpha is not None for v in views] == [True, False, False, False, False, True, True]
+    assert views[-1].final_events == [] and all(v.final_events is None for v in views[:-1])
