@@ -50,8 +50,10 @@ def _target(args):
 
 def cmd_generate(args) -> int:
     from specviz import metrics, render, session
+    from specviz.config import check_prompt
 
     cfg = _config(args, args.method)
+    check_prompt(args.prompt)  # before the model loads
     prepared = session.prepare(args.prompt, cfg, _target(args), args.draft)
     colour = sys.stdout.isatty() and not args.no_color or args.color
     out = sys.stdout

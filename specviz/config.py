@@ -102,23 +102,23 @@ def validate(cfg: DecodeConfig) -> None:
     set_("gamma", parse_gamma(cfg.gamma))
     t = _number("temperature", cfg.temperature)
     if not 0.0 <= t <= 100.0:
-        raise ConfigError(f"temperature={cfg.temperature!r} is out of range: use 0 (greedy) up to 100")
+        raise ConfigError(f"temperature={t:g} is out of range: use 0 (greedy) up to 100")
     set_("temperature", t)
     k = _number("top_k", cfg.top_k, int)
     if k < 0:
-        raise ConfigError(f"top_k={cfg.top_k!r} is out of range: use 0 (off) or a positive integer")
+        raise ConfigError(f"top_k={k} is out of range: use 0 (off) or a positive integer")
     set_("top_k", k)
     p = _number("top_p", cfg.top_p)
     if not 0.0 < p <= 1.0:
-        raise ConfigError(f"top_p={cfg.top_p!r} is out of range: use a number in (0, 1]")
+        raise ConfigError(f"top_p={p:g} is out of range: use a number in (0, 1]")
     set_("top_p", p)
     n = _number("max_new_tokens", cfg.max_new_tokens, int)
     if not 1 <= n <= MAX_NEW_TOKENS_CAP:
-        raise ConfigError(f"max_new_tokens={cfg.max_new_tokens!r} is out of range: use 1..{MAX_NEW_TOKENS_CAP}")
+        raise ConfigError(f"max_new_tokens={n} is out of range: use 1..{MAX_NEW_TOKENS_CAP}")
     set_("max_new_tokens", n)
     s = _number("seed", cfg.seed, int)
     if not 0 <= s < 2**63:
-        raise ConfigError(f"seed={cfg.seed!r} is out of range: use an integer 0..2^63-1")
+        raise ConfigError(f"seed={s} is out of range: use an integer 0..2^63-1")
     set_("seed", s)
     if not 1 <= cfg.gamma_auto_min <= cfg.gamma_auto_start <= cfg.gamma_auto_max <= GAMMA_MAX:
         raise ConfigError("auto gamma bounds must satisfy 1 <= min <= start <= max <= %d" % GAMMA_MAX)

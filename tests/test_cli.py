@@ -1,0 +1,91 @@
+"""The CLI: bad input gets one line and exit code 2; generate and bench work on the real target."""
+import json
+
+import pytest
+
+from specviz import models
+from specviz.cli import main, read_prompts
+from specviz.config import ConfigError, DecodeConfig, check_prompt
+
+BAD = [
+    (["--gamma", "0"], "gamma=0 is out of range"),
+    (["--gamma", "17"], "gamma=17 is out of range"),
+    (["--gamma", "lots"], "gamma='lots' is not valid"),
+    (["--temperature", "-1"], "temperature=-1 is out of range"),
+    (["--temperature", "warm"], "temperature='warm' is not a number"),
+    (["--top-p", "0"], "top_p=0 is out of range"),
+    (["--top-p", "1.5"], "top_p=1.5 is out of range"),
+    (["--max-new-tokens", "0"], "max_new_tokens=0 is out of range"),
+    (["--max-new-tokens", "99999"], "max_new_tokens=99999 is out of range"),
+    (["--method", "magic"], "method='magic' is unknown"),
+    (["--target", "no-such-model"], "model spec 'no-such-model' is unknown"),
+    (["--target", "/nope/model.gguf"], "model file '/nope/model.gguf' does not exist"),
+    (["--target", "./missing-folder"], "model path './missing-folder' does not exist"),
+]
+
+
+@pytest.mark.parametrize("extra,message", BAD)
+def test_bad_input_is_one_line_exit_2(capsys, extra, message):
+    code = main(["generate", "--prompt", "hi", *extra])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_empty_prompt(capsys):
+    assert main(["generate", "--prompt", "   "]) == 2
+    assert "prompt is empty" in capsys.readouterr().err
+
+
+def test_config_normalises_and_rejects():
+    assert DecodeConfig(gamma="auto").adaptive and DecodeConfig(gamma="3").gamma == 3
+    with pytest.raises(ConfigError, match="top_k=-1"):
+        DecodeConfig(top_k=-1)
+    with pytest.raises(ConfigError, match="limit is"):
+        check_prompt("x" * 100_000)
+
+
+def test_incompatible_tokenizer_is_refused(target, tiny_target):
+    with pytest.raises(models.ModelError, match="draft tokenizer .* differs from target tokenizer"):
+        models.check_tokenizers(target, tiny_target)
+
+
+def test_read_prompts_formats(tmp_path):
+    jl = tmp_path / "q.jsonl"
+    jl.write_text('{"question_id": 1, "category": "a", "turns": ["one", "two"]}\n'
+                  '{"id": "x", "category": "b", "prompt": "three"}\n{"question_id": 3, "category": "a", "turns": ["four"]}\n')
+    rows = read_prompts(str(jl), None, 2)
+    assert [(r["id"], r["category"], r["prompt"]) for r in rows] == [(1, "a", "one"), ("x", "b", "three")]
+    txt = tmp_path / "p.txt"
+    txt.write_text("first prompt\n\nsecond prompt\n")
+    assert [r["prompt"] for r in read_prompts(str(txt), None, None)] == ["first prompt", "second prompt"]
+    assert main(["bench", "--prompts", str(tmp_path / "none.jsonl"), "--json", str(tmp_path / "o.json")]) == 2
+
+
+def test_generate_race_on_real_target(target, capsys):
+    code = main(["generate", "--prompt", "Name a colour.", "--max-new-tokens", "12", "--race", "--device", "cpu",
+                 "--dtype", "float32"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "identical to plain decoding" in out and "speedup" in out and "τ=" in out
+
+
+def test_bench_json_on_real_target(target, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": 1, "category": "qa", "prompt": "What is the boiling point of water?"}\n'
+                       '{"id": 2, "category": "writing", "prompt": "Write a haiku about rain."}\n')
+    out = tmp_path / "bench.json"
+    code = main(["bench", "--prompts", str(prompts), "--method", "vanilla", "pld", "--max-new-tokens", "12",
+                 "--compare-hf", "--json", str(out), "--device", "cpu", "--dtype", "float32"])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert {"device", "dtype", "torch", "transformers", "rows", "summary"} <= set(report)
+    assert {r["method"] for r in report["rows"]} == {"vanilla", "pld", "hf-assisted"} and len(report["rows"]) == 6
+    row_keys = {"id", "category", "method", "new_tokens", "seconds", "tok_per_s", "ar_seconds", "ar_tok_per_s",
+                "speedup", "alpha", "tau", "identical_to_ar"}
+    assert all(row_keys <= set(r) for r in report["rows"])
+    for s in report["summary"]:
+        assert {"method", "prompts", "new_tokens", "tok_per_s", "ar_tok_per_s", "speedup", "alpha", "tau",
+                "identical_all"} <= set(s)
+        assert s["identical_all"] is True, s
