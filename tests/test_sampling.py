@@ -5,52 +5,19 @@ and p. For n samples over k outcomes, E[TV] <= 0.5 * sum_i sqrt(p_i (1 - p_i) / 
 at most 1/n per sample, so by McDiarmid P(TV > E[TV] + t) <= exp(-2 n t^2). We take t for a false
 alarm probability of 1e-4.
 """
-import math
-
 import pytest
 import torch
 
 from specviz.config import DecodeConfig
 from specviz.sampling import residual, verify_chain, warp
+from specviz.stats import K_SYNTH as K, first_tokens as first_token_counts, random_dist, tv_bound, tv_distance as tv
 
 N = 20000
-K = 12
 
 
-def tv_bound(p: torch.Tensor, n: int, false_alarm: float = 1e-4) -> float:
-    expected = 0.5 * float(torch.sqrt(p * (1 - p) / n).sum())
-    return expected + math.sqrt(math.log(1 / false_alarm) / (2 * n))
-
-
-def random_dist(gen, k=K, zeros=0):
-    x = torch.rand(k, generator=gen) ** 2
-    if zeros:
-        x[torch.randperm(k, generator=gen)[:zeros]] = 0.0
-    return x / x.sum()
-
-
-def first_tokens(p, q, n=N, gamma=1, greedy_draft_bug=False, seed=0):
-    """Draw a draft chain from q (or, with the planted bug, take argmax q while still reporting q),
-    verify against p at every position, and count the first emitted token."""
-    gen = torch.Generator().manual_seed(seed)
-    counts = torch.zeros(p.shape[0])
-    q_rows = q.expand(gamma, -1)
-    p_rows = p.expand(gamma + 1, -1)
-    for _ in range(n):
-        if greedy_draft_bug:
-            draft = torch.full((gamma,), int(q.argmax()))
-        else:
-            draft = torch.multinomial(q_rows, 1, replacement=True, generator=gen)[:, 0]
-        r = verify_chain(draft, q_rows, p_rows, greedy=False, generator=gen)
-        first = int(draft[0]) if r.n_accepted > 0 else r.next_token
-        counts[first] += 1
-        if r.rejected:
-            assert r.next_token != int(draft[r.n_accepted]), "a resampled token equals the rejected draft"
-    return counts / n
-
-
-def tv(a, b):
-    return 0.5 * float((a - b).abs().sum())
+def first_tokens(p, q, n=N, **kwargs):
+    """Empirical distribution of the first emitted token (see specviz.stats.first_tokens)."""
+    return first_token_counts(p, q, n, **kwargs) / n
 
 
 @pytest.mark.parametrize("case", ["generic", "q_has_zeros", "p_equals_q", "one_hot_p"])
