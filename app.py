@@ -163,8 +163,10 @@ def build_ui() -> gr.Blocks:
         status = gr.HTML(initial.status, elem_id="status")
         gr.HTML(f"<style>{render.CSS}{APP_CSS}</style>{render.legend_html()}")
         with gr.Row(equal_height=True):
-            pane_ar = gr.HTML(initial.pane_ar, elem_id="pane-ar", min_width=340)
-            pane_spec = gr.HTML(initial.pane_spec, elem_id="pane-spec", min_width=340)
+            with gr.Column(min_width=340):
+                pane_ar = gr.HTML(initial.pane_ar, elem_id="pane-ar")
+            with gr.Column(min_width=340):
+                pane_spec = gr.HTML(initial.pane_spec, elem_id="pane-spec")
         summary = gr.HTML(initial.summary, elem_id="summary")
         with gr.Row():
             plot_speed = gr.Plot(initial.speed, elem_id="plot-speed", show_label=False, min_width=380)
@@ -196,7 +198,7 @@ def warm_up() -> None:
     print(f"specviz: loading {DEFAULT_TARGET} and the {DEFAULT_DRAFT} draft…", flush=True)
     target = models.get(DEFAULT_TARGET)
     models.load_draft(DEFAULT_DRAFT, target)
-    race_result("Hello", make_config(max_new_tokens=4))
+    race_result(DEFAULT_PROMPT, make_config(max_new_tokens=16))  # first forwards allocate and pick kernels
     print("specviz: models ready", flush=True)
 
 

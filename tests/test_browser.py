@@ -100,3 +100,29 @@ def test_bad_input_shows_a_readable_message(app_url, browser):
     page.wait_for_selector("#status .sv-status-error", timeout=60_000)
     assert "prompt is empty" in page.locator("#status").inner_text()
     page.close()
+
+
+def spec_token_count(page) -> int:
+    return page.locator("#pane-spec [data-verdict]").count()
+
+
+def test_stop_cancels_promptly_and_the_app_keeps_serving(app_url, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(app_url)
+    page.wait_for_selector("#run")
+    page.locator("#prompt textarea").fill("Tell me a long story about a dragon.")
+    set_number(page, "max-new-tokens", 1000)
+    page.locator("#run").click()
+    page.wait_for_selector("#pane-spec [data-verdict]", timeout=120_000)
+    page.locator("#stop").click()
+    page.wait_for_timeout(1500)
+    frozen = spec_token_count(page)
+    page.wait_for_timeout(1500)
+    assert spec_token_count(page) == frozen  # no more updates after Stop
+    assert page.locator("#pane-spec .sv-pane-box[data-state=done]").count() == 0
+    # a new run starts at once and finishes
+    set_number(page, "max-new-tokens", 8)
+    page.locator("#run").click()
+    page.wait_for_selector("#pane-spec .sv-pane-box[data-state=done]", timeout=60_000)
+    assert page.locator("#pane-ar [data-verdict=plain]").count() == 8
+    page.close()
