@@ -1,15 +1,18 @@
 """One prompt, prepared for the engines: validated settings, the loaded pair, the prompt's token ids.
 
-The CLI and the app both go through here, so they check inputs and build engines the same way.
+The CLI and the app both go through here, so they check inputs (and the deployment's policy) and build
+engines the same way.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
 from specviz import engines, models
 from specviz.config import ConfigError, DecodeConfig, check_prompt
 from specviz.events import StepEvent
+from specviz.policy import Policy
 from specviz.race import Tick, race
 
 
@@ -20,23 +23,36 @@ class Prepared:
     ar: engines.Engine
     prompt_ids: list[int]
     cfg: DecodeConfig
+    max_run_seconds: float = float("inf")
 
     def race(self) -> Iterator[Tick]:
-        """AR and the speculative engine side by side on the race clock (lanes "ar" and "spec")."""
-        return race({"ar": self.ar.steps(self.prompt_ids, self.cfg), "spec": self.spec.steps(self.prompt_ids, self.cfg)})
+        """AR and the speculative engine side by side on the race clock (lanes "ar" and "spec"), stopping
+        with a ConfigError once the run exceeds the deployment's wall-time cap."""
+        start = time.perf_counter()
+        for tick in race({"ar": self.ar.steps(self.prompt_ids, self.cfg), "spec": self.spec.steps(self.prompt_ids, self.cfg)}):
+            yield tick
+            if time.perf_counter() - start > self.max_run_seconds:
+                raise ConfigError(f"the run was stopped after {self.max_run_seconds:g} s, the limit here: "
+                                  "lower max_new_tokens")
 
     def spec_steps(self) -> Iterator[StepEvent]:
         return self.spec.steps(self.prompt_ids, self.cfg)
 
 
 def prepare(prompt: str, cfg: DecodeConfig, target: str | models.LoadedModel, draft: str) -> Prepared:
-    """Validate the prompt, load (or reuse) the models and build both engines. Raises ConfigError/ModelError."""
-    check_prompt(prompt)
-    tgt = target if isinstance(target, models.LoadedModel) else models.get(target)
-    ids = tgt.encode_prompt(prompt)
-    limit = getattr(tgt.model.config, "max_position_embeddings", None)
+    """Validate the prompt and settings against the policy, load (or reuse) the models and build both
+    engines. Raises ConfigError/ModelError with one-line messages."""
+    policy = Policy.from_env()
+    policy.check_prompt(check_prompt(prompt))
+    cfg = policy.check_config(cfg)
+    if isinstance(target, str):
+        target = models.get(policy.check_model(target, "target"))
+    if cfg.method == "vanilla" and isinstance(draft, str):
+        policy.check_model(draft, "draft")
+    ids = target.encode_prompt(prompt)
+    limit = getattr(target.model.config, "max_position_embeddings", None)
     if limit and len(ids) + cfg.max_new_tokens > limit:
         raise ConfigError(f"prompt ({len(ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the "
                           f"model's context of {limit} tokens: shorten the prompt or lower max_new_tokens")
-    spec = engines.build(cfg.method, tgt, draft)
-    return Prepared(tgt, spec, engines.build("ar", tgt), ids, cfg)
+    spec = engines.build(cfg.method, target, draft)
+    return Prepared(target, spec, engines.build("ar", target), ids, cfg, policy.max_run_seconds)
