@@ -1,4 +1,5 @@
-"""`python -m specviz`: generate (coloured tokens in the terminal) and bench (methods against AR)."""
+"""`python -m specviz`: generate (coloured tokens in the terminal), bench (methods against AR) and check
+(a drafter sanity check with a JSON and HTML report)."""
 from __future__ import annotations
 
 import argparse
@@ -239,6 +240,75 @@ def format_summary(summary: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def cmd_check(args) -> int:
+    """The drafter sanity check: compatible? correct? does it pay? Exit 0 when correct, 1 when not."""
+    from tqdm import tqdm
+
+    from specviz import check, report
+
+    given = {k: getattr(args, k) for k in ("gamma", "temperature", "samples", "max_new_tokens", "synthetic_samples")}
+    options = check.CheckOptions(**{k: v for k, v in given.items() if v is not None})  # defaults live there
+    prompts = read_prompts(args.prompts, None, args.limit) if args.prompts else None
+    method = args.method or "vanilla"
+    target = _target(args)
+    drafter, draft = check.drafter_for(method, target, args.draft)
+    bars: dict[str, tqdm] = {}
+
+    def progress(stage: str, done: int, total: int) -> None:
+        bar = bars.get(stage)
+        if bar is None:
+            bar = bars[stage] = tqdm(total=total, desc=stage, file=sys.stderr, leave=True, dynamic_ncols=True)
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+
+    result = check.run_check(target, drafter, draft=draft, prompts=prompts, options=options, progress=progress,
+                             method=method)
+    data = result.to_dict()
+    data["command"] = "python -m specviz " + " ".join(sys.argv[1:])
+    print(format_check(data))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(data, indent=1, ensure_ascii=False))
+        print(f"wrote {args.json}")
+    if args.report:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(report.to_html(data), encoding="utf-8")
+        print(f"wrote {args.report}")
+    return 0 if result.correct else 1
+
+
+def format_check(d: dict) -> str:
+    """The check's answers in order, for the terminal."""
+    f = lambda v, spec=".2f": "-" if v is None else format(v, spec)  # noqa: E731
+    c, g, fid, p = d["compatibility"], d["greedy"], d["fidelity"], d["payoff"]
+    fit = fid["fit"]
+    lines = [f"1. compatible: {c['message']}",
+             f"2. greedy identity: {sum(r['identical'] for r in g['prompts'])}/{len(g['prompts'])} prompts identical"
+             + (f", {g['near_ties']} near-tie flips" if g["near_ties"] else "")]
+    for r in g["prompts"]:
+        dv = r["divergence"]
+        if dv:
+            lines.append(f"   prompt {r['id']}: token {dv['index']} after {dv['context']!r}: AR {dv['ar_token']!r} vs "
+                         f"speculative {dv['spec_token']!r}, top-2 gap {dv['top2_gap']:.2e}"
+                         + (" (near-tie)" if dv["near_tie"] else " (BUG)"))
+    lines.append(f"   sampling fidelity ({fid['samples']} seeds, T={fid['temperature']:g}, prompt {fid['prompt_id']}): "
+                 f"chi2={fit['chi2']:.1f} dof={fit['dof']} p={fit['p_value']:.3g}, TV={fit['tv']:.3f} "
+                 f"(bound {fit['tv_bound']:.3f}) -> {'pass' if fid['passed'] else 'FAIL'}")
+    if d["synthetic"]:
+        lines.append("   synthetic p/q: " + ", ".join(f"{s['name']} {'ok' if s['ok'] else 'FAIL'}" for s in d["synthetic"]))
+    lines.append(f"3. α={f(p['alpha'])} τ={f(p['tau'])} c={f(p['cost_ratio'], '.3f')} · speedup {f(p['speedup'])}× "
+                 f"(Leviathan {f(p['predicted_speedup'])}×) · best γ {p['best_gamma']} (Leviathan), "
+                 f"{p['best_gamma_hw']} (with this device's verify cost)")
+    lines.append("   α by position: " + " ".join(f(a) for a in p["alpha_by_position"]))
+    for cat in p["by_category"]:
+        lines.append(f"   {cat['name']}: α={f(cat['alpha'])} τ={f(cat['tau'])} speedup {f(cat['speedup'])}×")
+    if p["batch_curve"]:
+        lines.append("   predicted speedup by batch: " + ", ".join(f"b={r['batch']} {r['speedup']:.2f}×" for r in p["batch_curve"]))
+    lines.append(("verdict: " if d["correct"] else "verdict: ") + d["verdict"])
+    return "\n".join(lines)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m specviz", description="See and check speculative decoding.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -257,6 +327,22 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--compare-hf", action="store_true", help="add transformers' assisted generation with the same draft and γ")
     b.add_argument("--json", required=True, help="output file")
     _decode_args(b)
+    c = sub.add_parser("check", help="drafter sanity check: compatible? correct? does it pay? (exit 1 when incorrect)")
+    c.add_argument("--target", default=DEFAULT_TARGET, help="model spec (default %(default)s)")
+    which = c.add_mutually_exclusive_group()
+    which.add_argument("--draft", default=None, help="draft model: int8 or a model spec (default int8)")
+    which.add_argument("--method", choices=("vanilla", "pld"), default=None, help="pld: prompt lookup, no draft model")
+    c.add_argument("--prompts", default=None, help="JSONL or one prompt a line (default: a small built-in set)")
+    c.add_argument("--limit", type=int, default=None, help="at most N prompts, round-robin across categories")
+    c.add_argument("--gamma", default=None, help=f"drafted tokens per step, 1..{GAMMA_MAX} or auto (default 4)")
+    c.add_argument("--temperature", default=None, help="temperature of the sampling-fidelity part (default 1.0)")
+    c.add_argument("--samples", default=None, help="seeds for the sampling-fidelity part (default 400)")
+    c.add_argument("--synthetic-samples", default=None, help="draws per synthetic p/q case, 0 = skip (default 4000)")
+    c.add_argument("--max-new-tokens", default=None, help="per prompt in the greedy and speed part (default 64)")
+    c.add_argument("--report", default=None, help="write a self-contained HTML report here")
+    c.add_argument("--json", default=None, help="write every figure as JSON here")
+    c.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    c.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
     return p
 
 
@@ -267,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
-        return {"generate": cmd_generate, "bench": cmd_bench}[args.command](args)
+        return {"generate": cmd_generate, "bench": cmd_bench, "check": cmd_check}[args.command](args)
     except (ConfigError, ModelError, InputError) as exc:
         print(f"specviz: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,167 @@
+"""The drafter check: statistics, compatibility, the verdict, a planted sampling bug, and reports on the real pair."""
+import json
+import math
+
+import pytest
+import torch
+
+from specviz import check, metrics, stats
+from specviz.cli import main
+from specviz.engines.draft_model import ModelDrafter
+from specviz.engines.speculative import Proposal
+from specviz.models import ModelError, int8_copy
+from specviz.report import to_html
+from specviz.sampling import pick, warp
+
+TWO_PROMPTS = [{"id": "qa", "category": "qa", "prompt": "Name three colours of the rainbow."},
+               {"id": "story", "category": "writing", "prompt": "Write one sentence about a cat."}]
+FAST = dict(samples=200, max_new_tokens=16, synthetic_samples=300, profile_sizes=(1, 2, 4, 8), profile_reps=1,
+            batch_sizes=(1, 2, 4))
+
+
+# ── statistics ──────────────────────────────────────────────────────────────────────────────────────
+
+def test_chi2_sf_matches_known_values():
+    assert abs(stats.chi2_sf(3.841, 1) - 0.05) < 1e-3    # the 95% point of chi-square(1)
+    assert abs(stats.chi2_sf(18.307, 10) - 0.05) < 1e-3  # ... of chi-square(10)
+    assert stats.chi2_sf(math.inf, 3) == 0.0 and stats.chi2_sf(1.0, 0) == 1.0
+
+
+def test_fit_pools_rare_tokens_and_flags_skew():
+    p = torch.tensor([0.5, 0.3, 0.15, 0.03, 0.01, 0.01, 0.0])
+    exact = stats.fit(p * 200, p)  # expected 100, 60, 30, 6, 2, 2: the two 2s pool (4 < 5) into the rarest bin
+    assert exact.passed() and exact.p_value > 0.99 and exact.tv < 1e-6
+    assert exact.bins == 4 and exact.dof == 3 and exact.bin_tokens[-1] == [3, 4, 5]
+    skewed = stats.fit(torch.tensor([140.0, 40, 16, 2, 1, 1, 0]), p)
+    assert not skewed.passed() and skewed.p_value < 1e-3
+    impossible = stats.fit(torch.tensor([99.0, 60, 30, 6, 2, 2, 1]), p)
+    assert impossible.impossible == 1 and not impossible.passed()
+
+
+def test_synthetic_suite_passes_and_its_control_is_flagged():
+    for case in stats.SYNTHETIC_CASES:
+        result = stats.synthetic_case(case, 2000)
+        assert result.ok, (case, result.fit)
+
+
+def test_batch_model_reduces_to_leviathan_on_a_flat_profile():
+    flat = check.CostProfile("cpu", 0, 1, [1, 64], [0.01, 0.01], [0.01, 0.01])
+    for alpha, gamma, c in [(0.8, 4, 0.1), (0.5, 2, 0.3)]:
+        assert abs(check.speedup_at(alpha, gamma, c, 1, flat) - metrics.predicted_speedup(alpha, gamma, c)) < 1e-12
+    linear = check.CostProfile("cpu", 0, 1, [1, 2, 4], [0.01, 0.02, 0.04], [0.01, 0.02, 0.04])  # compute-bound: cost ∝ tokens
+    assert check.speedup_at(0.8, 4, 0.0, 1, linear) == pytest.approx(metrics.expected_tokens_per_step(0.8, 4) / 5)
+    assert linear.time(8) == pytest.approx(0.08)  # linear beyond the largest size
+
+
+# ── compatibility and the verdict on tiny models ────────────────────────────────────────────────────
+
+def test_compatibility(target, tiny_target, tiny_draft):
+    same = check.compare_tokenizers(tiny_target, tiny_draft)
+    assert same.ok and same.overlap == 1.0 and same.special_mismatch == []
+    pld = check.compare_tokenizers(tiny_target, None)
+    assert pld.ok and not pld.draft_tokenizer and "no draft tokenizer" in pld.message
+    refused = check.compare_tokenizers(target, tiny_target)
+    assert not refused.ok and "incompatible tokenizers" in refused.message and "\n" not in refused.message
+    with pytest.raises(ModelError, match="incompatible tokenizers"):
+        check.run_check(target, ModelDrafter(tiny_target), draft=tiny_target, prompts=TWO_PROMPTS,
+                        options=check.CheckOptions(**FAST))
+
+
+def test_run_check_on_tiny_pair_reports_every_part(tiny_target, tiny_draft):
+    seen = []
+    prompts = [{"id": 1, "category": "a", "prompt": "1 2 3 4 5"}, {"id": 2, "category": "b", "prompt": "9 8 7 1 2 3"}]
+    report = check.run_check(tiny_target, ModelDrafter(tiny_draft), draft=tiny_draft, prompts=prompts,
+                             options=check.CheckOptions(**FAST), progress=lambda *a: seen.append(a))
+    assert report.correct and report.verdict.startswith("correct; ") and "γ=4" in report.verdict
+    assert [s for s in dict.fromkeys(stage for stage, _, _ in seen)] == list(check.STAGES)
+    assert all(done == total for stage in check.STAGES for s, done, total in [max(x for x in seen if x[0] == stage)])
+    d = json.loads(json.dumps(report.to_dict()))
+    assert d["greedy"]["identical_all"] and d["fidelity"]["fit"]["n"] == 200
+    assert {"alpha", "tau", "alpha_by_position", "cost_ratio", "speedup", "predicted_speedup", "best_gamma",
+            "best_gamma_hw", "by_category", "gamma_curve", "profile", "batch_curve"} <= set(d["payoff"])
+    assert [c["name"] for c in d["payoff"]["by_category"]] == ["a", "b"]
+
+
+def test_a_real_greedy_divergence_is_a_bug_and_named(tiny_target):
+    """Plant a divergence in a greedy output: the check names the position, its context, and calls it a bug
+    (the tiny model's logits are far from a tie)."""
+    ids = tiny_target.encode_prompt("1 2 3 4 5")
+    ar = [t for t in check.AREngine(tiny_target).steps(ids, check.DecodeConfig(method="ar", max_new_tokens=8))]
+    ar_ids = [e.emitted[0].token_id for e in ar]
+    bad = ar_ids[:5] + [(ar_ids[5] + 1) % 60] + ar_ids[6:]
+    div = check._divergence(tiny_target, ids, ar_ids, bad, 1e-3)
+    assert div.index == 5 and not div.near_tie and div.top2_gap > 1e-3
+    assert div.context == "".join(f"<{t}>" for t in ar_ids[:5])
+    cmp = metrics.compare(ar, ar, "vanilla", True)
+    result = check.PromptResult(1, "a", "p", len(ids), "", ar_ids, bad, False, div, cmp)
+    fid = check.Fidelity(1, 1.0, 1.0, 100, 0, 0, stats.fit(torch.tensor([100.0]), torch.tensor([1.0])), True, [])
+    pay = check.payoff([result], [ar], [ar], None, check.CheckOptions())
+    correct, problems, verdict = check.conclude([result], fid, [], pay, check.CheckOptions())
+    assert not correct and verdict.startswith("INCORRECT: greedy output differs from AR") and "token 5" in verdict
+
+
+# ── the real pair ───────────────────────────────────────────────────────────────────────────────────
+
+class GreedyDraftBug:
+    """A planted bug (transformers once shipped it): draft the argmax but report the softmax as q."""
+
+    def __init__(self, inner: ModelDrafter):
+        self.inner, self.name = inner, f"greedy-draft bug({inner.name})"
+
+    def session(self, vocab_size, eos_ids):
+        return _BugSession(self.inner.session(vocab_size, eos_ids))
+
+
+class _BugSession:
+    def __init__(self, inner):
+        self.inner = inner
+
+    def propose(self, tokens, gamma, cfg, generator):
+        drafted, qs = [], []
+        while len(drafted) < gamma:
+            q = warp(self.inner.lm.logits(tokens, drafted)[0, :self.inner.vocab_size], cfg)  # (V,)
+            drafted.append(pick(q, True, generator))  # the bug: argmax even when sampling
+            qs.append(q)
+        return Proposal(drafted, torch.stack(qs), len(drafted))
+
+    def rollback(self, n_valid):
+        self.inner.rollback(n_valid)
+
+
+def test_planted_sampling_bug_is_reported_incorrect(target):
+    draft = int8_copy(target)
+    opts = check.CheckOptions(**{**FAST, "synthetic_samples": 0})
+    report = check.run_check(target, GreedyDraftBug(ModelDrafter(draft)), draft=draft, prompts=TWO_PROMPTS,
+                             options=opts)
+    assert report.prompts and all(r.identical for r in report.prompts)  # greedy cannot see this bug
+    assert not report.fidelity.passed and report.fidelity.fit.p_value < 1e-3
+    assert not report.correct and report.verdict.startswith("INCORRECT: sampling is not exact")
+
+
+@pytest.mark.parametrize("which", [["--draft", "int8"], ["--method", "pld"]])
+def test_check_cli_reports_on_real_pair(target, tmp_path, capsys, which):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps(r) for r in TWO_PROMPTS) + "\n")
+    out_json, out_html = tmp_path / "check.json", tmp_path / "check.html"
+    code = main(["check", "--target", "smollm2-135m", *which, "--prompts", str(prompts), "--samples", "100",
+                 "--max-new-tokens", "16", "--synthetic-samples", "300", "--json", str(out_json),
+                 "--report", str(out_html), "--device", "cpu", "--dtype", "float32"])
+    out = capsys.readouterr().out
+    d = json.loads(out_json.read_text())
+    assert code == 0 and d["correct"], d["verdict"]
+    assert d["verdict"].startswith("correct; ") and f"verdict: {d['verdict']}" in out
+    assert {"verdict", "correct", "problems", "environment", "options", "compatibility", "greedy", "fidelity",
+            "synthetic", "payoff", "seconds"} <= set(d)
+    assert d["greedy"]["identical_all"] and len(d["greedy"]["prompts"]) == 2
+    assert d["fidelity"]["passed"] and d["fidelity"]["samples"] == 100
+    assert d["compatibility"]["draft_tokenizer"] == (which[0] == "--draft")
+    assert len(d["payoff"]["profile"]["tokens"]) == 7 and d["payoff"]["batch_curve"]
+    html = out_html.read_text()
+    assert d["verdict"] in html.replace("&#x27;", "'") and "Plotly.newPlot" in html and "plotly.js v" in html
+    assert "https://cdn" not in html  # self-contained
+
+
+def test_check_cli_bad_input_is_one_line(capsys):
+    assert main(["check", "--samples", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "samples=5 is out of range" in err and err.count("\n") == 1
