@@ -12,7 +12,9 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import pickle
 import threading
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,6 +154,9 @@ def load(spec: str, device: torch.device | None = None, dtype: torch.dtype | Non
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.location, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source.location, dtype=dtype, **kwargs)
+    except pickle.UnpicklingError:  # transformers reads .bin weights with torch.load(weights_only=True)
+        raise ModelError(f"could not load model {spec!r}: refused: its weights file holds pickled code "
+                         "(or is not a plain tensor file); use safetensors") from None
     except (OSError, ValueError, EnvironmentError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"could not load model {spec!r}: {first[:200]}") from None
@@ -212,7 +217,9 @@ def _swap_linears(module: torch.nn.Module) -> None:
             _swap_linears(child)
 
 
-_int8_copies: dict[int, torch.nn.Module] = {}
+# target model -> its int8 copy; the copy goes when the target is dropped from the cache (and a recycled
+# id() can never hand one model's copy to another)
+_int8_copies: "weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module]" = weakref.WeakKeyDictionary()
 
 
 # Short prompts (our own, not the evaluation set) whose activations calibrate the CPU int8 copy.
@@ -344,9 +351,9 @@ def _make_int8(target: LoadedModel) -> torch.nn.Module:
 def int8_copy(target: LoadedModel) -> LoadedModel:
     """A compressed copy of the target: dynamic int8 on CPU, weight-only int8 on GPU."""
     with _cache_lock:
-        model = _int8_copies.get(id(target.model))
+        model = _int8_copies.get(target.model)
         if model is None:
-            model = _int8_copies[id(target.model)] = _make_int8(target)
+            model = _int8_copies[target.model] = _make_int8(target)
     return LoadedModel(f"int8({target.name})", model, target.tokenizer, target.device, target.dtype, target._texts)
 
 
