@@ -5,14 +5,16 @@ event wiring only: the handler logic lives in specviz/app_logic.py, figures in s
 """
 from __future__ import annotations
 
+import logging
 import os
 
 import gradio as gr
 
 from specviz import render
 from specviz.app_logic import (DEFAULT_PROMPT, DEFAULTS, SPEC_METHODS, empty_view, example_rows,
-                               live_views, make_config, race_result, race_stream, status_html)
-from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, ConfigError
+                               live_views, make_config, race_result, race_stream, status_html, user_message)
+from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX
+from specviz.policy import Policy
 from specviz import plots
 
 CONCURRENCY_ID = "cpu"  # one queue worker for the one device: runs never disturb each other's timing
@@ -86,20 +88,21 @@ A cheap *drafter* guesses the next γ tokens; the target then checks all γ gues
 
 
 def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed):
-    """The streaming handler: yields every output at most ~4 times a second, and always the final state."""
-    from specviz.models import ModelError  # torch loads with the first run, not at import
-
+    """The streaming handler: yields every output at most ~4 times a second, and always the final state.
+    Any error ends the run with a one-line message in the status bar (no traceback, no server path); the
+    app keeps serving. A Stop closes this generator (GeneratorExit is not caught)."""
     try:
         cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed)
-        for view in live_views(race_stream(prompt, cfg, (draft or DEFAULT_DRAFT).strip())):
+        for view in live_views(race_stream(prompt, cfg, str(draft or DEFAULT_DRAFT).strip())):
             events = view.final_events
             yield (*(gr.skip() if v is None else v for v in view.as_tuple()),
                    gr.skip() if events is None else events,
                    gr.skip() if events is None else gr.Slider(minimum=1, maximum=max(2, len(events)),
                                                               value=max(1, len(events)), step=1, interactive=True))
-    except (ConfigError, ModelError) as exc:
-        gr.Warning(str(exc))
-        yield (status_html(f"⚠ {exc}", "error"), *([gr.skip()] * 9))
+    except Exception as exc:
+        message = user_message(exc, Policy.from_env().public)
+        gr.Warning(message)
+        yield (status_html(f"⚠ {message}", "error"), *([gr.skip()] * 9))
 
 
 def race_api(prompt: str = DEFAULT_PROMPT, method: str = DEFAULTS.method, draft: str = DEFAULT_DRAFT,
@@ -108,19 +111,21 @@ def race_api(prompt: str = DEFAULT_PROMPT, method: str = DEFAULTS.method, draft:
              seed: int = DEFAULTS.seed) -> dict:
     """Race plain AR against a speculative method on one prompt; returns both texts and the summary
     (metrics.Comparison.to_dict(): speedup, α, τ, cost ratio c, the Leviathan prediction, identity)."""
-    from specviz.models import ModelError
-
     try:
-        return race_result(prompt, make_config(method, gamma, temperature, top_p, max_new_tokens, seed), draft)
-    except (ConfigError, ModelError) as exc:
-        raise gr.Error(str(exc)) from None
+        cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed)
+        return race_result(prompt, cfg, str(draft or DEFAULT_DRAFT).strip())
+    except Exception as exc:
+        raise gr.Error(user_message(exc, Policy.from_env().public), print_exception=False) from None
 
 
 def show_tree(events, step):
-    if not events:
-        return gr.skip()
-    i = min(max(int(step or 1), 1), len(events)) - 1
-    return plots.tree_figure(events[i])
+    try:
+        if not events:
+            return gr.skip()
+        i = min(max(int(step or 1), 1), len(events)) - 1
+        return plots.tree_figure(events[i])
+    except Exception as exc:  # a tampered state or step value: keep serving
+        raise gr.Error(user_message(exc, Policy.from_env().public), print_exception=False) from None
 
 
 def build_ui() -> gr.Blocks:
@@ -203,11 +208,13 @@ def warm_up() -> None:
 
 
 def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     warm_up()
     demo = build_ui()
     demo.queue(default_concurrency_limit=1).launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+        show_error=False,  # handlers turn every error into a one-line gr.Error; nothing else reaches a user
     )
 
 

@@ -6,6 +6,8 @@ The streaming UI handler and the non-streaming /race endpoint share `race_stream
 from __future__ import annotations
 
 import html
+import logging
+import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Optional, TypeVar
@@ -14,6 +16,8 @@ from specviz import plots, render
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS, ConfigError, DecodeConfig
 from specviz.events import StepEvent
 from specviz.metrics import Comparison, compare
+
+log = logging.getLogger("specviz.app")
 
 DEFAULTS = DecodeConfig()
 SPEC_METHODS = tuple(m for m in METHODS if m != "ar")  # AR is always the baseline lane
@@ -121,18 +125,67 @@ class Snapshot:
         }
 
 
+class RunFailed(RuntimeError):
+    """An unexpected error during a run (a bug, a broken model file): a one-line message for the user that
+    names only the stage and the exception type; the traceback goes to the server log."""
+
+    def __init__(self, stage: str, cause: BaseException):
+        super().__init__(f"the run failed {stage} ({type(cause).__name__}); the app is still serving — try again")
+        self.stage = stage
+
+
+# /abs, ./rel, ~/home, a/b/c; not URLs or Hub ids ORG/NAME
+_PATH = re.compile(r"""(?<![\w:/.~-])(?:(?:~|\.{1,2})?/[^\s'"`,;)]+|[\w.-]+(?:/[\w.-]+){2,})""")
+
+
+def redact_paths(message: str) -> str:
+    """Replace file-system paths in a message with <path> (Hub ids ORG/NAME and URLs stay)."""
+    return _PATH.sub("<path>", message)
+
+
+def user_message(exc: BaseException, public: bool = False) -> str:
+    """The one line a user sees for an error: ours verbatim (paths redacted in public mode), anything else
+    as its type only, logged server-side with its traceback. Never a traceback or a server path."""
+    from specviz.models import ModelError  # torch is loaded by now: errors come from runs
+
+    if isinstance(exc, (ConfigError, ModelError, RunFailed)):
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    else:
+        log.error("unexpected error in the app", exc_info=exc)
+        message = f"the app hit an internal error ({type(exc).__name__}); it is still serving — try again"
+    return redact_paths(message) if public else message
+
+
 def race_stream(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT,
                 target: str = DEFAULT_TARGET) -> Iterator[Snapshot]:
     """Yield the snapshot once before loading, after every step of either lane, and once when done.
-    Raises ConfigError / ModelError (after the first, 'loading' snapshot)."""
+    Raises ConfigError / ModelError for bad input, RunFailed (logged) for anything unexpected (after the
+    first, 'loading' snapshot)."""
+    from specviz.models import ModelError
     from specviz.session import prepare  # torch and the engines load on first use, not at import
 
     snap = Snapshot(cfg, draft)
     yield snap
-    prepared = prepare(prompt, cfg, target, draft)
+    try:
+        prepared = prepare(prompt, cfg, target, draft)
+    except (ConfigError, ModelError):
+        raise
+    except Exception as exc:
+        log.error("loading the models failed (target %r, draft %r)", target, draft, exc_info=exc)
+        raise RunFailed("while loading the models", exc) from exc
     snap.decode = prepared.target.decode
     snap.phase = "running"
-    for tick in prepared.race():
+    ticks = prepared.race()
+    while True:
+        try:
+            tick = next(ticks, None)
+        except ConfigError:  # the deployment's run-time cap
+            raise
+        except Exception as exc:
+            log.error("engine failure (%s, draft %r)", cfg.method, draft, exc_info=exc)
+            raise RunFailed("inside the engine", exc) from exc
+        if tick is None:
+            break
         lane = snap.lanes[tick.lane]
         lane.events.append(tick.event)
         lane.clock = tick.clock
