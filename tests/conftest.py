@@ -1,6 +1,7 @@
 """Shared fixtures: the real default target (loaded once per session) and a tiny random model."""
 from __future__ import annotations
 
+import socket
 import warnings
 
 import pytest
@@ -58,3 +59,22 @@ def tiny_draft() -> models.LoadedModel:
 def target() -> models.LoadedModel:
     """The embedded default target, SmolLM2-135M-Instruct in fp32 on CPU."""
     return models.get("smollm2-135m", torch.device("cpu"), torch.float32)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(target):  # `target` loads the real model once; the app reuses it through models.get's cache
+    """The app launched in-process on a free port (its own queue, as `python app.py` serves it)."""
+    import app
+
+    demo = app.build_ui()
+    port = free_port()
+    demo.queue(default_concurrency_limit=1).launch(prevent_thread_lock=True, server_name="127.0.0.1",
+                                                   server_port=port, quiet=True, show_error=False)
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()

@@ -1,7 +1,6 @@
 """The app through a real client: launch it in-process on a free port and call the named /race endpoint."""
 from __future__ import annotations
 
-import socket
 
 import pytest
 
@@ -9,23 +8,6 @@ gradio_client = pytest.importorskip("gradio_client")
 
 PROMPT = "Name three primary colours."
 N = 24
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def app_url(target):  # `target` loads the real model once; the app reuses it through models.get's cache
-    import app
-
-    demo = app.build_ui()
-    port = free_port()
-    demo.queue().launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
 
 
 @pytest.fixture(scope="module")

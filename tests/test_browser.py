@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -19,23 +18,6 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 PROMPT = "Write a haiku about the sea."
 N = 24
 PLOTS = ("plot-alpha", "plot-speed", "plot-accept", "plot-tree")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def app_url(target):  # `target` loads the real model once; the app reuses it through models.get's cache
-    import app
-
-    demo = app.build_ui()
-    port = free_port()
-    demo.queue().launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
 
 
 @pytest.fixture(scope="module")
