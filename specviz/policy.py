@@ -2,7 +2,8 @@
 local paths, and caps on prompt length, max_new_tokens, γ and run time. Operators configure it with
 environment variables (read once per call, so tests and operators can change them):
 
-  SPECVIZ_PUBLIC=1                 public mode on
+  SPECVIZ_PUBLIC=1                 public mode on (the default on a Hugging Face Space, where SPACE_ID is
+                                   set, and in the Docker image); SPECVIZ_PUBLIC=0 turns it off
   SPECVIZ_ALLOWED_MODELS=a,b       model specs allowed in public mode (default: ALLOWED_DEFAULT)
   SPECVIZ_MAX_PROMPT_CHARS=4000    public caps (defaults below)
   SPECVIZ_MAX_NEW_TOKENS=256
@@ -42,7 +43,8 @@ class Policy:
 
     @classmethod
     def from_env(cls) -> "Policy":
-        if os.environ.get("SPECVIZ_PUBLIC") != "1":
+        public = os.environ.get("SPECVIZ_PUBLIC", "1" if os.environ.get("SPACE_ID") else "0").strip()
+        if public != "1":
             return cls()
         allowed = os.environ.get("SPECVIZ_ALLOWED_MODELS")
         return cls(

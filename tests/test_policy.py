@@ -7,6 +7,7 @@ from specviz.policy import Policy
 
 def test_private_mode_allows_everything(monkeypatch):
     monkeypatch.delenv("SPECVIZ_PUBLIC", raising=False)
+    monkeypatch.delenv("SPACE_ID", raising=False)
     policy = Policy.from_env()
     assert not policy.public
     assert policy.check_model("/some/local/folder") == "/some/local/folder"
@@ -37,3 +38,11 @@ def test_allow_list_from_env(monkeypatch):
     monkeypatch.setenv("SPECVIZ_MAX_GAMMA", "many")
     with pytest.raises(ConfigError, match="SPECVIZ_MAX_GAMMA='many' is not an integer"):
         Policy.from_env()
+
+
+def test_a_hugging_face_space_is_public_unless_told_otherwise(monkeypatch):
+    monkeypatch.delenv("SPECVIZ_PUBLIC", raising=False)
+    monkeypatch.setenv("SPACE_ID", "someone/specviz")
+    assert Policy.from_env().public
+    monkeypatch.setenv("SPECVIZ_PUBLIC", "0")
+    assert not Policy.from_env().public
