@@ -5,6 +5,7 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     GRADIO_SERVER_NAME=0.0.0.0 \
     GRADIO_SERVER_PORT=7860 \
+    SPECVIZ_PUBLIC=1 \
     HF_HOME=/home/app/.cache/huggingface
 
 RUN useradd --create-home --uid 1000 app

@@ -208,7 +208,8 @@ def warm_up() -> None:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("specviz").setLevel(logging.INFO)  # our errors, with tracebacks, go to the server log
     warm_up()
     demo = build_ui()
     demo.queue(default_concurrency_limit=1).launch(
