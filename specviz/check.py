@@ -371,7 +371,8 @@ class Payoff:
     cost_ratio_basis: str               # "per draft forward" or "per drafted token (no draft model)"
     ar_tok_per_s: float
     spec_tok_per_s: float
-    speedup: Optional[float]            # measured: AR seconds per token / speculative seconds per token
+    speedup: Optional[float]            # measured: median over prompts of AR s/token ÷ speculative s/token
+    speedup_total: Optional[float]      # the same over all tokens of all prompts
     predicted_speedup: Optional[float]  # Leviathan at the measured α, γ and c
     best_gamma: Optional[int]           # argmax of the Leviathan prediction over 1..GAMMA_MAX
     best_gamma_speedup: Optional[float]
@@ -404,9 +405,11 @@ def payoff(results: list[PromptResult], ar_events: list[list[StepEvent]], spec_e
     if c is None and gamma_mean and ar_all.steps and spec_all.steps:
         c = (spec_all.draft_s / spec_all.steps / gamma_mean) / (ar_all.seconds / ar_all.steps)
         basis = "per drafted token (no draft model)"
-    speedup = None
+    speedup_total = None
     if ar_all.new_tokens and spec_all.new_tokens and spec_all.seconds and ar_all.seconds:
-        speedup = (ar_all.seconds / ar_all.new_tokens) / (spec_all.seconds / spec_all.new_tokens)
+        speedup_total = (ar_all.seconds / ar_all.new_tokens) / (spec_all.seconds / spec_all.new_tokens)
+    per_prompt = [r.comparison.speedup for r in results if r.comparison.speedup is not None]
+    speedup = statistics.median(per_prompt) if per_prompt else speedup_total  # robust to one noisy prompt
     reached: list[int] = []
     for e in spec_flat:
         for d in e.drafts:
@@ -439,7 +442,7 @@ def payoff(results: list[PromptResult], ar_events: list[list[StepEvent]], spec_e
                                     "best_speedup": s_b, "verify_tokens": b * (g_run + 1),
                                     "extrapolated": b * (g_run + 1) > max(profile.tokens)})
     return Payoff(gamma_mean, alpha, spec_all.tau, spec_all.alpha_by_position, reached, c, basis,
-                  ar_all.tok_per_s, spec_all.tok_per_s, speedup, predicted, best_g, best_s, best_hw, best_hw_s,
+                  ar_all.tok_per_s, spec_all.tok_per_s, speedup, speedup_total, predicted, best_g, best_s, best_hw, best_hw_s,
                   by_cat, curve, profile, batch_curve)
 
 

@@ -1,6 +1,7 @@
 """The drafter check: statistics, compatibility, the verdict, a planted sampling bug, and reports on the real pair."""
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -143,7 +144,7 @@ def test_check_cli_reports_on_real_pair(target, tmp_path, capsys, which):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps(r) for r in TWO_PROMPTS) + "\n")
     out_json, out_html = tmp_path / "check.json", tmp_path / "check.html"
-    code = main(["check", "--target", "smollm2-135m", *which, "--prompts", str(prompts), "--samples", "100",
+    code = main(["check", "--target", "smollm2-135m", *which, "--prompts", str(prompts), "--samples", "50",
                  "--max-new-tokens", "16", "--synthetic-samples", "300", "--json", str(out_json),
                  "--report", str(out_html), "--device", "cpu", "--dtype", "float32"])
     out = capsys.readouterr().out
@@ -153,12 +154,12 @@ def test_check_cli_reports_on_real_pair(target, tmp_path, capsys, which):
     assert {"verdict", "correct", "problems", "environment", "options", "compatibility", "greedy", "fidelity",
             "synthetic", "payoff", "seconds"} <= set(d)
     assert d["greedy"]["identical_all"] and len(d["greedy"]["prompts"]) == 2
-    assert d["fidelity"]["passed"] and d["fidelity"]["samples"] == 100
+    assert d["fidelity"]["passed"] and d["fidelity"]["samples"] == 50
     assert d["compatibility"]["draft_tokenizer"] == (which[0] == "--draft")
     assert len(d["payoff"]["profile"]["tokens"]) == 7 and d["payoff"]["batch_curve"]
     html = out_html.read_text()
     assert d["verdict"] in html.replace("&#x27;", "'") and "Plotly.newPlot" in html and "plotly.js v" in html
-    assert "https://cdn" not in html  # self-contained
+    assert not re.search(r"<script[^>]+src=", html)  # self-contained: plotly.js is inlined, nothing is fetched
 
 
 def test_check_cli_bad_input_is_one_line(capsys):
