@@ -58,6 +58,8 @@ class ChainResult:
     p_draft: list[float]           # p_target of each drafted token (γ,)
     accept_prob: list[float] | None  # min(1, p/q) per drafted token; None for greedy
     p_next: float                  # p_target of next_token at its position
+    u: list[float] | None = None   # the uniform draws compared with accept_prob (γ,); None for greedy
+    next_probs: torch.Tensor | None = None  # (V,) what next_token came from: the residual after a refusal, else p
 
 
 def verify_chain(
@@ -76,21 +78,18 @@ def verify_chain(
     if greedy:
         target_choice = torch.argmax(p_target, dim=-1)  # (γ+1,)
         ok = (draft_ids == target_choice[:gamma]).tolist()
-        accept_prob = None
+        accept_prob = u = None
     else:
         q_of_draft = q_draft[idx, draft_ids]  # (γ,)
         ratio = torch.clamp(p_of_draft / q_of_draft.clamp_min(1e-20), max=1.0)  # (γ,)
         u = torch.rand(gamma, generator=generator)  # (γ,)
         ok = (u < ratio).tolist()
         accept_prob = ratio.tolist()
+        u = u.tolist()
     n = 0
     while n < gamma and ok[n]:
         n += 1
     rejected = n < gamma
-    if greedy:
-        nxt = int(target_choice[n])
-    elif rejected:
-        nxt = pick(residual(p_target[n], q_draft[n]), False, generator)
-    else:
-        nxt = pick(p_target[n], False, generator)
-    return ChainResult(n, nxt, rejected, p_of_draft.tolist(), accept_prob, float(p_target[n, nxt]))
+    next_probs = residual(p_target[n], q_draft[n]) if rejected and not greedy else p_target[n]  # (V,)
+    nxt = int(target_choice[n]) if greedy else pick(next_probs, False, generator)
+    return ChainResult(n, nxt, rejected, p_of_draft.tolist(), accept_prob, float(p_target[n, nxt]), u, next_probs)

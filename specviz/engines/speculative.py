@@ -15,7 +15,7 @@ from specviz.config import DecodeConfig
 from specviz.engines.base import commit
 from specviz.events import DraftToken, StepEvent, Verdict
 from specviz.models import LoadedModel
-from specviz.sampling import verify_chain, warp
+from specviz.sampling import ChainResult, verify_chain, warp
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,29 @@ def next_gamma(gamma: int, proposed: int, accepted: int, cfg: DecodeConfig) -> i
     return max(cfg.gamma_auto_min, min(cfg.gamma_auto_max, gamma))
 
 
+@dataclass
+class RunState:
+    """One run's mutable state. The models stay shared and read-only; everything a run changes lives here."""
+    cfg: DecodeConfig
+    target: CachedLM              # the target's KV cache for this run
+    drafts: DraftSession          # the drafter's per-run state
+    generator: torch.Generator    # every random draw of the run, in a fixed order
+    prompt_len: int
+    tokens: list[int]             # prompt + committed tokens
+    gamma: int                    # draft length for the next cycle
+    step: int = 0
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """One draft/verify cycle: its event, plus the distributions behind it (for the teaching view)."""
+    event: StepEvent
+    proposal: Proposal
+    p_target: torch.Tensor        # (k+1, V) warped target distributions at each draft position + the next
+    result: ChainResult
+
+
 class SpeculativeEngine:
     def __init__(self, method: str, target: LoadedModel, drafter: Drafter):
         self.method = method
@@ -57,54 +80,60 @@ class SpeculativeEngine:
         self.drafter = drafter
 
     def steps(self, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[StepEvent]:
-        device = self.target.device
-        generator = torch.Generator().manual_seed(cfg.seed)
-        target = CachedLM(self.target.model, device)
-        vocab = self.target.vocab_size
-        drafts = self.drafter.session(vocab, self.target.eos_ids)
-        text_of = self.target.text_of
-        tokens = list(prompt_ids)
-        gamma = cfg.initial_gamma()
-        step = 0
-        while True:
-            n_new = len(tokens) - len(prompt_ids)
-            g = min(gamma, cfg.max_new_tokens - n_new - 1)  # never draft past the length cap
-            t0 = clock(device)
-            proposal = drafts.propose(tokens, g, cfg, generator) if g > 0 else Proposal([], torch.empty(0, vocab), 0)
-            t1 = clock(device)
-            k = len(proposal.token_ids)
-            logits = target.logits(tokens, proposal.token_ids, keep=k + 1)  # (k+1, V)
-            p_target = warp(logits[:, :vocab], cfg)  # (k+1, V)
-            draft_ids = torch.tensor(proposal.token_ids, dtype=torch.long)  # (k,)
-            result = verify_chain(draft_ids, proposal.q_draft, p_target, cfg.greedy, generator)
-            target.rollback(len(tokens) + result.n_accepted)
-            drafts.rollback(len(tokens) + result.n_accepted)
-            t2 = clock(device)
+        run = self.start(prompt_ids, cfg)
+        while run.finish_reason is None:
+            yield self.cycle(run).event
 
-            last_kind = Verdict.PLAIN if k == 0 else (Verdict.RESAMPLED if result.rejected else Verdict.BONUS)
-            candidates = [(t, Verdict.ACCEPTED, p) for t, p in zip(proposal.token_ids[:result.n_accepted], result.p_draft)]
-            candidates.append((result.next_token, last_kind, result.p_next))
-            emitted, finish = commit(candidates, n_new, cfg, self.target.eos_ids, text_of)
-            n_used = min(result.n_accepted, len(emitted))  # accepted drafts after an EOS are never used
-            q_of = proposal.q_draft[torch.arange(k), draft_ids].tolist() if k else []
-            nodes = []
-            for i, token_id in enumerate(proposal.token_ids):
-                if i < n_used:
-                    verdict = Verdict.ACCEPTED
-                elif i == result.n_accepted and result.rejected:
-                    verdict = Verdict.REJECTED
-                else:
-                    verdict = Verdict.DISCARDED
-                judged = verdict is not Verdict.DISCARDED
-                nodes.append(DraftToken(
-                    token_id, text_of(token_id), verdict, q_of[i],
-                    p_target=result.p_draft[i] if judged else None,
-                    accept_prob=result.accept_prob[i] if judged and result.accept_prob else None,
-                    parent=i - 1, depth=i,
-                ))
-            tokens.extend(t.token_id for t in emitted)
-            yield StepEvent(step, tuple(nodes), tuple(emitted), t1 - t0, t2 - t1, proposal.forwards, 1, g, finish)
-            if finish:
-                return
-            gamma = next_gamma(gamma, k, result.n_accepted, cfg)
-            step += 1
+    def start(self, prompt_ids: list[int], cfg: DecodeConfig) -> RunState:
+        """A fresh run: new caches, the generator seeded from cfg.seed."""
+        return RunState(cfg, CachedLM(self.target.model, self.target.device),
+                        self.drafter.session(self.target.vocab_size, self.target.eos_ids),
+                        torch.Generator().manual_seed(cfg.seed), len(prompt_ids), list(prompt_ids),
+                        cfg.initial_gamma())
+
+    def cycle(self, run: RunState) -> Cycle:
+        """Draft, verify in one target forward, commit; advances `run` by one step."""
+        cfg, device, vocab, text_of = run.cfg, self.target.device, self.target.vocab_size, self.target.text_of
+        tokens, generator = run.tokens, run.generator
+        n_new = len(tokens) - run.prompt_len
+        g = min(run.gamma, cfg.max_new_tokens - n_new - 1)  # never draft past the length cap
+        t0 = clock(device)
+        proposal = run.drafts.propose(tokens, g, cfg, generator) if g > 0 else Proposal([], torch.empty(0, vocab), 0)
+        t1 = clock(device)
+        k = len(proposal.token_ids)
+        logits = run.target.logits(tokens, proposal.token_ids, keep=k + 1)  # (k+1, V)
+        p_target = warp(logits[:, :vocab], cfg)  # (k+1, V)
+        draft_ids = torch.tensor(proposal.token_ids, dtype=torch.long)  # (k,)
+        result = verify_chain(draft_ids, proposal.q_draft, p_target, cfg.greedy, generator)
+        run.target.rollback(len(tokens) + result.n_accepted)
+        run.drafts.rollback(len(tokens) + result.n_accepted)
+        t2 = clock(device)
+
+        last_kind = Verdict.PLAIN if k == 0 else (Verdict.RESAMPLED if result.rejected else Verdict.BONUS)
+        candidates = [(t, Verdict.ACCEPTED, p) for t, p in zip(proposal.token_ids[:result.n_accepted], result.p_draft)]
+        candidates.append((result.next_token, last_kind, result.p_next))
+        emitted, finish = commit(candidates, n_new, cfg, self.target.eos_ids, text_of)
+        n_used = min(result.n_accepted, len(emitted))  # accepted drafts after an EOS are never used
+        q_of = proposal.q_draft[torch.arange(k), draft_ids].tolist() if k else []
+        nodes = []
+        for i, token_id in enumerate(proposal.token_ids):
+            if i < n_used:
+                verdict = Verdict.ACCEPTED
+            elif i == result.n_accepted and result.rejected:
+                verdict = Verdict.REJECTED
+            else:
+                verdict = Verdict.DISCARDED
+            judged = verdict is not Verdict.DISCARDED
+            nodes.append(DraftToken(
+                token_id, text_of(token_id), verdict, q_of[i],
+                p_target=result.p_draft[i] if judged else None,
+                accept_prob=result.accept_prob[i] if judged and result.accept_prob else None,
+                parent=i - 1, depth=i,
+            ))
+        tokens.extend(t.token_id for t in emitted)
+        event = StepEvent(run.step, tuple(nodes), tuple(emitted), t1 - t0, t2 - t1, proposal.forwards, 1, g, finish)
+        run.finish_reason = finish
+        if not finish:
+            run.gamma = next_gamma(run.gamma, k, result.n_accepted, cfg)
+            run.step += 1
+        return Cycle(event, proposal, p_target, result)
