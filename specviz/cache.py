@@ -38,6 +38,28 @@ class CachedLM:
         self.seen += len(new)
         return out.logits[0, -keep:].float().cpu()  # (keep, V)
 
+    @torch.inference_mode()
+    def tree_logits(self, tokens: list[int], tree, node_tokens: list[int]) -> torch.Tensor:
+        """Feed the unseen committed tokens (the last is the tree's root) and the tree's nodes in one forward,
+        each node attending to the context and its own ancestors. Returns (1 + n, V): the root's row, then
+        one row per node."""
+        from specviz.trees import tree_inputs
+
+        n_fed = len(tokens) - self.seen
+        assert n_fed >= 1, "the root (last committed token) must not be in the cache yet"
+        position_ids, mask = tree_inputs(len(tokens), n_fed, tree, self.model.config._attn_implementation,
+                                         next(self.model.parameters()).dtype)
+        input_ids = torch.tensor([list(tokens[self.seen:]) + list(node_tokens)], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=input_ids, attention_mask=mask.to(self.device), position_ids=position_ids.to(self.device),
+                         cache=self.cache, use_cache=True, logits_to_keep=tree.size + 1)
+        self.seen += input_ids.shape[1]
+        return out.logits[0].float().cpu()  # (1 + n, V)
+
+    def keep_path(self, n_committed: int, path: list[int]) -> None:
+        """After a tree forward: keep the committed context and the accepted path's nodes, drop the rest."""
+        keep_positions(self.cache, list(range(n_committed)) + [n_committed + i for i in path])
+        self.seen = n_committed + len(path)
+
     def rollback(self, n_valid: int) -> None:
         """Forget every position from n_valid on (rejected drafts)."""
         if n_valid < self.seen:
@@ -50,3 +72,15 @@ def clock(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+def keep_positions(cache, positions: list[int]) -> None:
+    """Keep only the given cache positions, in order (the accepted path of a tree), in every layer."""
+    index = None
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is None:
+            continue
+        if index is None:
+            index = torch.tensor(positions, dtype=torch.long, device=layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, index)
+        layer.values = layer.values.index_select(-2, index)

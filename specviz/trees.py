@@ -1,0 +1,103 @@
+"""Candidate trees (Medusa's "choices" format) compiled once into masks and positions, and their greedy
+verification in one target forward on a stock transformers model (4D attention mask + explicit positions).
+
+A tree hangs off the root, the last committed token. Node i has a parent (-1 = the root), a depth (1 for
+the root's children) and a rank (which of its head's top-k candidates it is). A choices list names every
+node by its path of ranks: [(0,), (1,), (0, 0)] is the root's top-2 children and the top-1 child of the first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+class TreeError(ValueError):
+    """A malformed tree spec; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Tree:
+    parents: tuple[int, ...]   # (n,) parent node index, -1 = the root
+    depths: tuple[int, ...]    # (n,) 1-based depth
+    ranks: tuple[int, ...]     # (n,) rank among the candidates of its head
+    paths: tuple[tuple[int, ...], ...]  # (n,) the choices path of each node
+
+    @classmethod
+    def from_choices(cls, choices) -> "Tree":
+        paths = sorted({tuple(int(r) for r in c) for c in choices}, key=lambda p: (len(p), p))
+        if not paths or any(len(p) == 0 or min(p) < 0 for p in paths):
+            raise TreeError(f"tree choices {choices!r} are not valid: use non-empty tuples of ranks >= 0")
+        index = {p: i for i, p in enumerate(paths)}
+        parents = []
+        for p in paths:
+            if len(p) > 1 and p[:-1] not in index:
+                raise TreeError(f"tree choice {p} has no parent {p[:-1]} in the choices")
+            parents.append(index[p[:-1]] if len(p) > 1 else -1)
+        return cls(tuple(parents), tuple(len(p) for p in paths), tuple(p[-1] for p in paths), tuple(paths))
+
+    @classmethod
+    def chain(cls, length: int) -> "Tree":
+        return cls.from_choices([(0,) * d for d in range(1, length + 1)])
+
+    @property
+    def size(self) -> int:
+        return len(self.parents)
+
+    def children(self, node: int) -> list[int]:
+        return [i for i, p in enumerate(self.parents) if p == node]
+
+    def ancestry(self) -> torch.Tensor:
+        """(n, n) bool: [i, j] is True when node j is node i or one of its ancestors."""
+        n = self.size
+        mask = torch.eye(n, dtype=torch.bool)
+        for i, p in enumerate(self.parents):  # parents come before children (sorted by depth)
+            if p >= 0:
+                mask[i] |= mask[p]
+        return mask
+
+    def leaf_paths(self) -> list[list[int]]:
+        """Root-to-leaf node index lists."""
+        leaves = [i for i in range(self.size) if not self.children(i)]
+        out = []
+        for leaf in leaves:
+            path, node = [], leaf
+            while node >= 0:
+                path.append(node)
+                node = self.parents[node]
+            out.append(path[::-1])
+        return out
+
+
+def tree_inputs(n_prefix: int, n_fed: int, tree: Tree, attn_implementation: str, dtype: torch.dtype):
+    """Position ids (1, q) and the 4D mask (1, 1, q, kv) for feeding `n_fed` committed tokens (the last
+    of which is the root) followed by the tree's nodes, after `n_prefix - n_fed` cached positions."""
+    cached = n_prefix - n_fed
+    q = n_fed + tree.size
+    kv = cached + q
+    allowed = torch.zeros(q, kv, dtype=torch.bool)
+    allowed[:, :cached] = True
+    allowed[:n_fed, cached:cached + n_fed] = torch.tril(torch.ones(n_fed, n_fed, dtype=torch.bool))
+    allowed[n_fed:, cached:cached + n_fed] = True  # every node sees the whole committed context
+    allowed[n_fed:, cached + n_fed:] = tree.ancestry()
+    root = n_prefix - 1
+    positions = list(range(cached, n_prefix)) + [root + d for d in tree.depths]
+    position_ids = torch.tensor([positions], dtype=torch.long)
+    if attn_implementation == "eager":
+        mask = torch.zeros(q, kv, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    else:
+        mask = allowed
+    return position_ids, mask[None, None]
+
+
+def greedy_walk(tree: Tree, node_tokens: list[int], choice: list[int]) -> tuple[list[int], int]:
+    """Greedy tree verification. choice[k] is the target's argmax after row k, where row 0 is the root and
+    row i + 1 is node i. Returns the accepted path (node indices) and the target's next token after it."""
+    path, row = [], 0
+    while True:
+        parent = path[-1] if path else -1
+        match = [i for i, p in enumerate(tree.parents) if p == parent and node_tokens[i] == choice[row]]
+        if not match:
+            return path, choice[row]
+        path.append(match[0])
+        row = match[0] + 1
