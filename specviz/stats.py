@@ -28,7 +28,7 @@ def tv_distance(a: torch.Tensor, b: torch.Tensor) -> float:
 def tv_bound(p: torch.Tensor, n: int, false_alarm: float = 1e-4) -> float:
     """A TV level an exact sampler exceeds with probability ≤ false_alarm after n samples from p."""
     p = p.double()
-    expected = 0.5 * float(torch.sqrt(p * (1 - p) / n).sum())
+    expected = 0.5 * float(torch.sqrt((p * (1 - p)).clamp_min(0.0) / n).sum())  # p may exceed 1 by rounding
     return expected + math.sqrt(math.log(1 / false_alarm) / (2 * n))
 
 

@@ -166,3 +166,11 @@ def test_check_cli_bad_input_is_one_line(capsys):
     assert main(["check", "--samples", "5"]) == 2
     err = capsys.readouterr().err
     assert "samples=5 is out of range" in err and err.count("\n") == 1
+
+
+def test_a_near_certain_first_token_passes():
+    """One bin whose probability sums a hair above 1 in float (a near-deterministic first token): the TV bound
+    must stay a number, not NaN, so an exact sampler passes."""
+    p = torch.tensor([1.0000099, 0.0], dtype=torch.float64)
+    f = stats.fit(torch.tensor([20.0, 0.0]), p)
+    assert f.bins == 1 and f.tv_bound == f.tv_bound and f.passed()
