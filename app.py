@@ -10,7 +10,7 @@ import os
 
 import gradio as gr
 
-from specviz import render
+from specviz import app_tabs, render
 from specviz.app_logic import (DEFAULT_PROMPT, DEFAULTS, SPEC_METHODS, empty_view, example_rows,
                                live_views, make_config, race_result, race_stream, status_html, user_message)
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX
@@ -136,63 +136,66 @@ def build_ui() -> gr.Blocks:
                     "A small drafter guesses ahead, the target model checks several guesses in one pass. "
                     "Same model, same CPU: plain decoding on the left, speculative on the right.",
                     elem_id="title")
-        with gr.Accordion("What am I looking at?", open=False, elem_id="explainer"):
-            gr.Markdown(EXPLAINER)
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=3):
-                prompt = gr.Textbox(value=DEFAULT_PROMPT, label="Prompt", lines=3, max_lines=8, elem_id="prompt")
-                rows, labels = example_rows()
-                gr.Examples(rows, inputs=[prompt], example_labels=labels, label="Example prompts by category",
-                            examples_per_page=len(rows))
-            with gr.Column(scale=2):
-                with gr.Row():
-                    method = gr.Dropdown(list(SPEC_METHODS), value=DEFAULTS.method, label="Method",
-                                         info="vanilla: a draft model · pld: prompt lookup", elem_id="method")
-                    draft = gr.Dropdown(DRAFT_CHOICES, value=DEFAULT_DRAFT, label="Draft model (vanilla)",
-                                        allow_custom_value=True, info="int8 copy, or a model sharing the vocabulary",
-                                        elem_id="draft")
-                    gamma = gr.Dropdown(["auto"] + [str(g) for g in range(1, GAMMA_MAX + 1)],
-                                        value=str(DEFAULTS.gamma), label="γ (drafted tokens per step)",
-                                        elem_id="gamma")
-                with gr.Row():
-                    temperature = gr.Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05,
-                                            label="Temperature (0 = greedy)", elem_id="temperature")
-                    top_p = gr.Slider(0.05, 1.0, value=DEFAULTS.top_p, step=0.05, label="Top-p", elem_id="top-p")
-                with gr.Row():
-                    max_new_tokens = gr.Slider(1, 1024, value=DEFAULTS.max_new_tokens, step=1,
-                                               label="Max new tokens", elem_id="max-new-tokens")
-                    seed = gr.Number(value=DEFAULTS.seed, precision=0, label="Seed", elem_id="seed")
-                with gr.Row():
-                    run = gr.Button("Run ▶", variant="primary", elem_id="run", size="lg")
-                    stop = gr.Button("Stop ■", variant="stop", elem_id="stop", size="lg")
-        status = gr.HTML(initial.status, elem_id="status")
-        gr.HTML(f"<style>{render.CSS}{APP_CSS}</style>{render.legend_html()}")
-        with gr.Row(equal_height=True):
-            with gr.Column(min_width=340):
-                pane_ar = gr.HTML(initial.pane_ar, elem_id="pane-ar")
-            with gr.Column(min_width=340):
-                pane_spec = gr.HTML(initial.pane_spec, elem_id="pane-spec")
-        summary = gr.HTML(initial.summary, elem_id="summary")
-        with gr.Row():
-            plot_speed = gr.Plot(initial.speed, elem_id="plot-speed", show_label=False, min_width=380)
-            plot_alpha = gr.Plot(initial.alpha, elem_id="plot-alpha", show_label=False, min_width=380)
-        with gr.Row():
-            plot_accept = gr.Plot(initial.accept, elem_id="plot-accept", show_label=False, min_width=380)
-            with gr.Column(min_width=380):
-                plot_tree = gr.Plot(initial.tree, elem_id="plot-tree", show_label=False, min_width=380)
-                tree_step = gr.Slider(1, 2, value=1, step=1, label="Step shown in the tree (after a run)",
-                                      interactive=False, elem_id="tree-step")
-        spec_events = gr.State([])  # this session's last finished speculative run, for the tree slider
+        with gr.Tab("Race", elem_id="tab-race"):
+            with gr.Accordion("What am I looking at?", open=False, elem_id="explainer"):
+                gr.Markdown(EXPLAINER)
+            with gr.Row(equal_height=False):
+                with gr.Column(scale=3):
+                    prompt = gr.Textbox(value=DEFAULT_PROMPT, label="Prompt", lines=3, max_lines=8, elem_id="prompt")
+                    rows, labels = example_rows()
+                    gr.Examples(rows, inputs=[prompt], example_labels=labels, label="Example prompts by category",
+                                examples_per_page=len(rows))
+                with gr.Column(scale=2):
+                    with gr.Row():
+                        method = gr.Dropdown(list(SPEC_METHODS), value=DEFAULTS.method, label="Method",
+                                             info="vanilla: a draft model · pld: prompt lookup", elem_id="method")
+                        draft = gr.Dropdown(DRAFT_CHOICES, value=DEFAULT_DRAFT, label="Draft model (vanilla)",
+                                            allow_custom_value=True, info="int8 copy, or a model sharing the vocabulary",
+                                            elem_id="draft")
+                        gamma = gr.Dropdown(["auto"] + [str(g) for g in range(1, GAMMA_MAX + 1)],
+                                            value=str(DEFAULTS.gamma), label="γ (drafted tokens per step)",
+                                            elem_id="gamma")
+                    with gr.Row():
+                        temperature = gr.Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05,
+                                                label="Temperature (0 = greedy)", elem_id="temperature")
+                        top_p = gr.Slider(0.05, 1.0, value=DEFAULTS.top_p, step=0.05, label="Top-p", elem_id="top-p")
+                    with gr.Row():
+                        max_new_tokens = gr.Slider(1, 1024, value=DEFAULTS.max_new_tokens, step=1,
+                                                   label="Max new tokens", elem_id="max-new-tokens")
+                        seed = gr.Number(value=DEFAULTS.seed, precision=0, label="Seed", elem_id="seed")
+                    with gr.Row():
+                        run = gr.Button("Run ▶", variant="primary", elem_id="run", size="lg")
+                        stop = gr.Button("Stop ■", variant="stop", elem_id="stop", size="lg")
+            status = gr.HTML(initial.status, elem_id="status")
+            gr.HTML(f"<style>{render.CSS}{APP_CSS}</style>{render.legend_html()}")
+            with gr.Row(equal_height=True):
+                with gr.Column(min_width=340):
+                    pane_ar = gr.HTML(initial.pane_ar, elem_id="pane-ar")
+                with gr.Column(min_width=340):
+                    pane_spec = gr.HTML(initial.pane_spec, elem_id="pane-spec")
+            summary = gr.HTML(initial.summary, elem_id="summary")
+            with gr.Row():
+                plot_speed = gr.Plot(initial.speed, elem_id="plot-speed", show_label=False, min_width=380)
+                plot_alpha = gr.Plot(initial.alpha, elem_id="plot-alpha", show_label=False, min_width=380)
+            with gr.Row():
+                plot_accept = gr.Plot(initial.accept, elem_id="plot-accept", show_label=False, min_width=380)
+                with gr.Column(min_width=380):
+                    plot_tree = gr.Plot(initial.tree, elem_id="plot-tree", show_label=False, min_width=380)
+                    tree_step = gr.Slider(1, 2, value=1, step=1, label="Step shown in the tree (after a run)",
+                                          interactive=False, elem_id="tree-step")
+            spec_events = gr.State([])  # this session's last finished speculative run, for the tree slider
 
-        run_event = run.click(
-            run_race, inputs=[prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed],
-            outputs=[status, pane_ar, pane_spec, summary, plot_alpha, plot_speed, plot_accept, plot_tree,
-                     spec_events, tree_step],
-            concurrency_limit=1, concurrency_id=CONCURRENCY_ID, api_name="race_stream", show_progress="hidden")
-        stop.click(None, cancels=[run_event])
-        tree_step.input(show_tree, inputs=[spec_events, tree_step], outputs=[plot_tree], api_visibility="private",
-                        show_progress="hidden")
-        gr.api(race_api, api_name="race", concurrency_limit=1, concurrency_id=CONCURRENCY_ID)
+            run_event = run.click(
+                run_race, inputs=[prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed],
+                outputs=[status, pane_ar, pane_spec, summary, plot_alpha, plot_speed, plot_accept, plot_tree,
+                         spec_events, tree_step],
+                concurrency_limit=1, concurrency_id=CONCURRENCY_ID, api_name="race_stream", show_progress="hidden")
+            stop.click(None, cancels=[run_event])
+            tree_step.input(show_tree, inputs=[spec_events, tree_step], outputs=[plot_tree], api_visibility="private",
+                            show_progress="hidden")
+            gr.api(race_api, api_name="race", concurrency_limit=1, concurrency_id=CONCURRENCY_ID)
+        app_tabs.check_tab(CONCURRENCY_ID)
+        app_tabs.step_tab(CONCURRENCY_ID)
     return demo
 
 

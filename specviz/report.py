@@ -6,7 +6,8 @@ from typing import Optional
 
 import plotly.graph_objects as go
 
-GREEN, RED, BLUE, ORANGE, GREY = "#1a7f37", "#cf222e", "#0969da", "#bc4c00", "#6e7781"
+# figure colours: Okabe-Ito (colour-blind safe), as render.COLOURS
+GREEN, RED, BLUE, ORANGE, GREY = "#009E73", "#D55E00", "#0072B2", "#E69F00", "#8C8C8C"
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1180px;margin:24px auto;padding:0 20px;
@@ -108,15 +109,7 @@ def _fidelity(f: dict, fig: _Figures) -> str:
             f"<b>{fit['tv']:.3f}</b>, bound {fit['tv_bound']:.3f} for n = {fit['n']} (an exact sampler stays below it "
             f"with probability ≥ 1 − 10⁻⁴). {f['with_drafts']} of {f['samples']} first steps verified drafted tokens; "
             f"{f['first_accepted']} kept the first one.</p>")
-    top = f["top"]
-    figure = go.Figure([
-        go.Bar(name="target's exact probability", x=[repr(t["token"])[1:-1] for t in top], y=[t["expected"] for t in top],
-               marker_color=GREY),
-        go.Bar(name=f"observed over {f['samples']} seeds", x=[repr(t["token"])[1:-1] for t in top],
-               y=[t["observed"] for t in top], marker_color=BLUE)])
-    figure.update_layout(title="First emitted token: expected vs observed (10 most likely)", barmode="group",
-                         yaxis_title="probability")
-    return text + fig(figure)
+    return text + fig(fidelity_figure(f))
 
 
 def _synthetic(cases: list[dict]) -> str:
@@ -131,6 +124,79 @@ def _synthetic(cases: list[dict]) -> str:
             + "<p class='note'>Monte-Carlo of <code>sampling.verify_chain</code> on random p and q over 12 tokens: the "
               "first emitted token must follow p whatever q is. The control drafts argmax q while reporting q, a known "
               "bug; it must be flagged, which shows the test has the power to catch it.</p>")
+
+
+def fidelity_figure(f: dict) -> go.Figure:
+    """The first emitted token: the target's exact probabilities beside the observed frequencies."""
+    top = f["top"]
+    figure = go.Figure([
+        go.Bar(name="target's exact probability", x=[repr(t["token"])[1:-1] for t in top], y=[t["expected"] for t in top],
+               marker_color=GREY),
+        go.Bar(name=f"observed over {f['samples']} seeds", x=[repr(t["token"])[1:-1] for t in top],
+               y=[t["observed"] for t in top], marker_color=BLUE)])
+    figure.update_layout(title="First emitted token: expected vs observed (10 most likely)", barmode="group",
+                         yaxis_title="probability")
+    return figure
+
+
+def alpha_position_figure(p: dict) -> Optional[go.Figure]:
+    """α_i by draft position, with the number of drafts judged there."""
+    if p["alpha_by_position"]:
+        pos = list(range(1, len(p["alpha_by_position"]) + 1))
+        f1 = go.Figure(go.Bar(x=pos, y=p["alpha_by_position"], marker_color=GREEN,
+                              text=[f"n={n}" for n in p["drafted_by_position"]], textposition="outside"))
+        f1.update_layout(title="α_i: P(position i accepted | earlier ones accepted)", xaxis_title="draft position",
+                         yaxis=dict(title="acceptance", range=[0, 1.1]), xaxis=dict(dtick=1))
+        return f1
+    return None
+
+
+def gamma_figure(p: dict) -> Optional[go.Figure]:
+    """Predicted speedup against γ (Leviathan, and with the measured verify cost), the measured point marked."""
+    g = round(p["gamma_mean"]) if p["gamma_mean"] else None
+    if p["gamma_curve"]:
+        gs = [r["gamma"] for r in p["gamma_curve"]]
+        f2 = go.Figure([go.Scatter(x=gs, y=[r["leviathan"] for r in p["gamma_curve"]], name="Leviathan (verify costs 1 forward)",
+                                   line=dict(color=GREY, dash="dash")),
+                        go.Scatter(x=gs, y=[r["with_profile"] for r in p["gamma_curve"]], name="with measured T(γ+1)",
+                                   line=dict(color=BLUE))])
+        if p["speedup"] is not None and g:
+            f2.add_trace(go.Scatter(x=[g], y=[p["speedup"]], mode="markers", name="measured",
+                                    marker=dict(color=ORANGE, size=12, symbol="diamond")))
+        f2.add_hline(y=1, line=dict(color=RED, width=1))
+        f2.update_layout(title=f"Predicted speedup vs γ at α={_f(p['alpha'])}, c={_f(p['cost_ratio'], '.3f')}",
+                         xaxis_title="γ (drafted tokens per step)", yaxis_title="speedup over AR")
+        return f2
+    return None
+
+
+def profile_figure(p: dict) -> Optional[go.Figure]:
+    """The target's forward latency against tokens per forward."""
+    prof = p["profile"]
+    if prof:
+        f3 = go.Figure(go.Scatter(x=prof["tokens"], y=[s * 1000 for s in prof["seconds"]], mode="lines+markers",
+                                  line=dict(color=BLUE)))
+        f3.update_layout(title=f"Target forward latency on {escape(prof['device'])} (context {prof['context']} tokens)",
+                         xaxis=dict(title="tokens per forward", type="log", tickvals=prof["tokens"]),
+                         yaxis=dict(title="ms (median of %d)" % prof["reps"], rangemode="tozero"))
+        return f3
+    return None
+
+
+def batch_figure(p: dict) -> Optional[go.Figure]:
+    """Predicted speedup as the batch grows, at the run's γ and at the best γ per batch."""
+    if p["batch_curve"]:
+        bc = p["batch_curve"]
+        f4 = go.Figure([go.Scatter(x=[r["batch"] for r in bc], y=[r["speedup"] for r in bc], mode="lines+markers",
+                                   name=f"γ={bc[0]['gamma']}", line=dict(color=BLUE)),
+                        go.Scatter(x=[r["batch"] for r in bc], y=[r["best_speedup"] for r in bc], mode="lines+markers",
+                                   name="best γ at each batch", line=dict(color=GREEN, dash="dot"),
+                                   text=[f"γ={r['best_gamma']}" for r in bc], hovertemplate="b=%{x}: %{y:.2f}× (%{text})")])
+        f4.add_hline(y=1, line=dict(color=RED, width=1))
+        f4.update_layout(title="Predicted speedup as the batch grows", xaxis=dict(title="batch size b", type="log",
+                         tickvals=[r["batch"] for r in bc]), yaxis=dict(title="speedup over AR", rangemode="tozero"))
+        return f4
+    return None
 
 
 def _payoff(p: dict, options: dict, fig: _Figures) -> str:
@@ -156,46 +222,8 @@ def _payoff(p: dict, options: dict, fig: _Figures) -> str:
         ["category", "prompts", "tokens", "α", "τ", "speedup"],
         [[escape(c["name"]), str(c["prompts"]), str(c["new_tokens"]), _f(c["alpha"]), _f(c["tau"]), _f(c["speedup"]) + "×"]
          for c in p["by_category"]], {1, 2, 3, 4, 5}))
-    figs = []
-    if p["alpha_by_position"]:
-        pos = list(range(1, len(p["alpha_by_position"]) + 1))
-        f1 = go.Figure(go.Bar(x=pos, y=p["alpha_by_position"], marker_color=GREEN,
-                              text=[f"n={n}" for n in p["drafted_by_position"]], textposition="outside"))
-        f1.update_layout(title="α_i: P(position i accepted | earlier ones accepted)", xaxis_title="draft position",
-                         yaxis=dict(title="acceptance", range=[0, 1.1]), xaxis=dict(dtick=1))
-        figs.append(fig(f1))
-    if p["gamma_curve"]:
-        gs = [r["gamma"] for r in p["gamma_curve"]]
-        f2 = go.Figure([go.Scatter(x=gs, y=[r["leviathan"] for r in p["gamma_curve"]], name="Leviathan (verify costs 1 forward)",
-                                   line=dict(color=GREY, dash="dash")),
-                        go.Scatter(x=gs, y=[r["with_profile"] for r in p["gamma_curve"]], name="with measured T(γ+1)",
-                                   line=dict(color=BLUE))])
-        if p["speedup"] is not None and g:
-            f2.add_trace(go.Scatter(x=[g], y=[p["speedup"]], mode="markers", name="measured",
-                                    marker=dict(color=ORANGE, size=12, symbol="diamond")))
-        f2.add_hline(y=1, line=dict(color=RED, width=1))
-        f2.update_layout(title=f"Predicted speedup vs γ at α={_f(p['alpha'])}, c={_f(p['cost_ratio'], '.3f')}",
-                         xaxis_title="γ (drafted tokens per step)", yaxis_title="speedup over AR")
-        figs.append(fig(f2))
+    figs = [fig(f) for f in (alpha_position_figure(p), gamma_figure(p), profile_figure(p), batch_figure(p)) if f]
     prof = p["profile"]
-    if prof:
-        f3 = go.Figure(go.Scatter(x=prof["tokens"], y=[s * 1000 for s in prof["seconds"]], mode="lines+markers",
-                                  line=dict(color=BLUE)))
-        f3.update_layout(title=f"Target forward latency on {escape(prof['device'])} (context {prof['context']} tokens)",
-                         xaxis=dict(title="tokens per forward", type="log", tickvals=prof["tokens"]),
-                         yaxis=dict(title="ms (median of %d)" % prof["reps"], rangemode="tozero"))
-        figs.append(fig(f3))
-    if p["batch_curve"]:
-        bc = p["batch_curve"]
-        f4 = go.Figure([go.Scatter(x=[r["batch"] for r in bc], y=[r["speedup"] for r in bc], mode="lines+markers",
-                                   name=f"γ={bc[0]['gamma']}", line=dict(color=BLUE)),
-                        go.Scatter(x=[r["batch"] for r in bc], y=[r["best_speedup"] for r in bc], mode="lines+markers",
-                                   name="best γ at each batch", line=dict(color=GREEN, dash="dot"),
-                                   text=[f"γ={r['best_gamma']}" for r in bc], hovertemplate="b=%{x}: %{y:.2f}× (%{text})")])
-        f4.add_hline(y=1, line=dict(color=RED, width=1))
-        f4.update_layout(title="Predicted speedup as the batch grows", xaxis=dict(title="batch size b", type="log",
-                         tickvals=[r["batch"] for r in bc]), yaxis=dict(title="speedup over AR", rangemode="tozero"))
-        figs.append(fig(f4))
     out.append('<div class="grid">' + "".join(figs) + "</div>")
     if prof:
         rows = [[str(n), f"{raw * 1000:.1f}", f"{s * 1000:.1f}", f"{s / prof['seconds'][0]:.2f}"]
@@ -220,6 +248,13 @@ def _payoff(p: dict, options: dict, fig: _Figures) -> str:
             "memory-bound T barely grows and verification is almost free; once b·(γ+1) tokens make it compute-bound, "
             "verifying rejected drafts costs real time and the speculative gain shrinks.</p>")
     return "".join(out)
+
+
+def figures(report: dict) -> dict[str, Optional[go.Figure]]:
+    """The report's figures by name (None where the run has no data for one), for the app's plots."""
+    p = report["payoff"]
+    return {"fidelity": fidelity_figure(report["fidelity"]), "alpha_position": alpha_position_figure(p),
+            "gamma": gamma_figure(p), "profile": profile_figure(p), "batch": batch_figure(p)}
 
 
 def to_html(report: dict) -> str:
