@@ -24,6 +24,7 @@ DRAFT_CHOICES = [DEFAULT_DRAFT, DEFAULT_TARGET]
 GAMMAS = ["auto"] + [str(g) for g in range(1, GAMMA_MAX + 1)]
 
 TABS_CSS = """
+.sv-intro { font-size: 16px; color: #333; margin: 0; }
 .sv-verdict { font-size: 21px; font-weight: 700; padding: 12px 16px; border-radius: 10px; }
 .sv-verdict-ok { background: #e0f3ec; color: #00573f; border: 2px solid #009E73; }
 .sv-verdict-bad { background: #fdeee6; color: #8a3300; border: 2px solid #D55E00; }
@@ -141,11 +142,10 @@ def check_tab(concurrency_id: str = CONCURRENCY_ID) -> None:
     from specviz.check import DEFAULT_PROMPTS
 
     with gr.Tab("Check a drafter", elem_id="tab-check"):
-        gr.HTML(f"<style>{TABS_CSS}</style>")
-        gr.Markdown("Is a drafter **compatible** with the target (same vocabulary), is decoding with it **exact** "
-                    "(greedy output identical to plain decoding; sampled first tokens follow the target's distribution) "
-                    "and does it **pay** on this machine (α, τ, cost ratio c, speedup against the prediction)? "
-                    "The same check as `python -m specviz check`.")
+        gr.HTML(f"<style>{TABS_CSS}</style><p class='sv-intro'>Is a drafter <b>compatible</b> with the target (same "
+                "vocabulary), is decoding with it <b>exact</b> (greedy output identical to plain decoding; sampled first "
+                "tokens follow the target's distribution) and does it <b>pay</b> on this machine (α, τ, cost ratio c, "
+                "speedup against the prediction)? The same check as <code>python -m specviz check</code>.</p>")
         with gr.Row():
             target = gr.Dropdown(TARGET_CHOICES, value=DEFAULT_TARGET, label="Target model", allow_custom_value=True,
                                  elem_id="check-target")
@@ -317,10 +317,10 @@ def step_theory(session, alpha: float, c: float):
 def step_tab(concurrency_id: str = CONCURRENCY_ID) -> None:
     """Build the "Step through" tab (teaching mode) inside the caller's gr.Blocks."""
     with gr.Tab("Step through", elem_id="tab-step"):
-        gr.HTML(f"<style>{TABS_CSS}</style>")
-        gr.Markdown("**Teaching mode.** One draft/verify cycle per click: what the drafter proposed (q), what the "
-                    "target thinks (p), the acceptance test and its verdict. The same seed gives the same run, "
-                    "token for token, as the Race tab's speculative lane with these settings.")
+        gr.HTML(f"<style>{TABS_CSS}</style><p class='sv-intro'><b>Teaching mode.</b> One draft/verify cycle per "
+                "click: what the drafter proposed (q), what the target thinks (p), the acceptance test and its verdict. "
+                "The same seed gives the same run, token for token, as the Race tab's speculative lane with these "
+                "settings.</p>")
         with gr.Row(equal_height=False):
             prompt = gr.Textbox(value=STEP_PROMPT, label="Prompt", lines=2, max_lines=4, scale=3, elem_id="step-prompt")
             method = gr.Dropdown(list(SPEC_METHODS), value="vanilla", label="Drafter", min_width=120,
@@ -336,14 +336,13 @@ def step_tab(concurrency_id: str = CONCURRENCY_ID) -> None:
         with gr.Row():
             reset = gr.Button("Reset ↺", size="lg", elem_id="step-reset")
             nxt = gr.Button("Next step ▶", variant="primary", size="lg", elem_id="step-next")
-            run = gr.Button("Run to end ⏩", size="lg", elem_id="step-run")
+            run = gr.Button("Run to end ▶▶", size="lg", elem_id="step-run")
         status = gr.HTML(status_html("Press Reset (or Next step) to start; the seed makes the run reproducible."),
                          elem_id="step-status")
+        text = gr.HTML('<div class="sv-steptext"><span class="sv-placeholder">…</span></div>', elem_id="step-text")
+        bars = gr.Plot(plots.cycle_figure(None), elem_id="step-bars", show_label=False)
         with gr.Row(equal_height=False):
             with gr.Column(scale=3, min_width=420):
-                text = gr.HTML('<div class="sv-steptext"><span class="sv-placeholder">…</span></div>',
-                               elem_id="step-text")
-                bars = gr.Plot(plots.cycle_figure(None), elem_id="step-bars", show_label=False)
                 table = gr.HTML("", elem_id="step-table")
             with gr.Column(scale=2, min_width=360):
                 with gr.Row():

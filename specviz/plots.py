@@ -378,7 +378,7 @@ def theory_figure(alpha: float, c: float, measured: Optional[dict] = None, gamma
          "line": {"color": "#8C8C8C", "dash": "dash", "width": 1.5}, "xaxis": "x2", "yaxis": "y2",
          "hoverinfo": "skip", "showlegend": False},
         {"type": "scatter", "x": [best], "y": [s[best - 1]], "mode": "markers+text", "name": "best γ",
-         "text": [f"best γ = {best}"], "textposition": "top center", "xaxis": "x2", "yaxis": "y2",
+         "text": [f"best γ = {best}"], "textposition": "bottom center", "xaxis": "x2", "yaxis": "y2",
          "marker": {"color": P_TARGET, "size": 12, "symbol": "star"}, "showlegend": False,
          "hovertemplate": "best γ = %{x}: %{y:.2f}×<extra></extra>"},
     ]
@@ -398,15 +398,16 @@ def theory_figure(alpha: float, c: float, measured: Optional[dict] = None, gamma
                          "marker": {"color": COLOURS[Verdict.REJECTED], "size": 15, "symbol": "diamond",
                                     "line": {"color": "#000000", "width": 1.5}},
                          "hovertemplate": "predicted at the measured α, c: %{y:.2f}×<extra></extra>"})
-    titles = [{"text": text, "showarrow": False, "x": x, "y": 1.0, "xref": "paper", "yref": "paper",
-               "xanchor": "center", "yanchor": "bottom", "font": {"size": 15}}
-              for text, x in (("E[tokens per target forward]<br>(1 − α^(γ+1)) / (1 − α)", 0.2),
-                              ("predicted speedup<br>E / (γc + 1)", 0.8))]
-    return _figure(data, "Theory: Leviathan et al. (2023)", height=400, annotations=titles,
-                   margin={"l": 56, "r": 16, "t": 110, "b": 50},
+    titles = [{"text": text, "showarrow": False, "x": 0.0, "y": y, "xref": "paper", "yref": "paper",
+               "xanchor": "left", "yanchor": "bottom", "font": {"size": 15}}
+              for text, y in (("E[tokens per forward] = (1 − α^(γ+1)) / (1 − α)", 1.0),
+                              ("predicted speedup S = E / (γc + 1)", 0.42))]
+    return _figure(data, "Theory: Leviathan et al. (2023)", height=600, annotations=titles,
+                   margin={"l": 56, "r": 16, "t": 84, "b": 40},
                    legend={"orientation": "h", "yanchor": "top", "y": -0.16, "xanchor": "left", "x": 0.0,
                            "font": {"size": 14}},
-                   xaxis={"domain": [0.0, 0.4], "title": {"text": "γ"}, "dtick": 2, "anchor": "y"},
-                   yaxis={"anchor": "x", "rangemode": "tozero"},
-                   xaxis2={"domain": [0.6, 1.0], "title": {"text": "γ"}, "dtick": 2, "anchor": "y2"},
-                   yaxis2={"anchor": "x2", "rangemode": "tozero"})
+                   xaxis={"domain": [0.0, 1.0], "dtick": 2, "anchor": "y", "range": [0.5, gamma_max + 0.5]},
+                   yaxis={"domain": [0.58, 0.96], "anchor": "x", "rangemode": "tozero", "title": {"text": "tokens"}},
+                   xaxis2={"domain": [0.0, 1.0], "title": {"text": "γ (drafted tokens per step)"}, "dtick": 2,
+                           "anchor": "y2", "range": [0.5, gamma_max + 0.5]},
+                   yaxis2={"domain": [0.0, 0.38], "anchor": "x2", "rangemode": "tozero", "title": {"text": "speedup"}})

@@ -134,7 +134,7 @@ def fidelity_figure(f: dict) -> go.Figure:
                marker_color=GREY),
         go.Bar(name=f"observed over {f['samples']} seeds", x=[repr(t["token"])[1:-1] for t in top],
                y=[t["observed"] for t in top], marker_color=BLUE)])
-    figure.update_layout(title="First emitted token: expected vs observed (10 most likely)", barmode="group",
+    figure.update_layout(title="First token: expected vs observed (top 10)", barmode="group",
                          yaxis_title="probability")
     return figure
 

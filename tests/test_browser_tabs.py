@@ -1,0 +1,84 @@
+"""The "Check a drafter" and "Step through" tabs in headless Debian Chromium (never a downloaded browser):
+click through a few cycles and a quick check, and save the screenshots in assets/."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium to run the browser test", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api")
+
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update"]
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        yield b
+        b.close()
+
+
+def set_number(page, elem_id: str, value) -> None:
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def plot_traces(page, elem_id: str) -> int:
+    return page.evaluate(f"() => document.querySelector('#{elem_id} .js-plotly-plot')?.data?.length ?? 0")
+
+
+def test_step_through_in_browser(app_url, browser):
+    page = browser.new_page(viewport={"width": 1500, "height": 1000})
+    page.goto(app_url)
+    page.get_by_role("tab", name="Step through").click()
+    page.wait_for_selector("#step-next")
+    set_number(page, "step-seed", 3)
+    page.locator("#step-reset").click()
+    page.wait_for_function("() => document.querySelector('#step-status')?.innerText.includes('ready')",
+                           timeout=120_000)
+    assert "Seed 3" in page.locator("#step-status").inner_text()
+    for k in (1, 2):
+        page.locator("#step-next").click()
+        page.wait_for_function(f"() => document.querySelector('#step-status')?.innerText.includes('{k} steps so far')",
+                               timeout=60_000)
+    page.wait_for_selector("#step-table tr[data-verdict]")
+    page.wait_for_timeout(600)  # let Plotly draw
+    assert plot_traces(page, "step-bars") >= 2 and plot_traces(page, "step-theory") >= 4
+    assert page.locator("#step-text [data-verdict]").count() > 0
+    table = page.locator("#step-table").inner_text()
+    assert "min(1, p/q)" in table and "u" in table
+    ASSETS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ASSETS / "screenshot-step.png"), full_page=True)
+    page.locator("#step-run").click()
+    page.wait_for_function("() => document.querySelector('#step-status')?.innerText.includes('finished')",
+                           timeout=120_000)
+    page.close()
+
+
+def test_check_in_browser(app_url, browser):
+    page = browser.new_page(viewport={"width": 1500, "height": 1000})
+    page.goto(app_url)
+    page.get_by_role("tab", name="Check a drafter").click()
+    page.wait_for_selector("#check-run")
+    set_number(page, "check-samples", 60)
+    set_number(page, "check-prompts", 2)
+    set_number(page, "check-max-new-tokens", 16)
+    page.locator("#check-run").click()
+    page.wait_for_selector("#check-verdict .sv-verdict-ok, #check-verdict .sv-verdict-bad", timeout=300_000)
+    page.wait_for_selector("#check-json a", timeout=30_000)
+    page.wait_for_selector("#check-html a", timeout=30_000)
+    verdict = page.locator("#check-verdict").inner_text()
+    assert "correct" in verdict
+    page.wait_for_timeout(800)
+    for plot in ("check-plot-fidelity", "check-plot-alpha", "check-plot-gamma", "check-plot-batch"):
+        assert plot_traces(page, plot) >= 1, plot
+    page.screenshot(path=str(ASSETS / "screenshot-check.png"), full_page=True)
+    page.close()
