@@ -20,7 +20,7 @@ demo: setup
 	$(BIN)/python app.py
 
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests
 
 bench: setup
 	$(BIN)/python -m specviz bench --prompts ../shared/data/spec_bench/question.jsonl --method vanilla pld \
