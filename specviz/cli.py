@@ -7,7 +7,6 @@ import json
 import os
 import platform
 import sys
-import time
 import warnings
 from pathlib import Path
 

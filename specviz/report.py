@@ -282,7 +282,7 @@ def to_html(report: dict) -> str:
         "<h3>Exact sampling on the real pair</h3>", _fidelity(fid, fig),
         "<h3>Synthetic p/q suite</h3>", _synthetic(report["synthetic"]),
         "<h2>3 · Does it pay?</h2>", _payoff(report["payoff"], opts, fig),
-        f"<p class='meta'>Part timings (wall s): " + ", ".join(f"{k} {v:.1f}" for k, v in report["seconds"].items())
+        "<p class='meta'>Part timings (wall s): " + ", ".join(f"{k} {v:.1f}" for k, v in report["seconds"].items())
         + ". All figures are in the JSON report (<code>--json</code>).</p>",
     ]
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>specviz check: "

@@ -78,3 +78,19 @@ def app_url(target):  # `target` loads the real model once; the app reuses it th
                                                    server_port=port, quiet=True, show_error=False)
     yield f"http://127.0.0.1:{port}/"
     demo.close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for the whole session; the browser tests skip, saying why, without it."""
+    import os
+
+    from tests.browser_kit import ARGS, CHROMIUM
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium to run the browser tests")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        yield b
+        b.close()

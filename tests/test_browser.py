@@ -1,37 +1,14 @@
 """The app in a real browser: headless Debian Chromium through Playwright (never a downloaded browser)."""
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
-import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-if not os.path.exists(CHROMIUM):
-    pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium to run the browser test", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api")
+from tests.browser_kit import ASSETS, set_number
 
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update"]
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
 PROMPT = "Write a haiku about the sea."
 N = 24
 PLOTS = ("plot-alpha", "plot-speed", "plot-accept", "plot-tree")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        yield b
-        b.close()
-
-
-def set_number(page, elem_id: str, value) -> None:
-    box = page.locator(f"#{elem_id} input[type=number]")
-    box.fill(str(value))
-    box.press("Enter")
 
 
 def test_run_in_browser(app_url, browser):

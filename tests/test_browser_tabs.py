@@ -2,37 +2,10 @@
 click through a few cycles and a quick check, and save the screenshots in assets/."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-import pytest
-
-CHROMIUM = "/usr/bin/chromium"
-if not os.path.exists(CHROMIUM):
-    pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium to run the browser test", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api")
-
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update"]
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        yield b
-        b.close()
+from tests.browser_kit import ASSETS, plot_traces, set_number
 
-
-def set_number(page, elem_id: str, value) -> None:
-    box = page.locator(f"#{elem_id} input[type=number]")
-    box.fill(str(value))
-    box.press("Enter")
-
-
-def plot_traces(page, elem_id: str) -> int:
-    return page.evaluate(f"() => document.querySelector('#{elem_id} .js-plotly-plot')?.data?.length ?? 0")
 
 
 def test_step_through_in_browser(app_url, browser):

@@ -11,7 +11,6 @@ from specviz.cli import main
 from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.speculative import Proposal
 from specviz.models import ModelError, int8_copy
-from specviz.report import to_html
 from specviz.sampling import pick, warp
 
 TWO_PROMPTS = [{"id": "qa", "category": "qa", "prompt": "Name three colours of the rainbow."},

@@ -339,34 +339,23 @@ def test_public_mode_refuses_paths_and_unlisted_models_without_echoing_paths(cli
 
 # --- the same in a real browser -------------------------------------------------------------------------
 
-CHROMIUM = "/usr/bin/chromium"
-
-
-def test_browser_engine_fault_then_the_next_run_works(app_url, monkeypatch):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is missing")
-    sync_api = pytest.importorskip("playwright.sync_api")
+def test_browser_engine_fault_then_the_next_run_works(app_url, browser, monkeypatch):
     from specviz.engines.speculative import SpeculativeEngine
+    from tests.browser_kit import set_number
 
     monkeypatch.setattr(SpeculativeEngine, "steps", failing_steps(SpeculativeEngine.steps, after=1))
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                    args=["--headless", "--no-sandbox", "--disable-gpu"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(app_url)
-        page.wait_for_selector("#run")
-        box = page.locator("#max-new-tokens input[type=number]")
-        box.fill(str(N))
-        box.press("Enter")
-        page.locator("#run").click()
-        page.wait_for_selector("#status .sv-status-error", timeout=60_000)
-        status = page.locator("#status").inner_text()
-        assert "the run failed inside the engine (RuntimeError); the app is still serving" in status
-        assert not LEAKS.search(status) and "secret" not in status
-        assert "Traceback" not in page.content()
-        monkeypatch.undo()
-        page.locator("#run").click()  # the same page, the next run
-        page.wait_for_selector("#pane-spec .sv-pane-box[data-state=done]", timeout=60_000)
-        assert page.locator("#pane-ar [data-verdict=plain]").count() == N
-        assert "identical to plain decoding" in page.locator("#summary").inner_text()
-        browser.close()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(app_url)
+    page.wait_for_selector("#run")
+    set_number(page, "max-new-tokens", N)
+    page.locator("#run").click()
+    page.wait_for_selector("#status .sv-status-error", timeout=60_000)
+    status = page.locator("#status").inner_text()
+    assert "the run failed inside the engine (RuntimeError); the app is still serving" in status
+    assert not LEAKS.search(status) and "secret" not in status
+    assert "Traceback" not in page.content()
+    monkeypatch.undo()
+    page.locator("#run").click()  # the same page, the next run
+    page.wait_for_selector("#pane-spec .sv-pane-box[data-state=done]", timeout=60_000)
+    assert page.locator("#pane-ar [data-verdict=plain]").count() == N
+    assert "identical to plain decoding" in page.locator("#summary").inner_text()
