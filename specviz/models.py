@@ -37,10 +37,6 @@ class Source:
     location: str
     gguf_file: str | None = None
 
-    @property
-    def label(self) -> str:
-        return self.spec
-
 
 @dataclass
 class LoadedModel:

@@ -36,10 +36,6 @@ class Tree:
             parents.append(index[p[:-1]] if len(p) > 1 else -1)
         return cls(tuple(parents), tuple(len(p) for p in paths), tuple(p[-1] for p in paths), tuple(paths))
 
-    @classmethod
-    def chain(cls, length: int) -> "Tree":
-        return cls.from_choices([(0,) * d for d in range(1, length + 1)])
-
     @property
     def size(self) -> int:
         return len(self.parents)

@@ -10,7 +10,7 @@ import torch
 
 from specviz.config import DecodeConfig
 from specviz.sampling import residual, verify_chain, warp
-from specviz.stats import K_SYNTH as K, first_tokens as first_token_counts, random_dist, tv_bound, tv_distance as tv
+from specviz.stats import first_tokens as first_token_counts, random_dist, synthetic_pq, tv_bound, tv_distance as tv
 
 N = 20000
 
@@ -22,15 +22,7 @@ def first_tokens(p, q, n=N, **kwargs):
 
 @pytest.mark.parametrize("case", ["generic", "q_has_zeros", "p_equals_q", "one_hot_p"])
 def test_first_emitted_token_follows_p(case):
-    gen = torch.Generator().manual_seed(1)
-    p, q = random_dist(gen), random_dist(gen)
-    if case == "q_has_zeros":
-        q = random_dist(gen, zeros=5)
-    if case == "p_equals_q":
-        q = p.clone()
-    if case == "one_hot_p":
-        p = torch.zeros(K)
-        p[3] = 1.0
+    p, q = synthetic_pq(case)
     emp = first_tokens(p, q, n=N if case != "one_hot_p" else 2000)
     assert tv(emp, p) < tv_bound(p, N), f"{case}: TV {tv(emp, p):.4f}"
     if case == "one_hot_p":
