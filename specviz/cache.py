@@ -29,17 +29,28 @@ class CachedLM:
         self.seen = 0  # tokens whose keys/values are in the cache
 
     @torch.inference_mode()
-    def logits(self, tokens: list[int], extra: list[int] = (), keep: int = 1) -> torch.Tensor:
-        """Feed the unseen part of tokens + extra; return the last `keep` positions' logits (keep, V), float32 on CPU."""
+    def logits(self, tokens: list[int], extra: list[int] = (), keep: int = 1, features: bool = False):
+        """Feed the unseen part of tokens + extra; return the last `keep` positions' logits (keep, V), float32 on CPU.
+        With features=True also return the final-norm hidden state of every fed position (n, d): what
+        feature-reading drafters (EAGLE, Medusa) draft from."""
         new = (list(tokens) + list(extra))[self.seen:]
         assert new, "nothing to feed: the cache already holds every token"
         input_ids = torch.tensor([new], dtype=torch.long, device=self.device)  # (1, n)
-        out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=keep)
+        out = self._forward(features, input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=keep)
         self.seen += len(new)
-        return out.logits[0, -keep:].float().cpu()  # (keep, V)
+        logits = out.logits[0, -keep:].float().cpu()  # (keep, V)
+        return (logits, out.hidden[0]) if features else logits
+
+    def _forward(self, features: bool, logits_to_keep: int, **inputs):
+        """The model's forward; with features, its decoder then its LM head, keeping the hidden states."""
+        if not features:
+            return self.model(logits_to_keep=logits_to_keep, **inputs)
+        hidden = self.model.get_decoder()(**inputs).last_hidden_state  # (1, n, d)
+        logits = self.model.get_output_embeddings()(hidden[:, -logits_to_keep:])
+        return _Out(logits, hidden)
 
     @torch.inference_mode()
-    def tree_logits(self, tokens: list[int], tree, node_tokens: list[int]) -> torch.Tensor:
+    def tree_logits(self, tokens: list[int], tree, node_tokens: list[int], features: bool = False):
         """Feed the unseen committed tokens (the last is the tree's root) and the tree's nodes in one forward,
         each node attending to the context and its own ancestors. Returns (1 + n, V): the root's row, then
         one row per node."""
@@ -50,10 +61,12 @@ class CachedLM:
         position_ids, mask = tree_inputs(len(tokens), n_fed, tree, self.model.config._attn_implementation,
                                          next(self.model.parameters()).dtype)
         input_ids = torch.tensor([list(tokens[self.seen:]) + list(node_tokens)], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=input_ids, attention_mask=mask.to(self.device), position_ids=position_ids.to(self.device),
-                         cache=self.cache, use_cache=True, logits_to_keep=tree.size + 1)
+        out = self._forward(features, input_ids=input_ids, attention_mask=mask.to(self.device),
+                            position_ids=position_ids.to(self.device), cache=self.cache, use_cache=True,
+                            logits_to_keep=tree.size + 1)
         self.seen += input_ids.shape[1]
-        return out.logits[0].float().cpu()  # (1 + n, V)
+        logits = out.logits[0].float().cpu()  # (1 + n, V)
+        return (logits, out.hidden[0]) if features else logits
 
     def keep_path(self, n_committed: int, path: list[int]) -> None:
         """After a tree forward: keep the committed context and the accepted path's nodes, drop the rest."""
@@ -65,6 +78,11 @@ class CachedLM:
         if n_valid < self.seen:
             crop_to(self.cache, n_valid)
             self.seen = n_valid
+
+
+class _Out:
+    def __init__(self, logits: torch.Tensor, hidden: torch.Tensor):
+        self.logits, self.hidden = logits, hidden
 
 
 def clock(device: torch.device) -> float:

@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, METHODS, ConfigError, DecodeConfig
+from specviz.train import TrainOptions
 
 DEFAULTS = DecodeConfig()
 
@@ -308,6 +309,9 @@ def format_check(d: dict) -> str:
     return "\n".join(lines)
 
 
+TRAIN_DEFAULTS = TrainOptions()
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m specviz", description="See and check speculative decoding.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -342,7 +346,55 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--json", default=None, help="write every figure as JSON here")
     c.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     c.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
+    t = sub.add_parser("train", help="train a drafter against the target (resumable)")
+    t.add_argument("kind", choices=("eagle", "medusa"), help="eagle: one decoder layer over the target's features; "
+                   "medusa: heads proposing a candidate tree")
+    t.add_argument("--target", default=DEFAULT_TARGET, help="model spec (default %(default)s)")
+    t.add_argument("--data", default=None, help="your own prompts (JSONL with 'prompt', or one a line); the target "
+                   "answers them (default: the committed self-distillation data)")
+    t.add_argument("--out", required=True, help="working folder: data, features, checkpoints; the drafter lands in OUT/drafter")
+    t.add_argument("--steps", default=str(TRAIN_DEFAULTS.steps), help="optimizer steps (default %(default)s)")
+    t.add_argument("--epochs", default=None, help="instead of --steps: passes over the training tokens")
+    t.add_argument("--batch-tokens", default=str(TRAIN_DEFAULTS.batch_tokens), help="tokens per step (default %(default)s)")
+    t.add_argument("--lr", default=str(TRAIN_DEFAULTS.lr), help="peak learning rate (default %(default)s)")
+    t.add_argument("--draft-vocab", default=str(TRAIN_DEFAULTS.draft_vocab),
+                   help="compressed draft vocabulary: the N most frequent tokens; 0 = full (default %(default)s)")
+    t.add_argument("--heads", default=str(TRAIN_DEFAULTS.medusa_heads), help="medusa heads (default %(default)s)")
+    t.add_argument("--tree-size", default=str(TRAIN_DEFAULTS.tree_size), help="medusa: nodes in the candidate tree (default %(default)s)")
+    t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    t.add_argument("--seed", default="0")
     return p
+
+
+def _int_arg(name: str, value, low: int, high: int) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{name}={value!r} is not an integer: use {low}..{high}") from None
+    if not low <= number <= high:
+        raise InputError(f"{name}={number} is out of range: use {low}..{high}")
+    return number
+
+
+def cmd_train(args) -> int:
+    from specviz import train
+
+    if args.data is not None and not Path(args.data).is_file():
+        raise InputError(f"data file {args.data!r} does not exist: give a JSONL or text file of prompts")
+    try:
+        lr = float(args.lr)
+    except ValueError:
+        raise InputError(f"lr={args.lr!r} is not a number: use e.g. 1e-3") from None
+    if not 0 < lr < 1:
+        raise InputError(f"lr={lr} is out of range: use a value in (0, 1)")
+    opts = train.TrainOptions(
+        kind=args.kind, out=Path(args.out), target=args.target, data=args.data,
+        steps=_int_arg("steps", args.steps, 1, 10**6), batch_tokens=_int_arg("batch-tokens", args.batch_tokens, 64, 10**6),
+        lr=lr, draft_vocab=_int_arg("draft-vocab", args.draft_vocab, 0, 10**7), medusa_heads=_int_arg("heads", args.heads, 1, 8),
+        tree_size=_int_arg("tree-size", args.tree_size, 1, 64),
+        resume=args.resume, seed=_int_arg("seed", args.seed, 0, 2**31), epochs=None if args.epochs is None else _int_arg("epochs", args.epochs, 1, 1000))
+    train.train(opts)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -352,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
-        return {"generate": cmd_generate, "bench": cmd_bench, "check": cmd_check}[args.command](args)
+        return {"generate": cmd_generate, "bench": cmd_bench, "check": cmd_check, "train": cmd_train}[args.command](args)
     except (ConfigError, ModelError, InputError) as exc:
         print(f"specviz: error: {exc}", file=sys.stderr)
         return 2

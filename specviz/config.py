@@ -10,7 +10,8 @@ from typing import Union
 
 DEFAULT_TARGET = "smollm2-135m"  # the embedded SmolLM2-135M-Instruct
 DEFAULT_DRAFT = "int8"           # an int8 copy of the target
-METHODS = ("ar", "vanilla", "pld")
+METHODS = ("ar", "vanilla", "pld", "eagle", "medusa")
+TRAINED_METHODS = ("eagle", "medusa")  # drafters trained against the target (python -m specviz train)
 GAMMA_MAX = 16
 MAX_NEW_TOKENS_CAP = 2048
 
@@ -24,7 +25,7 @@ Gamma = Union[int, str]  # 1..GAMMA_MAX or "auto"
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    method: str = "vanilla"          # "ar" | "vanilla" (a draft model) | "pld" (prompt lookup)
+    method: str = "vanilla"          # "ar" | "vanilla" (a draft model) | "pld" (prompt lookup) | "eagle" | "medusa"
     gamma: Gamma = 4                 # drafted tokens per step, or "auto" (adaptive)
     temperature: float = 0.0         # 0 = greedy; > 0 = exact speculative sampling
     top_k: int = 0                   # 0 = off; else keep the k most likely tokens

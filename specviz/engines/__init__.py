@@ -1,7 +1,9 @@
 """Engines by method name."""
 from __future__ import annotations
 
-from specviz.config import DEFAULT_DRAFT, DecodeConfig
+from pathlib import Path
+
+from specviz.config import DEFAULT_DRAFT, TRAINED_METHODS, DecodeConfig
 from specviz.engines.ar import AREngine
 from specviz.engines.base import Engine, generate
 from specviz.engines.draft_model import ModelDrafter
@@ -9,15 +11,37 @@ from specviz.engines.pld import PromptLookupDrafter
 from specviz.engines.speculative import SpeculativeEngine
 from specviz.models import LoadedModel, load_draft
 
-__all__ = ["AREngine", "Engine", "SpeculativeEngine", "build", "generate"]
+__all__ = ["AREngine", "Engine", "SpeculativeEngine", "build", "build_trained", "generate"]
+
+SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "drafters"
+
+
+def drafter_folder(method: str, target: LoadedModel, draft: str | None) -> Path:
+    """A trained drafter's folder: `draft` when it names one, else the one shipped for this target."""
+    if draft and Path(draft).is_dir():
+        return Path(draft)
+    return SHIPPED / f"{target.name}-{method}"
+
+
+def build_trained(folder: str | Path, target: LoadedModel) -> Engine:
+    from specviz import drafters
+    from specviz.engines.eagle import EagleDrafter
+    from specviz.engines.tree import MedusaEngine
+
+    d = drafters.load(folder, target)
+    if d.kind == "eagle":
+        return SpeculativeEngine("eagle", target, EagleDrafter(d, str(folder)))
+    return MedusaEngine(target, d)
 
 
 def build(method: str, target: LoadedModel, draft: str | LoadedModel = DEFAULT_DRAFT) -> Engine:
-    """The engine for `method` ("ar" | "vanilla" | "pld") over `target`."""
+    """The engine for `method` ("ar" | "vanilla" | "pld" | "eagle" | "medusa") over `target`."""
     DecodeConfig(method=method)  # validates the name with the shared message
     if method == "ar":
         return AREngine(target)
     if method == "pld":
         return SpeculativeEngine("pld", target, PromptLookupDrafter())
+    if method in TRAINED_METHODS:
+        return build_trained(drafter_folder(method, target, draft if isinstance(draft, str) else None), target)
     draft_model = draft if isinstance(draft, LoadedModel) else load_draft(draft, target)
     return SpeculativeEngine("vanilla", target, ModelDrafter(draft_model))

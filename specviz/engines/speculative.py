@@ -101,7 +101,11 @@ class SpeculativeEngine:
         proposal = run.drafts.propose(tokens, g, cfg, generator) if g > 0 else Proposal([], torch.empty(0, vocab), 0)
         t1 = clock(device)
         k = len(proposal.token_ids)
-        logits = run.target.logits(tokens, proposal.token_ids, keep=k + 1)  # (k+1, V)
+        if getattr(run.drafts, "needs_features", False):  # EAGLE-style drafters read the target's features
+            logits, hidden = run.target.logits(tokens, proposal.token_ids, keep=k + 1, features=True)
+            run.drafts.observe(hidden)
+        else:
+            logits = run.target.logits(tokens, proposal.token_ids, keep=k + 1)  # (k+1, V)
         p_target = warp(logits[:, :vocab], cfg)  # (k+1, V)
         draft_ids = torch.tensor(proposal.token_ids, dtype=torch.long)  # (k,)
         result = verify_chain(draft_ids, proposal.q_draft, p_target, cfg.greedy, generator)

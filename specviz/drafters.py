@@ -1,0 +1,337 @@
+"""Trained drafters for a target: EAGLE (one decoder layer over the target's features) and Medusa heads.
+
+Both read the target's last hidden state (after its final norm: the "feature" its LM head reads) and
+reuse the target's embeddings and LM head, so only a few million weights are theirs. The LM head can be
+compressed to the N most frequent tokens (`vocab_ids`): on a 135M target the full head is a fifth of
+the weights and would dominate the drafting cost.
+
+Saved as a folder: `model.safetensors` (the drafter's own weights and `vocab_ids`), `config.json`, and a
+`README.md` model card. Parameter names follow the published EAGLE-1 and Medusa-1 layouts, so those
+checkpoints load too (see `load_published`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specviz.models import ModelError
+
+KINDS = ("eagle", "medusa")
+
+
+class DrafterError(ModelError):
+    """A drafter folder or checkpoint that cannot be used; the message is one line."""
+
+
+@dataclass
+class DrafterConfig:
+    kind: str                      # "eagle" | "medusa"
+    target: str                    # the target spec it was trained for
+    hidden_size: int
+    vocab_size: int                # the target's vocabulary
+    draft_vocab: int = 0           # N of the compressed head; 0 = the full vocabulary
+    # eagle
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    intermediate_size: int = 0
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    input_norm: bool = True        # EAGLE-1 checkpoints have no input norm on their one layer
+    fc_bias: bool = True
+    # medusa
+    medusa_heads: int = 0
+    own_lm_heads: bool = False     # Medusa-1 checkpoints carry one LM head per head
+    tree: list = field(default_factory=list)  # medusa: the candidate tree (choices), chosen from measured accuracies
+    training: dict = field(default_factory=dict)  # data, steps, wall time, hardware, measured figures
+
+    @classmethod
+    def for_target(cls, kind: str, target_name: str, model_config, draft_vocab: int = 0, **extra) -> "DrafterConfig":
+        c = model_config
+        rope = getattr(c, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta") or getattr(c, "rope_theta", None) or 10000.0
+        return cls(kind=kind, target=target_name, hidden_size=c.hidden_size, vocab_size=c.vocab_size,
+                   draft_vocab=draft_vocab, num_attention_heads=c.num_attention_heads,
+                   num_key_value_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
+                   intermediate_size=c.intermediate_size, rope_theta=float(theta),
+                   rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-5)), **extra)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding (the Llama layout: halves rotated) of x (B, H, T, hd) at positions (T,)."""
+    hd = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))  # (hd/2,)
+    angles = positions.float()[:, None] * inv[None]  # (T, hd/2)
+    cos, sin = torch.cat([angles, angles], -1).cos().to(x.dtype), torch.cat([angles, angles], -1).sin().to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        d, self.h, self.kv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+        self.hd, self.theta = d // self.h, cfg.rope_theta
+        self.q_proj = nn.Linear(d, self.h * self.hd, bias=False)
+        self.k_proj = nn.Linear(d, self.kv * self.hd, bias=False)
+        self.v_proj = nn.Linear(d, self.kv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.h * self.hd, d, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, past: tuple | None):
+        """x (B, T, d) at positions (T,), after `past` (keys, values) of shape (B, kv, S, hd)."""
+        b, t, _ = x.shape
+        q = rotate(self.q_proj(x).view(b, t, self.h, self.hd).transpose(1, 2), positions, self.theta)
+        k = rotate(self.k_proj(x).view(b, t, self.kv, self.hd).transpose(1, 2), positions, self.theta)
+        v = self.v_proj(x).view(b, t, self.kv, self.hd).transpose(1, 2)
+        s = 0
+        if past is not None:
+            s = past[0].shape[2]
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        if s == 0:
+            mask, causal = None, t > 1
+        else:
+            mask = torch.arange(s + t, device=x.device)[None] <= (s + torch.arange(t, device=x.device))[:, None]
+            causal = False
+        rep = self.h // self.kv
+        out = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                             attn_mask=mask, is_causal=causal)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), (k, v)
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, inter, bias=False)
+        self.up_proj = nn.Linear(d, inter, bias=False)
+        self.down_proj = nn.Linear(inter, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if cfg.input_norm else nn.Identity()
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x, positions, past):
+        a, present = self.self_attn(self.input_layernorm(x), positions, past)
+        x = x + a
+        return x + self.mlp(self.post_attention_layernorm(x)), present
+
+
+class Eagle(nn.Module):
+    """next feature = layer(fc([embedding of the next token, this feature]))."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.fc_bias)
+        self.layers = nn.ModuleList([DecoderLayer(cfg)])
+
+    def forward(self, feats: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, past=None):
+        """feats, embeds (B, T, d) → predicted next features (B, T, d) and the new (keys, values)."""
+        return self.layers[0](self.fc(torch.cat([embeds, feats], -1)), positions, past)
+
+
+class ResBlock(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.linear = nn.Linear(d, d)
+        nn.init.zeros_(self.linear.weight)  # starts as the identity: every head first predicts like the LM head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.silu(self.linear(x))
+
+
+class Medusa(nn.Module):
+    """K heads; head k maps the feature at position t to one for the token at t + 1 + k (k = 1..K)."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.hidden_size
+        self.heads = nn.ModuleList(
+            [nn.Sequential(ResBlock(d), nn.Linear(d, cfg.vocab_size, bias=False)) if cfg.own_lm_heads
+             else nn.Sequential(ResBlock(d)) for _ in range(cfg.medusa_heads)])
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        """feats (..., d) → (K, ..., d) head features (before the LM head)."""
+        return torch.stack([head[0](feats) for head in self.heads])
+
+
+class Drafter:
+    """A trained drafter bound to its target: the module plus the target's embeddings and (compressed) LM head."""
+
+    def __init__(self, module: nn.Module, cfg: DrafterConfig, target_model: nn.Module, vocab_ids: torch.Tensor | None):
+        self.module, self.cfg = module.eval(), cfg
+        self.module.requires_grad_(False)
+        self.embed = target_model.get_input_embeddings()
+        weight = target_model.get_output_embeddings().weight
+        self.vocab_ids = vocab_ids  # (N,) or None for the full vocabulary
+        self.head_weight = weight if vocab_ids is None else weight[vocab_ids].detach().clone()  # (N, d)
+
+    @property
+    def kind(self) -> str:
+        return self.cfg.kind
+
+    def logits(self, feats: torch.Tensor, head: int | None = None) -> torch.Tensor:
+        """Draft logits over the draft vocabulary (..., N)."""
+        if head is not None and self.cfg.own_lm_heads:
+            return self.module.heads[head][1](feats)
+        return feats @ self.head_weight.T
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.vocab_ids is None else self.vocab_ids[draft_ids]
+
+    def scatter(self, probs: torch.Tensor) -> torch.Tensor:
+        """A distribution over the draft vocabulary (..., N) as one over the target's (..., V)."""
+        if self.vocab_ids is None:
+            return probs
+        out = probs.new_zeros(*probs.shape[:-1], self.cfg.vocab_size)
+        out[..., self.vocab_ids] = probs
+        return out
+
+
+def build_module(cfg: DrafterConfig) -> nn.Module:
+    if cfg.kind == "eagle":
+        return Eagle(cfg)
+    if cfg.kind == "medusa":
+        return Medusa(cfg)
+    raise DrafterError(f"drafter kind {cfg.kind!r} is unknown: use one of {', '.join(KINDS)}")
+
+
+def choose_tree(accuracy: torch.Tensor, size: int) -> list[tuple[int, ...]]:
+    """The `size` nodes with the highest expected acceptance, where accuracy[k, r] is how often head k's
+    rank-r candidate is the target's token; a node's value is the product along its path (Medusa's
+    estimate). Grown greedily from the root, so every chosen node's parent is chosen."""
+    heads, ranks = accuracy.shape
+    chosen: list[tuple[int, ...]] = []
+    frontier = {(r,): float(accuracy[0, r]) for r in range(ranks)}
+    while frontier and len(chosen) < size:
+        best = max(frontier, key=lambda p: (frontier[p], -len(p)))
+        value = frontier.pop(best)
+        chosen.append(best)
+        if len(best) < heads:
+            for r in range(ranks):
+                frontier[best + (r,)] = value * float(accuracy[len(best), r])
+    return sorted(chosen, key=lambda p: (len(p), p))
+
+
+def frequent_vocab(sequences, vocab_size: int, n: int) -> torch.Tensor:
+    """The n most frequent token ids in the data, topped up with the lowest unseen ids (BPE merges come
+    roughly in frequency order), sorted."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for seq in sequences:
+        counts += torch.bincount(torch.tensor(seq, dtype=torch.long), minlength=vocab_size)
+    order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))
+    return torch.tensor(sorted(order[:n]), dtype=torch.long)
+
+
+def save(folder: str | Path, module: nn.Module, cfg: DrafterConfig, vocab_ids: torch.Tensor | None, card: str) -> None:
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in module.state_dict().items()}
+    if vocab_ids is not None:
+        tensors["vocab_ids"] = vocab_ids.to(torch.int32).contiguous()
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+    (folder / "README.md").write_text(card)
+
+
+def _weights_file(folder: Path, names: tuple[str, ...]) -> Path:
+    for name in names:
+        if (folder / name).is_file():
+            return folder / name
+    raise DrafterError(f"drafter folder {str(folder)!r} has none of {', '.join(names)}")
+
+
+def read_layout(folder: Path, target) -> tuple[DrafterConfig, dict[str, torch.Tensor]]:
+    """The config and weights of a drafter folder in one of three layouts: ours (config.json with "kind"),
+    Medusa-1 (config.json with medusa_num_heads; medusa_lm_head.*) or EAGLE-1 (a llama config.json; weights
+    with fc.weight and layers.0.*). Weights are read as safetensors or weights_only tensors, never code."""
+    from specviz.weights import load_state_dict
+
+    if not (folder / "config.json").is_file():
+        raise DrafterError(f"drafter folder {str(folder)!r} has no config.json: train one with python -m specviz train")
+    raw = json.loads((folder / "config.json").read_text())
+    if "kind" in raw:
+        known = set(DrafterConfig.__dataclass_fields__)
+        return DrafterConfig(**{k: v for k, v in raw.items() if k in known}), load_state_dict(
+            _weights_file(folder, ("model.safetensors",)))
+    mc = target.model.config
+    if "medusa_num_heads" in raw:
+        if int(raw.get("medusa_num_layers", 1)) != 1:
+            raise DrafterError(f"Medusa checkpoint {str(folder)!r} has {raw['medusa_num_layers']} layers per head: "
+                               "only 1 is supported")
+        state = load_state_dict(_weights_file(folder, ("medusa_lm_head.safetensors", "medusa_lm_head.pt")))
+        own = any(k.endswith(".1.weight") for k in state)
+        cfg = DrafterConfig.for_target("medusa", raw.get("base_model_name_or_path", target.name), mc,
+                                       medusa_heads=int(raw["medusa_num_heads"]), own_lm_heads=own)
+        return cfg, {f"heads.{k}": v for k, v in state.items()}
+    state = load_state_dict(_weights_file(folder, ("model.safetensors", "pytorch_model.bin")))
+    if "fc.weight" not in state:
+        raise DrafterError(f"drafter folder {str(folder)!r} is in no known layout: expected specviz's, Medusa-1's "
+                           "(medusa_num_heads) or EAGLE-1's (fc.weight, layers.0.*)")
+    state = {k: v for k, v in state.items() if k.startswith(("fc.", "layers.0."))}  # the target supplies embeddings
+    cfg = DrafterConfig.for_target("eagle", target.name, mc, input_norm="layers.0.input_layernorm.weight" in state,
+                                   fc_bias="fc.bias" in state)
+    for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "rms_norm_eps"):
+        if key in raw:
+            setattr(cfg, key, raw[key])
+    cfg.rope_theta = float(raw.get("rope_theta", cfg.rope_theta))
+    return cfg, state
+
+
+def load(folder: str | Path, target) -> Drafter:
+    """A drafter folder (ours, Medusa-1 or EAGLE-1 layout), bound to a loaded target (LoadedModel)."""
+    folder = Path(folder)
+    cfg, state = read_layout(folder, target)
+    if cfg.hidden_size != target.model.config.hidden_size or cfg.vocab_size != target.vocab_size:
+        raise DrafterError(f"drafter {str(folder)!r} was trained for {cfg.target} (hidden {cfg.hidden_size}, vocab "
+                           f"{cfg.vocab_size}); the target {target.name} has hidden {target.model.config.hidden_size}, "
+                           f"vocab {target.vocab_size}")
+    vocab_ids = state.pop("vocab_ids", None)
+    module = build_module(cfg)
+    _load_into(module, state, str(folder))
+    module.to(device=target.device, dtype=target.dtype)
+    return Drafter(module, cfg, target.model, None if vocab_ids is None else vocab_ids.long().to(target.device))
+
+
+def _load_into(module: nn.Module, state: dict, name: str) -> None:
+    missing, unexpected = module.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    if missing or unexpected:
+        raise DrafterError(f"drafter weights {name!r} do not match the layout: missing {sorted(missing)[:3]}, "
+                           f"unexpected {sorted(unexpected)[:3]}")
+
+
+def n_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def describe(cfg: DrafterConfig) -> str:
+    vocab = f"draft vocabulary {cfg.draft_vocab} of {cfg.vocab_size}" if cfg.draft_vocab else "full vocabulary"
+    if cfg.kind == "medusa":
+        return f"Medusa, {cfg.medusa_heads} heads, {vocab}"
+    return f"EAGLE, one decoder layer, {vocab}"
+

@@ -1,0 +1,72 @@
+"""EAGLE chain drafting: a one-layer drafter that extrapolates the target's features, token by token.
+
+The drafter's input at position i is (the target's feature at i, the token at i + 1); its output is the
+feature at i + 1, which the target's (compressed) LM head turns into the next draft token. After each
+verification the target's true features of the accepted positions replace the drafter's own guesses,
+so only true features are ever kept in the drafter's one-layer KV cache.
+"""
+from __future__ import annotations
+
+import torch
+
+from specviz.config import DecodeConfig
+from specviz.drafters import Drafter
+from specviz.engines.speculative import Proposal
+from specviz.sampling import pick, warp
+
+
+class EagleDrafter:
+    def __init__(self, drafter: Drafter, name: str):
+        self.drafter, self.name = drafter, name
+
+    def session(self, vocab_size: int, eos_ids: frozenset[int]) -> "EagleSession":
+        return EagleSession(self.drafter, vocab_size, eos_ids)
+
+
+class EagleSession:
+    needs_features = True
+
+    def __init__(self, drafter: Drafter, vocab_size: int, eos_ids: frozenset[int]):
+        self.d, self.vocab_size, self.eos_ids = drafter, vocab_size, eos_ids
+        self.feats = torch.empty(0, drafter.cfg.hidden_size)  # (n, d) the target's features of positions 0..n-1
+        self.kv = None       # the drafter layer's (keys, values) for pairs fed with true features
+        self.kv_len = 0
+
+    def observe(self, hidden: torch.Tensor) -> None:
+        """The target's features of the positions its last forward fed (they follow the ones held)."""
+        self.feats = torch.cat([self.feats, hidden.to(self.feats.dtype if len(self.feats) else hidden.dtype)])
+
+    def rollback(self, n_valid: int) -> None:
+        self.feats = self.feats[:n_valid]
+        if self.kv_len > n_valid:
+            self.kv = (self.kv[0][:, :, :n_valid], self.kv[1][:, :, :n_valid])
+            self.kv_len = n_valid
+
+    @torch.inference_mode()
+    def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, generator: torch.Generator) -> Proposal:
+        m = len(self.feats)
+        if m == 0 or m < len(tokens) - 1 or gamma <= 0:  # no features yet (the first step is the target's prefill)
+            return Proposal([], torch.empty(0, self.vocab_size), 0)
+        module, embed = self.d.module, self.d.embed
+        device = self.d.head_weight.device
+        ids = torch.tensor(tokens[self.kv_len + 1:m + 1], dtype=torch.long, device=device)
+        out, self.kv = module(self.feats[self.kv_len:m][None].to(device), embed(ids)[None],
+                              torch.arange(self.kv_len, m, device=device), self.kv)
+        self.kv_len = m
+        feat, kv, pos = out[0, -1], self.kv, m
+        drafted: list[int] = []
+        qs: list[torch.Tensor] = []
+        while True:
+            q_small = warp(self.d.logits(feat).float().cpu(), cfg)  # (N,)
+            index = pick(q_small, cfg.greedy, generator)
+            token = int(self.d.to_target_ids(torch.tensor(index)))
+            drafted.append(token)
+            qs.append(self.d.scatter(q_small))
+            if len(drafted) >= gamma or token in self.eos_ids:
+                break
+            if cfg.adaptive and float(q_small[index]) < cfg.draft_confidence:
+                break
+            out, kv = module(feat[None, None], embed(torch.tensor([[token]], device=device)),
+                             torch.tensor([pos], device=device), kv)
+            feat, pos = out[0, -1], pos + 1
+        return Proposal(drafted, torch.stack(qs), len(drafted))

@@ -1,0 +1,299 @@
+"""`python -m specviz train {eagle,medusa}`: train a drafter against a frozen target.
+
+Stages, each resumable from `--out`:
+  1. data      the target answers prompts greedily (self-distillation). Default: the committed token ids
+               in assets/distill/ for the default target; with --data, a user's own prompts.
+  2. features  one teacher-forced target forward per sequence; its last hidden states (fp16) are cached.
+  3. train     the drafter learns from those features and the target's own soft labels (its LM head
+               applied to the cached features), never from the raw text. Checkpoints every few steps.
+  4. measure   the held-out split is decoded with the new drafter: τ, α and greedy identity.
+"""
+from __future__ import annotations
+
+import json
+import math
+import platform
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specviz import distill, drafters
+from specviz.config import DEFAULT_TARGET
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_DATA = ASSETS / "distill" / "smollm2-135m.jsonl.gz"
+
+
+@dataclass
+class TrainOptions:
+    kind: str = "eagle"                # "eagle" | "medusa"
+    out: Path = Path("out/train")
+    target: str = DEFAULT_TARGET
+    data: str | None = None            # a user's prompt file; None = the default self-distillation data
+    steps: int = 600
+    epochs: int | None = None          # instead of steps: passes over the training tokens
+    batch_tokens: int = 4096
+    lr: float = 1e-3
+    draft_vocab: int = 8192            # 0 = full vocabulary
+    medusa_heads: int = 4
+    tree_size: int = 16                # medusa: nodes in the candidate tree
+    max_new_tokens: int = 160          # answer length when generating data
+    resume: bool = False
+    seed: int = 0
+    checkpoint_every: int = 50
+    eval_prompts: int = 8
+
+
+def examples_for(opts: TrainOptions, target, log) -> list[dict]:
+    """Stage 1: the self-distillation examples (prompt ids + the target's answer ids)."""
+    if opts.data is None and opts.target == DEFAULT_TARGET and DEFAULT_DATA.is_file():
+        log(f"data: {DEFAULT_DATA.relative_to(ASSETS.parent)} (committed self-distillation ids)")
+        return distill.read_examples(DEFAULT_DATA)
+    prompts = distill.read_prompt_file(opts.data) if opts.data else distill.default_prompts()
+    if not prompts:
+        raise ValueError(f"data file {opts.data!r} has no prompts: use JSONL with 'prompt' or one prompt a line")
+    path = opts.out / "data.jsonl"
+    log(f"data: the target answers {len(prompts)} prompts ({path}, resumable)")
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(prompts), desc="answering", unit="prompt")
+    start = time.perf_counter()
+
+    def progress(done: int, total: int, tokens: int) -> None:
+        bar.n = done
+        bar.set_postfix(tok_s=f"{tokens / max(1e-9, time.perf_counter() - start):.0f}")
+        bar.refresh()
+
+    distill.generate_answers(target, prompts, path, opts.max_new_tokens, progress=progress)
+    bar.close()
+    return distill.read_examples(path)
+
+
+@torch.inference_mode()
+def features_for(examples: list[dict], target, path: Path, log) -> tuple[torch.Tensor, list[list[int]]]:
+    """Stage 2: the target's final-norm hidden states of every sequence, (total, d) fp16, cached at path."""
+    seqs = list(distill.sequences(examples))
+    if path.is_file():
+        saved = torch.load(path, weights_only=True)
+        if saved["n"] == len(seqs):
+            log(f"features: reusing {path}")
+            return saved["features"], seqs
+    from tqdm import tqdm
+
+    decoder = target.model.get_decoder()
+    chunks = []
+    for seq in tqdm(seqs, desc="features", unit="seq"):
+        ids = torch.tensor([seq], device=target.device)
+        chunks.append(decoder(input_ids=ids).last_hidden_state[0].to(torch.float16).cpu())
+    feats = torch.cat(chunks)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"n": len(seqs), "features": feats}, path)
+    return feats, seqs
+
+
+class Batches:
+    """Random batches of whole sequences, right-padded, about `batch_tokens` tokens each."""
+
+    def __init__(self, seqs: list[list[int]], feats: torch.Tensor, batch_tokens: int, seed: int):
+        self.seqs, self.feats, self.batch_tokens = seqs, feats, batch_tokens
+        self.offsets = [0]
+        for s in seqs:
+            self.offsets.append(self.offsets[-1] + len(s))
+        self.rng = random.Random(seed)
+
+    def sample(self):
+        order = list(range(len(self.seqs)))
+        self.rng.shuffle(order)
+        picked, total = [], 0
+        for i in order:
+            if total and total + len(self.seqs[i]) > self.batch_tokens:
+                break
+            picked.append(i)
+            total += len(self.seqs[i])
+        width = max(len(self.seqs[i]) for i in picked)
+        ids = torch.zeros(len(picked), width, dtype=torch.long)
+        feats = torch.zeros(len(picked), width, self.feats.shape[1])
+        valid = torch.zeros(len(picked), width, dtype=torch.bool)
+        for row, i in enumerate(picked):
+            n = len(self.seqs[i])
+            ids[row, :n] = torch.tensor(self.seqs[i])
+            feats[row, :n] = self.feats[self.offsets[i]:self.offsets[i] + n].float()
+            valid[row, :n] = True
+        return ids, feats, valid
+
+
+def soft_kl(pred_logits: torch.Tensor, target_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over masked positions of KL(target || pred), both over the draft vocabulary."""
+    p = F.softmax(target_logits, -1)
+    kl = (p * (F.log_softmax(target_logits, -1) - F.log_softmax(pred_logits, -1))).sum(-1)
+    return (kl * mask).sum() / mask.sum().clamp_min(1)
+
+
+def eagle_loss(module, head, embed, ids, feats, valid, noise: float):
+    """Predict the feature at t+1 from (feature at t, token t+1): regression plus the target's soft labels."""
+    f_in = feats[:, :-1]
+    if noise:
+        f_in = f_in + (torch.rand_like(f_in) - 0.5) * 2 * noise
+    emb = embed(ids[:, 1:])
+    positions = torch.arange(f_in.shape[1])
+    pred, _ = module(f_in, emb, positions)
+    true = feats[:, 1:]
+    mask = (valid[:, 1:]).float()
+    reg = (F.smooth_l1_loss(pred, true, reduction="none").mean(-1) * mask).sum() / mask.sum()
+    with torch.no_grad():
+        t_logits = true @ head.T
+    p_logits = pred @ head.T
+    kl = soft_kl(p_logits, t_logits, mask)
+    agree = ((p_logits.argmax(-1) == t_logits.argmax(-1)).float() * mask).sum() / mask.sum()
+    return reg + 0.1 * kl, {"reg": float(reg.detach()), "kl": float(kl.detach()), "top1": float(agree)}
+
+
+def medusa_loss(module, head, embed, ids, feats, valid, noise: float):
+    """Head k (1..K) learns the target's distribution k positions ahead of the LM head."""
+    outs = module(feats)  # (K, B, T, d)
+    loss, stats = 0.0, {}
+    with torch.no_grad():
+        t_logits = feats @ head.T  # (B, T, N): the target's own next-token distribution at each position
+    for k in range(outs.shape[0]):
+        shift = k + 1
+        mask = (valid[:, shift:] & valid[:, :-shift]).float()
+        p_logits = outs[k][:, :-shift] @ head.T
+        kl = soft_kl(p_logits, t_logits[:, shift:], mask)
+        loss = loss + kl * (0.8 ** k)
+        stats[f"top1_h{k + 1}"] = float(((p_logits.detach().argmax(-1) == t_logits[:, shift:].argmax(-1)).float() * mask).sum() / mask.sum())
+    return loss, stats
+
+
+@torch.no_grad()
+def head_accuracy(module, head: torch.Tensor, feats: torch.Tensor, seqs: list[list[int]], ranks: int = 8) -> torch.Tensor:
+    """(K, ranks): how often head k's rank-r candidate is the target's own next token k + 1 positions on."""
+    k_heads = module.cfg.medusa_heads
+    hits, total = torch.zeros(k_heads, ranks), torch.zeros(k_heads, 1)
+    start = 0
+    for seq in seqs:
+        f = feats[start:start + len(seq)].float()
+        start += len(seq)
+        target_next = (f @ head.T).argmax(-1)  # (T,) the target's choice after each position
+        top = (module(f) @ head.T).topk(ranks, -1).indices  # (K, T, ranks)
+        for k in range(k_heads):
+            n = len(seq) - (k + 1)
+            if n <= 0:
+                continue
+            hits[k] += (top[k, :n] == target_next[k + 1:, None]).float().sum(0)
+            total[k] += n
+    return hits / total.clamp_min(1)
+
+
+@dataclass
+class TrainResult:
+    folder: Path                       # the saved drafter
+    losses: list[float]                # per step, this invocation
+    held_out: dict                     # τ, α, identity on the held-out prompts
+
+
+def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
+    """Every stage; `target` (a LoadedModel) defaults to loading opts.target in fp32 on the CPU."""
+    from tqdm import tqdm
+
+    from specviz import models
+
+    torch.manual_seed(opts.seed)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    target = target or models.get(opts.target, torch.device("cpu"), torch.float32)
+    examples = examples_for(opts, target, log)
+    train_ex, held_out = distill.split(examples)
+    feats, seqs = features_for(train_ex, target, opts.out / "features.pt", log)
+    vocab_ids = drafters.frequent_vocab(seqs, target.vocab_size, opts.draft_vocab) if opts.draft_vocab else None
+    extra = {"medusa_heads": opts.medusa_heads} if opts.kind == "medusa" else {}
+    cfg = drafters.DrafterConfig.for_target(opts.kind, opts.target, target.model.config, opts.draft_vocab, **extra)
+    module = drafters.build_module(cfg).train()
+    weight = target.model.get_output_embeddings().weight.detach()
+    head = weight if vocab_ids is None else weight[vocab_ids]
+    embed = target.model.get_input_embeddings()
+    noise = 0.1 * float(feats[:4096].float().pow(2).mean().sqrt()) if opts.kind == "eagle" else 0.0
+    optim = torch.optim.AdamW(module.parameters(), lr=opts.lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optim, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, opts.steps)))))
+    if opts.epochs:
+        opts.steps = math.ceil(opts.epochs * len(feats) / opts.batch_tokens)
+    ckpt_path, step, seconds = opts.out / "checkpoint.pt", 0, 0.0
+    batches = Batches(seqs, feats, opts.batch_tokens, opts.seed)
+    if opts.resume and ckpt_path.is_file():
+        ckpt = torch.load(ckpt_path, weights_only=False)
+        module.load_state_dict(ckpt["module"])
+        optim.load_state_dict(ckpt["optim"])
+        schedule.load_state_dict(ckpt["schedule"])
+        step, seconds = ckpt["step"], ckpt["seconds"]
+        batches.rng.setstate(ckpt["rng"])
+        log(f"resumed from {ckpt_path} at step {step}")
+    loss_fn = eagle_loss if opts.kind == "eagle" else medusa_loss
+    bar = tqdm(total=opts.steps, initial=step, desc=f"train {opts.kind}", unit="step")
+    losses: list[float] = []
+    while step < opts.steps:
+        t0 = time.perf_counter()
+        ids, f, valid = batches.sample()
+        loss, stats = loss_fn(module, head, embed, ids, f, valid, noise)
+        optim.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+        optim.step()
+        schedule.step()
+        step += 1
+        dt = time.perf_counter() - t0
+        seconds += dt
+        losses.append(float(loss))
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss):.3f}", tok_s=f"{int(valid.sum()) / dt:.0f}", **{k: f"{v:.2f}" for k, v in stats.items()})
+        if step % opts.checkpoint_every == 0 or step == opts.steps:
+            torch.save({"module": module.state_dict(), "optim": optim.state_dict(), "schedule": schedule.state_dict(),
+                        "step": step, "seconds": seconds, "rng": batches.rng.getstate()}, ckpt_path)
+    bar.close()
+    cfg.training = {"data": "self-distillation: " + (opts.data or "the project's default prompts") + f", {len(train_ex)} sequences, "
+                    f"{sum(map(len, seqs))} tokens", "steps": opts.steps, "batch_tokens": opts.batch_tokens,
+                    "train_seconds": round(seconds), "hardware": f"{platform.machine()} CPU, {torch.get_num_threads()} threads",
+                    "torch": torch.__version__}
+    if opts.kind == "medusa":
+        held_feats, held_seqs = features_for(held_out, target, opts.out / "held_out_features.pt", log)
+        accuracy = head_accuracy(module.eval(), head, held_feats, held_seqs)
+        cfg.tree = [list(p) for p in drafters.choose_tree(accuracy, opts.tree_size)]
+        log("held-out top-1 accuracy by head: " + ", ".join(f"{float(a):.2f}" for a in accuracy[:, 0]))
+    final = opts.out / "drafter"
+    drafters.save(final, module, cfg, vocab_ids, card(cfg, opts))
+    log(f"saved {final} ({drafters.n_params(module) / 1e6:.2f} M parameters)")
+    held = measure(final, target, held_out[:opts.eval_prompts], log)
+    cfg.training["held_out"] = held
+    drafters.save(final, module, cfg, vocab_ids, card(cfg, opts))
+    return TrainResult(final, losses, held)
+
+
+def measure(folder: Path, target, held_out: list[dict], log, max_new_tokens: int = 64) -> dict:
+    """Stage 4: decode held-out prompts greedily with the drafter; τ, α and identity with AR."""
+    from specviz import engines, metrics
+    from specviz.config import DecodeConfig
+
+    spec = engines.build_trained(folder, target)
+    ar = engines.build("ar", target)
+    cfg = DecodeConfig(method=spec.method, max_new_tokens=max_new_tokens)
+    runs, identical = [], 0
+    for e in held_out:
+        run = engines.generate(spec, e["prompt_ids"], cfg)
+        identical += run.token_ids == engines.generate(ar, e["prompt_ids"], cfg).token_ids
+        runs.append(run)
+    s = metrics.summarize(spec.method, [e for r in runs for e in r.events])
+    out = {"prompts": len(held_out), "max_new_tokens": max_new_tokens, "tau": round(s.tau, 3),
+           "alpha": round(s.alpha or 0.0, 3), "identical": f"{identical}/{len(held_out)}"}
+    log(f"held-out: τ {out['tau']}, α {out['alpha']}, greedy identical to AR {out['identical']}")
+    return out
+
+
+def card(cfg: drafters.DrafterConfig, opts: TrainOptions) -> str:
+    t = cfg.training
+    lines = [f"# {cfg.kind} drafter for {cfg.target}", "", drafters.describe(cfg) + ".", "",
+             f"Reproduce: `python -m specviz train {cfg.kind} --out {opts.out} --steps {opts.steps}`", ""]
+    for key, value in t.items():
+        lines.append(f"- {key.replace('_', ' ')}: {json.dumps(value) if isinstance(value, dict) else value}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,200 @@
+"""Trained drafters (EAGLE, Medusa): greedy identity, save/load, published layouts, training smoke test."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specviz import drafters, engines, train
+from specviz.cli import main
+from specviz.config import DecodeConfig
+from specviz.engines.eagle import EagleDrafter
+from specviz.engines.tree import MedusaEngine
+from specviz.events import Verdict
+from specviz.models import ModelError
+
+from conftest import tiny_model
+
+
+def random_drafter(target, kind: str, vocab_ids=None, seed: int = 1, **extra) -> drafters.Drafter:
+    cfg = drafters.DrafterConfig.for_target(kind, target.name, target.model.config,
+                                            0 if vocab_ids is None else len(vocab_ids), **extra)
+    torch.manual_seed(seed)
+    module = drafters.build_module(cfg)
+    for p in module.parameters():  # a drafter that is wrong in varied ways, not only at rank 0
+        torch.nn.init.normal_(p, std=0.3)
+    return drafters.Drafter(module, cfg, target.model, vocab_ids)
+
+
+def engine_for(target, d: drafters.Drafter):
+    if d.kind == "eagle":
+        return engines.SpeculativeEngine("eagle", target, EagleDrafter(d, "test"))
+    return MedusaEngine(target, d)
+
+
+@pytest.mark.parametrize("kind,extra", [("eagle", {}), ("medusa", {"medusa_heads": 3})])
+@pytest.mark.parametrize("compressed", [False, True])
+def test_greedy_identity_tiny(tiny_target, kind, extra, compressed):
+    vocab_ids = torch.arange(0, 64, 2) if compressed else None
+    eng = engine_for(tiny_target, random_drafter(tiny_target, kind, vocab_ids, **extra))
+    ar = engines.build("ar", tiny_target)
+    for prompt in ([1, 2, 3], [5, 9, 11, 13, 2], [7]):
+        cfg = DecodeConfig(method=kind, max_new_tokens=30)
+        run = engines.generate(eng, prompt, cfg)
+        assert run.token_ids == engines.generate(ar, prompt, cfg).token_ids
+        assert len(run.token_ids) <= 30
+
+
+def test_medusa_event_carries_the_whole_tree(tiny_target):
+    d = random_drafter(tiny_target, "medusa", medusa_heads=3)
+    eng = MedusaEngine(tiny_target, d, choices=[(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
+    events = list(eng.steps([1, 2, 3], DecodeConfig(method="medusa", max_new_tokens=20)))
+    assert events[0].drafts == ()  # the first step is the target's prefill
+    tree_steps = [e for e in events[1:] if e.drafts]
+    assert tree_steps
+    assert any(len(e.drafts) == 5 for e in tree_steps)
+    for e in tree_steps:  # near the length cap the tree is cut to the room left
+        n = len(e.drafts)
+        assert [(n.depth, n.rank) for n in e.drafts] == [(0, 0), (0, 1), (1, 0), (1, 0), (2, 0)][:n]
+        assert [n.parent for n in e.drafts] == [-1, -1, 0, 1, 2][:n]
+        assert all(n.head == n.depth for n in e.drafts)
+        accepted = [n for n in e.drafts if n.verdict is Verdict.ACCEPTED]
+        assert len(e.emitted) == len(accepted) + 1 or e.finish_reason
+        # the accepted nodes form one root-to-node path
+        for a, b in zip(accepted, accepted[1:]):
+            assert e.drafts.index(a) == b.parent
+
+
+def test_sampling_runs_and_respects_the_cap(tiny_target):
+    for kind, extra in (("eagle", {}), ("medusa", {"medusa_heads": 3})):
+        eng = engine_for(tiny_target, random_drafter(tiny_target, kind, torch.arange(0, 64, 2), **extra))
+        run = engines.generate(eng, [1, 2, 3], DecodeConfig(method=kind, temperature=1.0, max_new_tokens=25, seed=3))
+        assert len(run.token_ids) == 25 or run.events[-1].finish_reason == "eos"
+        again = engines.generate(eng, [1, 2, 3], DecodeConfig(method=kind, temperature=1.0, max_new_tokens=25, seed=3))
+        assert again.token_ids == run.token_ids  # the run's generator makes it reproducible
+
+
+def test_save_load_round_trip(tmp_path, tiny_target):
+    d = random_drafter(tiny_target, "eagle", torch.arange(0, 64, 2))
+    drafters.save(tmp_path / "d", d.module, d.cfg, d.vocab_ids, "# card\n")
+    back = drafters.load(tmp_path / "d", tiny_target)
+    assert back.cfg == d.cfg and torch.equal(back.vocab_ids, d.vocab_ids)
+    f, e = torch.randn(1, 5, 32), torch.randn(1, 5, 32)
+    pos = torch.arange(5)
+    # weights are stored in fp16
+    assert torch.allclose(back.module(f, e, pos)[0], d.module(f, e, pos)[0], atol=0.05)
+    assert (tmp_path / "d" / "README.md").read_text() == "# card\n"
+
+
+def test_missing_drafter_is_one_line(tmp_path, tiny_target):
+    with pytest.raises(ModelError, match="has no config.json: train one"):
+        drafters.load(tmp_path, tiny_target)
+
+
+def test_medusa1_layout_loads(tmp_path, tiny_target):
+    """A checkpoint in FasterDecoding/Medusa's layout: config medusa_num_heads, medusa_lm_head.pt with
+    {k}.0.linear.* (the ResBlock) and {k}.1.weight (each head's own LM head)."""
+    torch.manual_seed(0)
+    state = {}
+    for k in range(2):
+        state[f"{k}.0.linear.weight"] = torch.randn(32, 32) * 0.1
+        state[f"{k}.0.linear.bias"] = torch.zeros(32)
+        state[f"{k}.1.weight"] = torch.randn(64, 32)
+    torch.save(state, tmp_path / "medusa_lm_head.pt")
+    (tmp_path / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1,
+                                                       "base_model_name_or_path": "tiny"}))
+    d = drafters.load(tmp_path, tiny_target)
+    assert d.kind == "medusa" and d.cfg.own_lm_heads and d.cfg.medusa_heads == 2
+    x = torch.randn(32)
+    expected = state["1.1.weight"] @ (x + torch.nn.functional.silu(state["1.0.linear.weight"] @ x))
+    assert torch.allclose(d.logits(d.module(x[None])[1, 0], head=1), expected, atol=1e-4)
+    cfg = DecodeConfig(method="medusa", max_new_tokens=20)
+    run = engines.generate(MedusaEngine(tiny_target, d), [4, 5, 6], cfg)
+    assert run.token_ids == engines.generate(engines.build("ar", tiny_target), [4, 5, 6], cfg).token_ids
+
+
+def test_eagle1_layout_loads(tmp_path, tiny_target):
+    """A checkpoint in yuhuili/EAGLE's layout: a llama config.json and pytorch_model.bin with fc.*,
+    layers.0.* (no input norm on the first layer) and embed_tokens (ignored: the target's are used)."""
+    ours = random_drafter(tiny_target, "eagle", input_norm=False)
+    state = {k: v.clone() for k, v in ours.module.state_dict().items()}
+    state["embed_tokens.weight"] = torch.randn(64, 32)
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 32,
+                                                       "num_attention_heads": 4, "num_key_value_heads": 2,
+                                                       "intermediate_size": 64, "rms_norm_eps": 1e-6}))
+    d = drafters.load(tmp_path, tiny_target)
+    assert d.kind == "eagle" and not d.cfg.input_norm
+    f, e = torch.randn(1, 4, 32), torch.randn(1, 4, 32)
+    assert torch.allclose(d.module(f, e, torch.arange(4))[0], ours.module(f, e, torch.arange(4))[0], atol=1e-5)
+
+
+def test_pickled_code_is_refused(tmp_path, tiny_target):
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("owned",))
+
+    (tmp_path / "config.json").write_text(json.dumps({"medusa_num_heads": 1}))
+    with open(tmp_path / "medusa_lm_head.pt", "wb") as f:
+        pickle.dump({"0.0.linear.weight": Evil()}, f)
+    with pytest.raises(ModelError, match="refused"):
+        drafters.load(tmp_path, tiny_target)
+
+
+def test_choose_tree_grows_from_the_root():
+    acc = torch.tensor([[0.8, 0.1, 0.05], [0.6, 0.2, 0.1], [0.5, 0.2, 0.1]])
+    tree = drafters.choose_tree(acc, 5)
+    assert tree[:3] == [(0,), (1,), (0, 0)] and len(tree) == 5
+    assert all(p[:-1] in tree for p in tree if len(p) > 1)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_training_smoke(tmp_path, kind):
+    """A few steps on tiny data: the target answers the prompts, features are cached, the loss falls,
+    the drafter is saved, measured on held-out prompts and still exact; then resume continues."""
+    target = tiny_model(0)
+    data = tmp_path / "prompts.txt"
+    data.write_text("\n".join(" ".join(str((i * 7 + j) % 60 + 1) for j in range(6)) for i in range(24)))
+    opts = train.TrainOptions(kind=kind, out=tmp_path / "run", target="tiny", data=str(data), steps=12,
+                              batch_tokens=512, lr=3e-3, draft_vocab=32, medusa_heads=2, max_new_tokens=16,
+                              eval_prompts=1, checkpoint_every=6)
+    result = train.train(opts, log=lambda *_: None, target=target)
+    assert sum(result.losses[-3:]) < sum(result.losses[:3])
+    assert result.held_out["identical"] == "1/1"
+    assert (result.folder / "model.safetensors").is_file() and "Reproduce" in (result.folder / "README.md").read_text()
+    assert (tmp_path / "run" / "data.jsonl").is_file() and (tmp_path / "run" / "features.pt").is_file()
+    opts.steps, opts.resume = 14, True
+    resumed = train.train(opts, log=lambda *_: None, target=target)
+    assert len(resumed.losses) == 2  # continued from step 12
+
+
+def test_train_cli_rejects_bad_values(capsys, tmp_path):
+    assert main(["train", "eagle", "--out", str(tmp_path), "--steps", "0"]) == 2
+    assert "steps=0 is out of range" in capsys.readouterr().err
+    assert main(["train", "medusa", "--out", str(tmp_path), "--data", str(tmp_path / "nope.txt")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "drafters"
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_shipped_drafter_greedy_identity_real_target(target, kind):
+    """The shipped drafters on the real default target: identical to AR and actually accepting drafts."""
+    if not (SHIPPED / f"smollm2-135m-{kind}").is_dir():
+        pytest.skip("no shipped drafter")
+    eng = engines.build(kind, target)
+    ar = engines.build("ar", target)
+    prompts = ["Explain how a rainbow forms.", "Write a Python function that returns the largest of three numbers."]
+    tau = []
+    for prompt in prompts:
+        ids = target.encode_prompt(prompt)
+        cfg = DecodeConfig(method=kind, max_new_tokens=48)
+        run = engines.generate(eng, ids, cfg)
+        assert run.token_ids == engines.generate(ar, ids, cfg).token_ids
+        tau.append(len(run.token_ids) / len(run.events))
+    assert sum(tau) / len(tau) > 1.5
