@@ -14,8 +14,10 @@ from typing import Optional
 import gradio as gr
 
 from specviz import plots, render
-from specviz.app_logic import SPEC_METHODS, make_config, status_html, user_message
-from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, ConfigError
+from specviz.app_logic import make_config, status_html, user_message
+from specviz.config import CHAIN_METHODS, DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, ConfigError
+
+CHECK_METHODS = ("vanilla", "pld")  # the check's fidelity part samples the first drafted step after the prompt
 from specviz.policy import Policy
 
 CONCURRENCY_ID = "cpu"  # the app's one device queue: checks and steps never overlap a race's timing
@@ -98,8 +100,8 @@ def run_check_ui(target: str = DEFAULT_TARGET, method: str = "vanilla", draft: s
         policy = Policy.from_env()
         target = str(target or DEFAULT_TARGET).strip()
         draft = str(draft or DEFAULT_DRAFT).strip()
-        if method not in SPEC_METHODS:
-            raise ConfigError(f"method={method!r} cannot be checked: use vanilla (a draft model) or pld")
+        if method not in CHECK_METHODS:
+            raise ConfigError(f"method={method!r} cannot be checked: use {', '.join(CHECK_METHODS)}")
         options = check_options(gamma, temperature, samples, max_new_tokens)
         policy.check_config(DecodeConfig(gamma=options.gamma, max_new_tokens=options.max_new_tokens))
         n = _number("prompts", prompts, int)
@@ -149,8 +151,9 @@ def check_tab(concurrency_id: str = CONCURRENCY_ID) -> None:
         with gr.Row():
             target = gr.Dropdown(TARGET_CHOICES, value=DEFAULT_TARGET, label="Target model", allow_custom_value=True,
                                  elem_id="check-target")
-            method = gr.Dropdown(list(SPEC_METHODS), value="vanilla", label="Drafter",
-                                 info="vanilla: a draft model · pld: prompt lookup", elem_id="check-method")
+            method = gr.Dropdown(list(CHECK_METHODS), value="vanilla", label="Drafter",
+                                 info="vanilla: a draft model · pld: prompt lookup",
+                                 elem_id="check-method")
             draft = gr.Dropdown(DRAFT_CHOICES, value=DEFAULT_DRAFT, label="Draft model (vanilla)", allow_custom_value=True,
                                 info="int8 copy, or a model sharing the vocabulary", elem_id="check-draft")
             gamma = gr.Dropdown(GAMMAS, value="4", label="γ (drafted tokens per step)", elem_id="check-gamma")
@@ -323,7 +326,7 @@ def step_tab(concurrency_id: str = CONCURRENCY_ID) -> None:
                 "settings.</p>")
         with gr.Row(equal_height=False):
             prompt = gr.Textbox(value=STEP_PROMPT, label="Prompt", lines=2, max_lines=4, scale=3, elem_id="step-prompt")
-            method = gr.Dropdown(list(SPEC_METHODS), value="vanilla", label="Drafter", min_width=120,
+            method = gr.Dropdown(list(CHAIN_METHODS), value="vanilla", label="Drafter", min_width=120,
                                  elem_id="step-method")
             draft = gr.Dropdown(DRAFT_CHOICES, value=DEFAULT_DRAFT, label="Draft model", allow_custom_value=True,
                                 min_width=140, elem_id="step-draft")

@@ -10,7 +10,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, METHODS, ConfigError, DecodeConfig
+from specviz.config import (DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, METHODS, TRAINED_METHODS, ConfigError, DecodeConfig,
+                            parse_gamma)
 from specviz.train import TrainOptions
 
 DEFAULTS = DecodeConfig()
@@ -23,6 +24,7 @@ class InputError(ValueError):
 def _decode_args(p: argparse.ArgumentParser, methods=METHODS) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help="model spec: smollm2-135m, ORG/NAME, folder or .gguf (default %(default)s)")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft for vanilla: int8 or a model spec sharing the target's tokenizer (default %(default)s)")
+    p.add_argument("--drafter", default=None, help="eagle/medusa: a folder written by `train` (default: the drafter shipped for the target)")
     p.add_argument("--gamma", default=str(DEFAULTS.gamma), help=f"drafted tokens per step, 1..{GAMMA_MAX} or auto (default %(default)s)")
     p.add_argument("--temperature", default=DEFAULTS.temperature, help="0 = greedy (default %(default)s)")
     p.add_argument("--top-k", default=DEFAULTS.top_k, help="0 = off (default %(default)s)")
@@ -49,13 +51,30 @@ def _target(args):
     return models.get(args.target, device, models.parse_dtype(args.dtype, device))
 
 
+def _draft_for(args, method: str) -> str | None:
+    """What a method drafts with: --drafter for the trained drafters, --draft for vanilla."""
+    return args.drafter if method in TRAINED_METHODS else args.draft
+
+
+def _bench_methods(specs: list[str]) -> dict[str, tuple[str, str | None]]:
+    """--method entries `name` or `name:gamma` → {label: (method, gamma or None)}."""
+    out = {}
+    for spec in specs:
+        name, _, gamma = spec.partition(":")
+        if name not in METHODS or name == "ar":
+            raise ConfigError(f"method={name!r} is not benchmarkable: use {', '.join(m for m in METHODS if m != 'ar')}, "
+                              "optionally with :gamma (AR is always the baseline)")
+        out[spec] = (name, gamma or None)
+    return out
+
+
 def cmd_generate(args) -> int:
     from specviz import metrics, render, session
     from specviz.config import check_prompt
 
     cfg = _config(args, args.method)
     check_prompt(args.prompt)  # before the model loads
-    prepared = session.prepare(args.prompt, cfg, _target(args), args.draft)
+    prepared = session.prepare(args.prompt, cfg, _target(args), _draft_for(args, cfg.method))
     colour = sys.stdout.isatty() and not args.no_color or args.color
     out = sys.stdout
     lanes = {"ar": [], "spec": []}
@@ -156,21 +175,18 @@ def cmd_bench(args) -> int:
 
     from specviz import engines, metrics, models
 
-    methods = args.method or ["vanilla", "pld"]
-    for m in methods:
-        if m not in ("vanilla", "pld"):
-            raise ConfigError(f"method={m!r} is not benchmarkable: use vanilla or pld (AR is always the baseline)")
-    cfgs = {m: _config(args, m) for m in methods}
+    methods = _bench_methods(args.method or ["vanilla", "pld"])
+    cfgs = {label: _config(args, m).with_(**({"gamma": parse_gamma(g)} if g else {})) for label, (m, g) in methods.items()}
     base = _config(args, "ar")
     prompts = read_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
     target = _target(args)
-    built = {m: engines.build(m, target, args.draft) for m in methods}
+    built = {label: engines.build(m, target, _draft_for(args, m)) for label, (m, _) in methods.items()}
     ar = engines.build("ar", target)
     draft = models.load_draft(args.draft, target) if args.compare_hf else None
     # warm-up (first-call allocations), not timed
     warm_ids = target.encode_prompt("Hello")
     for e in [ar, *built.values()]:
-        engines.generate(e, warm_ids, base.with_(max_new_tokens=8, method=e.method))
+        engines.generate(e, warm_ids, base.with_(max_new_tokens=16, method=e.method))
     rows = []
     for row in tqdm(prompts, desc="bench", unit="prompt", file=sys.stderr):
         ids = target.encode_prompt(row["prompt"])
@@ -324,7 +340,8 @@ def parser() -> argparse.ArgumentParser:
     _decode_args(g)
     b = sub.add_parser("bench", help="run methods against AR over a prompt file")
     b.add_argument("--prompts", required=True, help="JSONL (id/question_id, category, prompt or turns) or one prompt a line")
-    b.add_argument("--method", nargs="+", help="methods to compare with AR (default: vanilla pld)")
+    b.add_argument("--method", nargs="+", help="methods to compare with AR, each optionally with its own γ as "
+                   "name:gamma, e.g. vanilla:2 eagle:5 (default: vanilla pld)")
     b.add_argument("--limit", type=int, default=None, help="at most N prompts, round-robin across categories")
     b.add_argument("--categories", default=None, help="comma-separated categories to keep")
     b.add_argument("--compare-hf", action="store_true", help="add transformers' assisted generation with the same draft and γ")

@@ -12,6 +12,7 @@ DEFAULT_TARGET = "smollm2-135m"  # the embedded SmolLM2-135M-Instruct
 DEFAULT_DRAFT = "int8"           # an int8 copy of the target
 METHODS = ("ar", "vanilla", "pld", "eagle", "medusa")
 TRAINED_METHODS = ("eagle", "medusa")  # drafters trained against the target (python -m specviz train)
+CHAIN_METHODS = ("vanilla", "pld", "eagle")  # draft a chain: what the drafter check and the step-through view take
 GAMMA_MAX = 16
 MAX_NEW_TOKENS_CAP = 2048
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from specviz import engines, models
-from specviz.config import ConfigError, DecodeConfig, check_prompt
+from specviz.config import TRAINED_METHODS, ConfigError, DecodeConfig, check_prompt
 from specviz.events import StepEvent
 from specviz.policy import Policy
 from specviz.race import Tick, race
@@ -39,7 +39,7 @@ class Prepared:
         return self.spec.steps(self.prompt_ids, self.cfg)
 
 
-def prepare(prompt: str, cfg: DecodeConfig, target: str | models.LoadedModel, draft: str) -> Prepared:
+def prepare(prompt: str, cfg: DecodeConfig, target: str | models.LoadedModel, draft: str | None) -> Prepared:
     """Validate the prompt and settings against the policy, load (or reuse) the models and build both
     engines. Raises ConfigError/ModelError with one-line messages."""
     policy = Policy.from_env()
@@ -49,6 +49,8 @@ def prepare(prompt: str, cfg: DecodeConfig, target: str | models.LoadedModel, dr
         target = models.get(policy.check_model(target, "target"))
     if cfg.method == "vanilla" and isinstance(draft, str):
         policy.check_model(draft, "draft")
+    if cfg.method in TRAINED_METHODS and policy.public:
+        draft = None  # public mode: only the drafters shipped with the app, never a local folder
     ids = target.encode_prompt(prompt)
     limit = getattr(target.model.config, "max_position_embeddings", None)
     if limit and len(ids) + cfg.max_new_tokens > limit:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specviz.config import DEFAULT_DRAFT, TRAINED_METHODS, DecodeConfig
+from specviz.config import DEFAULT_DRAFT, TRAINED_METHODS, ConfigError, DecodeConfig
 from specviz.engines.ar import AREngine
 from specviz.engines.base import Engine, generate
 from specviz.engines.draft_model import ModelDrafter
@@ -20,7 +20,14 @@ def drafter_folder(method: str, target: LoadedModel, draft: str | None) -> Path:
     """A trained drafter's folder: `draft` when it names one, else the one shipped for this target."""
     if draft and Path(draft).is_dir():
         return Path(draft)
-    return SHIPPED / f"{target.name}-{method}"
+    if draft and draft != DEFAULT_DRAFT:
+        raise ConfigError(f"drafter folder {draft!r} does not exist: give a folder written by python -m specviz train "
+                          f"{method}, or omit --draft for the shipped one")
+    shipped = SHIPPED / f"{target.name}-{method}"
+    if not shipped.is_dir():
+        raise ConfigError(f"no {method} drafter is shipped for target {target.name!r}: train one with "
+                          f"python -m specviz train {method} --target {target.name} --out DIR, then pass --draft DIR/drafter")
+    return shipped
 
 
 def build_trained(folder: str | Path, target: LoadedModel) -> Engine:
