@@ -134,7 +134,7 @@ def _passage(rng: random.Random, topic: str) -> str:
                                             n=rng.randint(120, 9000), k=rng.randint(2, 12), topic=topic)
 
 
-def default_prompts(n: int = 640, seed: int = 0) -> list[str]:
+def default_prompts(n: int = 2400, seed: int = 0) -> list[str]:
     """n distinct prompts across writing, roleplay, QA, summarization, extraction, retrieval-style QA,
     translation, coding, math and reasoning, in a fixed pseudo-random order."""
     rng = random.Random(seed)

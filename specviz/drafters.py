@@ -92,8 +92,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d, self.kv * self.hd, bias=False)
         self.o_proj = nn.Linear(self.h * self.hd, d, bias=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, past: tuple | None):
-        """x (B, T, d) at positions (T,), after `past` (keys, values) of shape (B, kv, S, hd)."""
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, past: tuple | None, mask: torch.Tensor | None = None):
+        """x (B, T, d) at positions (T,), after `past` (keys, values) of shape (B, kv, S, hd). `mask` (T, S + T)
+        bool overrides the default causal one (training unrolls the drafter over its own guesses)."""
         b, t, _ = x.shape
         q = rotate(self.q_proj(x).view(b, t, self.h, self.hd).transpose(1, 2), positions, self.theta)
         k = rotate(self.k_proj(x).view(b, t, self.kv, self.hd).transpose(1, 2), positions, self.theta)
@@ -102,7 +103,9 @@ class Attention(nn.Module):
         if past is not None:
             s = past[0].shape[2]
             k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
-        if s == 0:
+        if mask is not None:
+            causal = False
+        elif s == 0:
             mask, causal = None, t > 1
         else:
             mask = torch.arange(s + t, device=x.device)[None] <= (s + torch.arange(t, device=x.device))[:, None]
@@ -132,8 +135,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, positions, past):
-        a, present = self.self_attn(self.input_layernorm(x), positions, past)
+    def forward(self, x, positions, past, mask=None):
+        a, present = self.self_attn(self.input_layernorm(x), positions, past, mask)
         x = x + a
         return x + self.mlp(self.post_attention_layernorm(x)), present
 
@@ -147,9 +150,9 @@ class Eagle(nn.Module):
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.fc_bias)
         self.layers = nn.ModuleList([DecoderLayer(cfg)])
 
-    def forward(self, feats: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, past=None):
+    def forward(self, feats: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, past=None, mask=None):
         """feats, embeds (B, T, d) → predicted next features (B, T, d) and the new (keys, values)."""
-        return self.layers[0](self.fc(torch.cat([embeds, feats], -1)), positions, past)
+        return self.layers[0](self.fc(torch.cat([embeds, feats], -1)), positions, past, mask)
 
 
 class ResBlock(nn.Module):

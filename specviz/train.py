@@ -133,23 +133,45 @@ def soft_kl(pred_logits: torch.Tensor, target_logits: torch.Tensor, mask: torch.
     return (kl * mask).sum() / mask.sum().clamp_min(1)
 
 
-def eagle_loss(module, head, embed, ids, feats, valid, noise: float):
-    """Predict the feature at t+1 from (feature at t, token t+1): regression plus the target's soft labels."""
+def unroll_mask(t: int, step: int) -> torch.Tensor:
+    """(t, step * t) bool: at unroll step s (0-based), query i sits at position i + s and sees the true pairs
+    at positions <= i (step 0's keys) plus its own chain of guesses (index i of every later step), as it
+    will when drafting: the drafter's cache holds true pairs, and the guesses of this draft on top."""
+    allowed = torch.zeros(t, (step + 1) * t, dtype=torch.bool)
+    allowed[:, :t] = torch.tril(torch.ones(t, t, dtype=torch.bool))
+    for s in range(1, step + 1):
+        allowed[:, s * t:(s + 1) * t] = torch.eye(t, dtype=torch.bool)
+    return allowed
+
+
+def eagle_loss(module, head, embed, ids, feats, valid, noise: float, unroll: int = 3):
+    """Predict the feature at t+1 from (feature at t, token t+1): regression plus the target's soft labels.
+    Then `unroll - 1` more steps from the drafter's own guesses, with the attention it will have at drafting
+    time, so later draft positions are trained for too."""
+    t = feats.shape[1] - 1
     f_in = feats[:, :-1]
     if noise:
         f_in = f_in + (torch.rand_like(f_in) - 0.5) * 2 * noise
-    emb = embed(ids[:, 1:])
-    positions = torch.arange(f_in.shape[1])
-    pred, _ = module(f_in, emb, positions)
-    true = feats[:, 1:]
-    mask = (valid[:, 1:]).float()
-    reg = (F.smooth_l1_loss(pred, true, reduction="none").mean(-1) * mask).sum() / mask.sum()
-    with torch.no_grad():
-        t_logits = true @ head.T
-    p_logits = pred @ head.T
-    kl = soft_kl(p_logits, t_logits, mask)
-    agree = ((p_logits.argmax(-1) == t_logits.argmax(-1)).float() * mask).sum() / mask.sum()
-    return reg + 0.1 * kl, {"reg": float(reg.detach()), "kl": float(kl.detach()), "top1": float(agree)}
+    loss, stats, keys, values = 0.0, {}, None, None
+    for step in range(unroll):
+        if step >= t:
+            break
+        emb = embed(torch.nn.functional.pad(ids[:, 1 + step:], (0, step)))  # token at position i + step + 1
+        positions = torch.arange(t) + step
+        mask = None if step == 0 else unroll_mask(t, step)
+        pred, (k, v) = module(f_in, emb, positions, None if step == 0 else (keys, values), mask)
+        keys, values = k, v  # every step's keys stay visible to the next (see unroll_mask)
+        true = torch.nn.functional.pad(feats[:, 1 + step:], (0, 0, 0, step))
+        m = torch.nn.functional.pad(valid[:, 1 + step:], (0, step)).float()
+        reg = (F.smooth_l1_loss(pred, true, reduction="none").mean(-1) * m).sum() / m.sum().clamp_min(1)
+        with torch.no_grad():
+            t_logits = true @ head.T
+        p_logits = pred @ head.T
+        kl = soft_kl(p_logits, t_logits, m)
+        loss = loss + (reg + 0.1 * kl) * (0.8 ** step)
+        stats[f"top1_{step + 1}"] = float(((p_logits.detach().argmax(-1) == t_logits.argmax(-1)).float() * m).sum() / m.sum().clamp_min(1))
+        f_in = pred  # the next step drafts from this step's guesses
+    return loss, stats
 
 
 def medusa_loss(module, head, embed, ids, feats, valid, noise: float):
@@ -222,6 +244,7 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
         opts.steps = math.ceil(opts.epochs * len(feats) / opts.batch_tokens)
     ckpt_path, step, seconds = opts.out / "checkpoint.pt", 0, 0.0
     batches = Batches(seqs, feats, opts.batch_tokens, opts.seed)
+    ckpt = None
     if opts.resume and ckpt_path.is_file():
         ckpt = torch.load(ckpt_path, weights_only=False)
         module.load_state_dict(ckpt["module"])
@@ -231,8 +254,21 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
         batches.rng.setstate(ckpt["rng"])
         log(f"resumed from {ckpt_path} at step {step}")
     loss_fn = eagle_loss if opts.kind == "eagle" else medusa_loss
+    held_feats, held_seqs = features_for(held_out, target, opts.out / "held_out_features.pt", log)
+    held_batch = Batches(held_seqs, held_feats, 10**9, 0).sample()  # every held-out sequence
+
+    def held_score() -> tuple[float, dict]:
+        """Teacher-forced top-1 agreement with the target on the held-out split (summed over draft positions)."""
+        module.eval()
+        with torch.no_grad():
+            _, st = loss_fn(module, head, embed, *held_batch, 0.0)
+        module.train()
+        return sum(st.values()), st
+
+    best = ckpt["best"] if ckpt else (float("-inf"), None)
     bar = tqdm(total=opts.steps, initial=step, desc=f"train {opts.kind}", unit="step")
     losses: list[float] = []
+    held_stats: dict = {}
     while step < opts.steps:
         t0 = time.perf_counter()
         ids, f, valid = batches.sample()
@@ -245,19 +281,24 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
         step += 1
         dt = time.perf_counter() - t0
         seconds += dt
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         bar.update(1)
         bar.set_postfix(loss=f"{float(loss):.3f}", tok_s=f"{int(valid.sum()) / dt:.0f}", **{k: f"{v:.2f}" for k, v in stats.items()})
         if step % opts.checkpoint_every == 0 or step == opts.steps:
+            score, held_stats = held_score()
+            if score > best[0]:  # keep the weights that do best on held-out data
+                best = (score, {k: v.detach().clone() for k, v in module.state_dict().items()})
+            bar.write(f"step {step}: held-out " + ", ".join(f"{k} {v:.3f}" for k, v in held_stats.items()))
             torch.save({"module": module.state_dict(), "optim": optim.state_dict(), "schedule": schedule.state_dict(),
-                        "step": step, "seconds": seconds, "rng": batches.rng.getstate()}, ckpt_path)
+                        "step": step, "seconds": seconds, "rng": batches.rng.getstate(), "best": best}, ckpt_path)
     bar.close()
+    if best[1] is not None:
+        module.load_state_dict(best[1])
     cfg.training = {"data": "self-distillation: " + (opts.data or "the project's default prompts") + f", {len(train_ex)} sequences, "
                     f"{sum(map(len, seqs))} tokens", "steps": opts.steps, "batch_tokens": opts.batch_tokens,
                     "train_seconds": round(seconds), "hardware": f"{platform.machine()} CPU, {torch.get_num_threads()} threads",
                     "torch": torch.__version__}
     if opts.kind == "medusa":
-        held_feats, held_seqs = features_for(held_out, target, opts.out / "held_out_features.pt", log)
         accuracy = head_accuracy(module.eval(), head, held_feats, held_seqs)
         cfg.tree = [list(p) for p in drafters.choose_tree(accuracy, opts.tree_size)]
         log("held-out top-1 accuracy by head: " + ", ".join(f"{float(a):.2f}" for a in accuracy[:, 0]))
