@@ -37,6 +37,16 @@ def test_race_endpoint_prompt_lookup(client):
     assert out["summary"]["spec"]["method"] == "pld" and out["draft"] is None
 
 
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_race_endpoint_trained_drafters(client, method):
+    """The shipped EAGLE and Medusa drafters through the app: identical to plain decoding, drafts accepted."""
+    out = client.predict(prompt="Explain why the sky is blue.", method=method, max_new_tokens=N, api_name="/race")
+    assert out["spec_text"] == out["ar_text"]
+    s = out["summary"]
+    assert s["identical"] is True and s["spec"]["method"] == method
+    assert s["spec"]["tau"] > 1.2 and out["draft"] is None
+
+
 @pytest.mark.parametrize("kwargs, needle", [
     ({"gamma": "0"}, "gamma"),
     ({"top_p": 0.0}, "top_p"),

@@ -11,7 +11,7 @@ from specviz import drafters, engines, train
 from specviz.cli import main
 from specviz.config import DecodeConfig
 from specviz.engines.eagle import EagleDrafter
-from specviz.engines.tree import MedusaEngine
+from specviz.engines.tree import eagle_tree_engine, medusa_engine
 from specviz.events import Verdict
 from specviz.models import ModelError
 
@@ -28,17 +28,19 @@ def random_drafter(target, kind: str, vocab_ids=None, seed: int = 1, **extra) ->
     return drafters.Drafter(module, cfg, target.model, vocab_ids)
 
 
-def engine_for(target, d: drafters.Drafter):
-    if d.kind == "eagle":
-        return engines.SpeculativeEngine("eagle", target, EagleDrafter(d, "test"))
-    return MedusaEngine(target, d)
+def engine_for(target, d: drafters.Drafter, tree: bool = False):
+    if d.kind == "medusa":
+        return medusa_engine(target, d)
+    if tree:
+        return eagle_tree_engine(target, d)
+    return engines.SpeculativeEngine("eagle", target, EagleDrafter(d, "test"))
 
 
-@pytest.mark.parametrize("kind,extra", [("eagle", {}), ("medusa", {"medusa_heads": 3})])
+@pytest.mark.parametrize("kind,extra,tree", [("eagle", {}, False), ("eagle", {}, True), ("medusa", {"medusa_heads": 3}, True)])
 @pytest.mark.parametrize("compressed", [False, True])
-def test_greedy_identity_tiny(tiny_target, kind, extra, compressed):
+def test_greedy_identity_tiny(tiny_target, kind, extra, tree, compressed):
     vocab_ids = torch.arange(0, 64, 2) if compressed else None
-    eng = engine_for(tiny_target, random_drafter(tiny_target, kind, vocab_ids, **extra))
+    eng = engine_for(tiny_target, random_drafter(tiny_target, kind, vocab_ids, **extra), tree)
     ar = engines.build("ar", tiny_target)
     for prompt in ([1, 2, 3], [5, 9, 11, 13, 2], [7]):
         cfg = DecodeConfig(method=kind, max_new_tokens=30)
@@ -49,7 +51,7 @@ def test_greedy_identity_tiny(tiny_target, kind, extra, compressed):
 
 def test_medusa_event_carries_the_whole_tree(tiny_target):
     d = random_drafter(tiny_target, "medusa", medusa_heads=3)
-    eng = MedusaEngine(tiny_target, d, choices=[(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
+    eng = medusa_engine(tiny_target, d, choices=[(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
     events = list(eng.steps([1, 2, 3], DecodeConfig(method="medusa", max_new_tokens=20)))
     assert events[0].drafts == ()  # the first step is the target's prefill
     tree_steps = [e for e in events[1:] if e.drafts]
@@ -68,8 +70,8 @@ def test_medusa_event_carries_the_whole_tree(tiny_target):
 
 
 def test_sampling_runs_and_respects_the_cap(tiny_target):
-    for kind, extra in (("eagle", {}), ("medusa", {"medusa_heads": 3})):
-        eng = engine_for(tiny_target, random_drafter(tiny_target, kind, torch.arange(0, 64, 2), **extra))
+    for kind, extra, tree in (("eagle", {}, False), ("eagle", {}, True), ("medusa", {"medusa_heads": 3}, True)):
+        eng = engine_for(tiny_target, random_drafter(tiny_target, kind, torch.arange(0, 64, 2), **extra), tree)
         run = engines.generate(eng, [1, 2, 3], DecodeConfig(method=kind, temperature=1.0, max_new_tokens=25, seed=3))
         assert len(run.token_ids) == 25 or run.events[-1].finish_reason == "eos"
         again = engines.generate(eng, [1, 2, 3], DecodeConfig(method=kind, temperature=1.0, max_new_tokens=25, seed=3))
@@ -111,7 +113,7 @@ def test_medusa1_layout_loads(tmp_path, tiny_target):
     expected = state["1.1.weight"] @ (x + torch.nn.functional.silu(state["1.0.linear.weight"] @ x))
     assert torch.allclose(d.logits(d.module(x[None])[1, 0], head=1), expected, atol=1e-4)
     cfg = DecodeConfig(method="medusa", max_new_tokens=20)
-    run = engines.generate(MedusaEngine(tiny_target, d), [4, 5, 6], cfg)
+    run = engines.generate(medusa_engine(tiny_target, d), [4, 5, 6], cfg)
     assert run.token_ids == engines.generate(engines.build("ar", tiny_target), [4, 5, 6], cfg).token_ids
 
 
@@ -198,3 +200,26 @@ def test_shipped_drafter_greedy_identity_real_target(target, kind):
         assert run.token_ids == engines.generate(ar, ids, cfg).token_ids
         tau.append(len(run.token_ids) / len(run.events))
     assert sum(tau) / len(tau) > 1.5
+
+
+def test_eagle_tree_top_path_equals_the_chain(tiny_target):
+    """The level-by-level tree expansion (masks, positions, KV) drafts, along its all-rank-0 path, exactly
+    the tokens the chain drafter drafts one by one."""
+    from specviz.cache import CachedLM
+    from specviz.engines.tree import EagleProposer
+    from specviz.trees import Tree
+
+    d = random_drafter(tiny_target, "eagle", torch.arange(0, 64, 2), seed=4)
+    tokens = [3, 8, 13, 21, 34, 55, 2, 7]
+    _, hidden = CachedLM(tiny_target.model, tiny_target.device).logits(tokens[:-1], keep=1, features=True)
+    cfg = DecodeConfig(method="eagle")
+    chain = EagleDrafter(d, "t").session(64, frozenset())
+    chain.observe(hidden)
+    proposal = chain.propose(tokens, 4, cfg, torch.Generator())
+    tree_state = EagleProposer(d).start(64, frozenset())
+    tree_state.observe(hidden)
+    tree = Tree.from_choices([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0), (1, 0, 0)])
+    prop = EagleProposer(d).propose(tree_state, tokens, tree, cfg, 10, torch.Generator())
+    top_path = [prop.node_tokens[prop.tree.paths.index((0,) * k)] for k in range(1, 5)]
+    assert top_path == proposal.token_ids
+    assert tree_state.kv_len == chain.kv_len == len(tokens) - 1  # drafted pairs never stay in the cache

@@ -30,15 +30,19 @@ def drafter_folder(method: str, target: LoadedModel, draft: str | None) -> Path:
     return shipped
 
 
-def build_trained(folder: str | Path, target: LoadedModel) -> Engine:
+def build_trained(folder: str | Path, target: LoadedModel, chain: bool = False) -> Engine:
+    """A trained drafter's engine: Medusa verifies trees; EAGLE drafts a tree when its config names one,
+    else (or with chain=True, as the step-through view needs) a chain."""
     from specviz import drafters
     from specviz.engines.eagle import EagleDrafter
-    from specviz.engines.tree import MedusaEngine
+    from specviz.engines.tree import eagle_tree_engine, medusa_engine
 
     d = drafters.load(folder, target)
-    if d.kind == "eagle":
-        return SpeculativeEngine("eagle", target, EagleDrafter(d, str(folder)))
-    return MedusaEngine(target, d)
+    if d.kind == "medusa":
+        return medusa_engine(target, d)
+    if d.cfg.tree and not chain:
+        return eagle_tree_engine(target, d)
+    return SpeculativeEngine("eagle", target, EagleDrafter(d, str(folder)))
 
 
 def build(method: str, target: LoadedModel, draft: str | LoadedModel = DEFAULT_DRAFT) -> Engine:

@@ -43,17 +43,28 @@ class EagleSession:
             self.kv_len = n_valid
 
     @torch.inference_mode()
-    def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, generator: torch.Generator) -> Proposal:
+    def context_feature(self, tokens: list[int]) -> torch.Tensor | None:
+        """Feed the pairs (true feature, next token) not yet in the drafter's cache; return the predicted
+        feature of the last committed token's position, which the first draft token is read from. None
+        before the target's first forward (no features yet)."""
         m = len(self.feats)
-        if m == 0 or m < len(tokens) - 1 or gamma <= 0:  # no features yet (the first step is the target's prefill)
+        if m == 0 or m < len(tokens) - 1:
+            return None
+        device = self.d.head_weight.device
+        ids = torch.tensor(tokens[self.kv_len + 1:m + 1], dtype=torch.long, device=device)
+        out, self.kv = self.d.module(self.feats[self.kv_len:m][None].to(device), self.d.embed(ids)[None],
+                                     torch.arange(self.kv_len, m, device=device), self.kv)
+        self.kv_len = m
+        return out[0, -1]
+
+    @torch.inference_mode()
+    def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, generator: torch.Generator) -> Proposal:
+        feat = self.context_feature(tokens) if gamma > 0 else None
+        if feat is None:  # the first step is the target's prefill
             return Proposal([], torch.empty(0, self.vocab_size), 0)
         module, embed = self.d.module, self.d.embed
         device = self.d.head_weight.device
-        ids = torch.tensor(tokens[self.kv_len + 1:m + 1], dtype=torch.long, device=device)
-        out, self.kv = module(self.feats[self.kv_len:m][None].to(device), embed(ids)[None],
-                              torch.arange(self.kv_len, m, device=device), self.kv)
-        self.kv_len = m
-        feat, kv, pos = out[0, -1], self.kv, m
+        kv, pos = self.kv, self.kv_len
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
         while True:

@@ -1,15 +1,18 @@
-"""Medusa: K heads on the target's last feature propose a candidate tree; the target verifies the whole
-tree in one forward (4D mask, explicit positions, the stock model) and keeps the accepted path's KV.
+"""Tree speculative decoding: a drafter proposes a candidate tree, the target verifies every node in one
+forward (4D mask, explicit positions, the stock transformers model) and keeps only the accepted path's KV.
 
-The tree hangs off the last committed token (the root): head k proposes the nodes at depth k. Greedy
-decoding walks the tree along the target's argmax, so the output equals plain greedy decoding. Sampling
-is exact too: each head draws one token from its own (warped) distribution, and that chain is verified
-with the same rejection rule as every chain drafter.
+The tree hangs off the last committed token (the root). Two proposers read the target's features:
+- Medusa: K heads on the last feature; head k proposes the nodes at depth k (its top-ranked tokens).
+- EAGLE: the one-layer drafter expands the tree level by level, each node attending to the true context
+  and its own ancestors, and proposes each node's children from its predicted feature.
+Greedy decoding walks the tree along the target's argmax, so the output equals plain greedy decoding.
+Sampling is exact too: the proposer draws one chain from the distributions it really samples from, and
+that chain is verified with the same rejection rule as every chain drafter.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Protocol
 
 import torch
 
@@ -17,37 +20,142 @@ from specviz.cache import CachedLM, clock
 from specviz.config import DecodeConfig
 from specviz.drafters import Drafter
 from specviz.engines.base import commit
+from specviz.engines.eagle import EagleSession
 from specviz.events import DraftToken, StepEvent, Verdict
 from specviz.models import LoadedModel
 from specviz.sampling import pick, verify_chain, warp
 from specviz.trees import Tree, greedy_walk
 
-# A default for 2 CPU cores, where a 20-token forward costs ~1.5 AR steps: the top-1 chain four deep plus
-# the runners-up that pay most often. Trained drafters store their own tree, chosen from measured head
-# accuracies (python -m specviz train medusa).
-DEFAULT_CHOICES = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
-                   (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0)]
+# Defaults for 2 CPU cores, where verifying 16 tokens costs about two AR steps: the top-1 chain plus the
+# runners-up that pay most often. Trained drafters store their own tree, chosen from measured accuracies.
+MEDUSA_CHOICES = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
+                  (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0)]
+EAGLE_CHOICES = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0), (0, 0, 0, 0, 0)]
+
+
+@dataclass(frozen=True)
+class TreeProposal:
+    tree: Tree
+    node_tokens: list[int]        # (n,) target token ids
+    q_nodes: list[float]          # (n,) each node's probability under the distribution it came from
+    q_chain: torch.Tensor | None  # (n, V) sampling: the distributions of the chain's draws; None for greedy
+    forwards: int
+
+
+class ProposerState(Protocol):
+    def observe(self, hidden: torch.Tensor) -> None:
+        """The target's features of the positions its cache now holds beyond the previous ones."""
+
+
+class MedusaState:
+    def __init__(self):
+        self.feature: torch.Tensor | None = None
+
+    def observe(self, hidden: torch.Tensor) -> None:
+        self.feature = hidden[-1]
+
+
+class MedusaProposer:
+    def __init__(self, drafter: Drafter):
+        self.d = drafter
+
+    def start(self, vocab_size: int, eos_ids: frozenset[int]) -> MedusaState:
+        return MedusaState()
+
+    @torch.inference_mode()
+    def propose(self, state: MedusaState, tokens: list[int], tree: Tree, cfg: DecodeConfig, room: int,
+                generator: torch.Generator) -> TreeProposal | None:
+        if state.feature is None:
+            return None
+        feats = self.d.module(state.feature[None].to(self.d.head_weight.device))[:, 0]  # (K, d)
+        q_heads = torch.stack([warp(self.d.logits(f, head=k).float().cpu(), cfg) for k, f in enumerate(feats)])  # (K, N)
+        if cfg.greedy:
+            tree = Tree.from_choices([p for p in tree.paths if len(p) <= room])
+            ranked = torch.argsort(q_heads, dim=-1, descending=True)[:, :1 + max(tree.ranks)]  # (K, r)
+            small = [int(ranked[tree.depths[i] - 1, tree.ranks[i]]) for i in range(tree.size)]
+            q_chain = None
+        else:  # one draw per head: node k was drawn from head k
+            tree = Tree.from_choices([(0,) * k for k in range(1, min(room, len(q_heads)) + 1)])
+            small = [pick(q_heads[k], False, generator) for k in range(tree.size)]
+            q_chain = self.d.scatter(q_heads[:tree.size])
+        q_nodes = [float(q_heads[tree.depths[i] - 1, s]) for i, s in enumerate(small)]
+        return TreeProposal(tree, [int(t) for t in self.d.to_target_ids(torch.tensor(small)).tolist()], q_nodes, q_chain, 1)
+
+
+class EagleProposer:
+    def __init__(self, drafter: Drafter):
+        self.d = drafter
+
+    def start(self, vocab_size: int, eos_ids: frozenset[int]) -> EagleSession:
+        return EagleSession(self.d, vocab_size, eos_ids)
+
+    @torch.inference_mode()
+    def propose(self, state: EagleSession, tokens: list[int], tree: Tree, cfg: DecodeConfig, room: int,
+                generator: torch.Generator) -> TreeProposal | None:
+        if not cfg.greedy:  # exact sampling: EAGLE's own chain of draws
+            chain = state.propose(tokens, min(room, max(tree.depths)), cfg, generator)
+            if not chain.token_ids:
+                return None
+            k = len(chain.token_ids)
+            q_nodes = chain.q_draft[torch.arange(k), torch.tensor(chain.token_ids)].tolist()
+            return TreeProposal(Tree.from_choices([(0,) * i for i in range(1, k + 1)]), chain.token_ids, q_nodes,
+                                chain.q_draft, chain.forwards)
+        feat = state.context_feature(tokens)
+        if feat is None:
+            return None
+        tree = Tree.from_choices([p for p in tree.paths if len(p) <= room])
+        device, embed, module = self.d.head_weight.device, self.d.embed, self.d.module
+        node_feat: dict[int, torch.Tensor] = {-1: feat}  # the predicted feature each node's children come from
+        small: list[int] = [0] * tree.size
+        q_nodes: list[float] = [0.0] * tree.size
+        fed: list[int] = []  # tree nodes whose pairs are in `kv`, in order
+        kv, forwards = state.kv, 0
+        ancestry = tree.ancestry()
+        for depth in range(1, max(tree.depths) + 1):
+            level = [i for i in range(tree.size) if tree.depths[i] == depth]
+            for parent in sorted({tree.parents[i] for i in level}):
+                probs = warp(self.d.logits(node_feat[parent]).float().cpu(), cfg)  # (N,)
+                kids = [i for i in level if tree.parents[i] == parent]
+                top = torch.topk(probs, 1 + max(tree.ranks[i] for i in kids))
+                for i in kids:
+                    small[i], q_nodes[i] = int(top.indices[tree.ranks[i]]), float(top.values[tree.ranks[i]])
+            grow = [i for i in level if tree.children(i)]  # nodes whose children are proposed next
+            if not grow:
+                break
+            ids = self.d.to_target_ids(torch.tensor([small[i] for i in grow], device=device))
+            inputs = torch.stack([node_feat[tree.parents[i]] for i in grow])[None]
+            n_ctx = state.kv_len
+            mask = torch.zeros(len(grow), n_ctx + len(fed) + len(grow), dtype=torch.bool, device=device)
+            mask[:, :n_ctx] = True
+            for row, i in enumerate(grow):  # each node sees the true context, its ancestors and itself
+                for col, j in enumerate(fed + grow):
+                    mask[row, n_ctx + col] = bool(ancestry[i, j])
+            positions = torch.tensor([n_ctx + depth - 1] * len(grow), device=device)
+            out, kv = module(inputs, embed(ids)[None], positions, kv, mask)
+            forwards += 1
+            for row, i in enumerate(grow):
+                node_feat[i] = out[0, row]
+            fed += grow
+        node_tokens = [int(t) for t in self.d.to_target_ids(torch.tensor(small)).tolist()]
+        return TreeProposal(tree, node_tokens, q_nodes, None, forwards + 1)
 
 
 @dataclass
 class TreeRun:
     cfg: DecodeConfig
     target: CachedLM
+    drafts: ProposerState
     generator: torch.Generator
     prompt_len: int
     tokens: list[int]
-    feature: torch.Tensor | None = None   # the target's feature of the last position it has seen
     step: int = 0
     finish_reason: str | None = None
 
 
-class MedusaEngine:
-    method = "medusa"
-
-    def __init__(self, target: LoadedModel, drafter: Drafter, choices=None):
-        self.target, self.d = target, drafter
-        self.tree = Tree.from_choices(choices or drafter.cfg.tree or DEFAULT_CHOICES)
-        self.tree = Tree.from_choices([p for p in self.tree.paths if len(p) <= drafter.cfg.medusa_heads])
+class TreeEngine:
+    def __init__(self, method: str, target: LoadedModel, proposer, choices):
+        self.method, self.target, self.proposer = method, target, proposer
+        self.tree = Tree.from_choices(choices)
 
     def steps(self, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[StepEvent]:
         run = self.start(prompt_ids, cfg)
@@ -55,82 +163,67 @@ class MedusaEngine:
             yield self.cycle(run)
 
     def start(self, prompt_ids: list[int], cfg: DecodeConfig) -> TreeRun:
-        return TreeRun(cfg, CachedLM(self.target.model, self.target.device), torch.Generator().manual_seed(cfg.seed),
-                       len(prompt_ids), list(prompt_ids))
-
-    @torch.inference_mode()
-    def _heads(self, cfg: DecodeConfig, feature: torch.Tensor) -> torch.Tensor:
-        """(K, N) each head's warped distribution over the draft vocabulary."""
-        feats = self.d.module(feature[None].to(self.d.head_weight.device))[:, 0]  # (K, d)
-        return torch.stack([warp(self.d.logits(f, head=k).float().cpu(), cfg) for k, f in enumerate(feats)])
+        return TreeRun(cfg, CachedLM(self.target.model, self.target.device),
+                       self.proposer.start(self.target.vocab_size, self.target.eos_ids),
+                       torch.Generator().manual_seed(cfg.seed), len(prompt_ids), list(prompt_ids))
 
     def cycle(self, run: TreeRun) -> StepEvent:
+        """Propose a tree, verify it in one target forward, commit the accepted path; one step of `run`."""
         cfg, tokens, vocab, text_of = run.cfg, run.tokens, self.target.vocab_size, self.target.text_of
         n_new = len(tokens) - run.prompt_len
         room = cfg.max_new_tokens - n_new - 1  # never draft past the length cap
         t0 = clock(self.target.device)
-        if run.feature is None or room <= 0:
-            tree, node_tokens, q_nodes = None, [], []
-        else:
-            q_heads = self._heads(cfg, run.feature)  # (K, N)
-            if cfg.greedy:
-                paths = [p for p in self.tree.paths if len(p) <= room]
-                tree = Tree.from_choices(paths)
-                ranked = torch.argsort(q_heads, dim=-1, descending=True)[:, :1 + max(tree.ranks)]  # (K, r)
-                small = [int(ranked[tree.depths[i] - 1, tree.ranks[i]]) for i in range(tree.size)]
-            else:  # exact sampling: one draw per head, verified as a chain
-                tree = Tree.from_choices([(0,) * k for k in range(1, min(room, len(q_heads)) + 1)])
-                small = [pick(q_heads[k], False, run.generator) for k in range(tree.size)]
-            q_nodes = [float(q_heads[tree.depths[i] - 1, s]) for i, s in enumerate(small)]
-            node_tokens = [int(t) for t in self.d.to_target_ids(torch.tensor(small)).tolist()]
+        prop = self.proposer.propose(run.drafts, tokens, self.tree, cfg, room, run.generator) if room > 0 else None
         t1 = clock(self.target.device)
         n_ctx = len(tokens)
         n_fed = n_ctx - run.target.seen
-        if tree is None:
+        if prop is None:  # the first step (the target's prefill), or no room left
             logits, hidden = run.target.logits(tokens, keep=1, features=True)
             p = warp(logits[0, :vocab], cfg)
             nxt = pick(p, cfg.greedy, run.generator)
             path, candidates, nodes = [], [(nxt, Verdict.PLAIN, float(p[nxt]))], []
-            feature = hidden[-1]
+            kept = hidden
         else:
+            tree, node_tokens = prop.tree, prop.node_tokens
             logits, hidden = run.target.tree_logits(tokens, tree, node_tokens, features=True)  # (1 + n, V)
             p_rows = warp(logits[:, :vocab], cfg)  # row 0: after the root; row i + 1: after node i
-            if cfg.greedy:
+            if prop.q_chain is None:
                 path, nxt = greedy_walk(tree, node_tokens, p_rows.argmax(-1).tolist())
                 rejected = bool(tree.children(path[-1] if path else -1))
             else:
-                q_full = self.d.scatter(q_heads[:tree.size])  # (k, V): node k was drawn from head k
-                result = verify_chain(torch.tensor(node_tokens), q_full, p_rows, False, run.generator)
+                result = verify_chain(torch.tensor(node_tokens), prop.q_chain, p_rows, False, run.generator)
                 path, nxt, rejected = list(range(result.n_accepted)), result.next_token, result.rejected
             last_row = path[-1] + 1 if path else 0
-            kind = Verdict.RESAMPLED if rejected else Verdict.BONUS
-            candidates = [(node_tokens[i], Verdict.ACCEPTED, float(p_rows[(tree.parents[i] + 1), node_tokens[i]]))
+            candidates = [(node_tokens[i], Verdict.ACCEPTED, float(p_rows[tree.parents[i] + 1, node_tokens[i]]))
                           for i in path]
-            candidates.append((nxt, kind, float(p_rows[last_row, nxt])))
-            nodes = self._nodes(tree, node_tokens, q_nodes, p_rows, path, rejected)
-            feature = hidden[n_fed - 1 + (path[-1] + 1 if path else 0)]
+            candidates.append((nxt, Verdict.RESAMPLED if rejected else Verdict.BONUS, float(p_rows[last_row, nxt])))
+            nodes = self._nodes(prop, p_rows, path, rejected)
+            kept = torch.cat([hidden[:n_fed], hidden[n_fed:][path]])  # the features of what the cache keeps
             run.target.keep_path(n_ctx, path)
+        run.drafts.observe(kept)
+        if hasattr(run.drafts, "rollback"):
+            run.drafts.rollback(run.target.seen)
         t2 = clock(self.target.device)
         emitted, finish = commit(candidates, n_new, cfg, self.target.eos_ids, text_of)
-        n_used = min(len(path), len(emitted))
+        n_used = min(len(path), len(emitted))  # accepted drafts after an EOS are never used
         nodes = [n if n.verdict is not Verdict.ACCEPTED or n.depth < n_used else
                  DraftToken(n.token_id, n.text, Verdict.DISCARDED, n.q_draft, None, None, n.parent, n.depth, n.head, n.rank)
                  for n in nodes]
         tokens.extend(t.token_id for t in emitted)
-        run.feature = feature
-        event = StepEvent(run.step, tuple(nodes), tuple(emitted), t1 - t0, t2 - t1, 1 if tree else 0, 1,
-                          tree.size if tree else 0, finish)
+        size = prop.tree.size if prop else 0
+        event = StepEvent(run.step, tuple(nodes), tuple(emitted), t1 - t0, t2 - t1, prop.forwards if prop else 0, 1,
+                          size, finish)
         run.finish_reason = finish
         run.step += 1
         return event
 
-    def _nodes(self, tree: Tree, node_tokens, q_nodes, p_rows, path: list[int], rejected: bool) -> list[DraftToken]:
+    def _nodes(self, prop: TreeProposal, p_rows: torch.Tensor, path: list[int], rejected: bool) -> list[DraftToken]:
         """Every tree node with its verdict: accepted on the path; rejected when the target judged it (a
         child of the path's end) and chose otherwise; discarded elsewhere."""
-        on_path = set(path)
+        tree, on_path = prop.tree, set(path)
         judged_parent = path[-1] if path else -1
         out = []
-        for i, token in enumerate(node_tokens):
+        for i, token in enumerate(prop.node_tokens):
             parent = tree.parents[i]
             if i in on_path:
                 verdict = Verdict.ACCEPTED
@@ -139,7 +232,16 @@ class MedusaEngine:
             else:
                 verdict = Verdict.DISCARDED
             judged = verdict is not Verdict.DISCARDED
-            out.append(DraftToken(token, self.target.text_of(token), verdict, q_nodes[i],
+            out.append(DraftToken(token, self.target.text_of(token), verdict, prop.q_nodes[i],
                                   p_target=float(p_rows[parent + 1, token]) if judged else None,
                                   parent=parent, depth=tree.depths[i] - 1, head=tree.depths[i] - 1, rank=tree.ranks[i]))
         return out
+
+
+def medusa_engine(target: LoadedModel, drafter: Drafter, choices=None) -> TreeEngine:
+    choices = [p for p in (choices or drafter.cfg.tree or MEDUSA_CHOICES) if len(p) <= drafter.cfg.medusa_heads]
+    return TreeEngine("medusa", target, MedusaProposer(drafter), choices)
+
+
+def eagle_tree_engine(target: LoadedModel, drafter: Drafter, choices=None) -> TreeEngine:
+    return TreeEngine("eagle", target, EagleProposer(drafter), choices or drafter.cfg.tree or EAGLE_CHOICES)
