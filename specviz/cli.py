@@ -364,8 +364,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     c.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
     t = sub.add_parser("train", help="train a drafter against the target (resumable)")
-    t.add_argument("kind", choices=("eagle", "medusa"), help="eagle: one decoder layer over the target's features; "
-                   "medusa: heads proposing a candidate tree")
+    t.add_argument("kind", choices=TRAINED_METHODS, help="eagle: one decoder layer over the target's features; "
+                   "medusa: heads proposing a candidate tree; layerskip: the target's first layers and an exit adapter")
     t.add_argument("--target", default=DEFAULT_TARGET, help="model spec (default %(default)s)")
     t.add_argument("--data", default=None, help="your own prompts (JSONL with 'prompt', or one a line); the target "
                    "answers them (default: the committed self-distillation data)")
@@ -377,6 +377,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--draft-vocab", default=str(TRAIN_DEFAULTS.draft_vocab),
                    help="compressed draft vocabulary: the N most frequent tokens; 0 = full (default %(default)s)")
     t.add_argument("--heads", default=str(TRAIN_DEFAULTS.medusa_heads), help="medusa heads (default %(default)s)")
+    t.add_argument("--exit-layer", default=str(TRAIN_DEFAULTS.exit_layer), help="layerskip: draft after this many target layers (default %(default)s)")
     t.add_argument("--tree-size", default=str(TRAIN_DEFAULTS.tree_size), help="medusa: nodes in the candidate tree (default %(default)s)")
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     t.add_argument("--seed", default="0")
@@ -408,7 +409,7 @@ def cmd_train(args) -> int:
         kind=args.kind, out=Path(args.out), target=args.target, data=args.data,
         steps=_int_arg("steps", args.steps, 1, 10**6), batch_tokens=_int_arg("batch-tokens", args.batch_tokens, 64, 10**6),
         lr=lr, draft_vocab=_int_arg("draft-vocab", args.draft_vocab, 0, 10**7), medusa_heads=_int_arg("heads", args.heads, 1, 8),
-        tree_size=_int_arg("tree-size", args.tree_size, 1, 64),
+        tree_size=_int_arg("tree-size", args.tree_size, 1, 64), exit_layer=_int_arg("exit-layer", args.exit_layer, 1, 256),
         resume=args.resume, seed=_int_arg("seed", args.seed, 0, 2**31), epochs=None if args.epochs is None else _int_arg("epochs", args.epochs, 1, 1000))
     train.train(opts)
     return 0

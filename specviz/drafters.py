@@ -21,7 +21,7 @@ from torch import nn
 
 from specviz.models import ModelError
 
-KINDS = ("eagle", "medusa")
+KINDS = ("eagle", "medusa", "layerskip")
 
 
 class DrafterError(ModelError):
@@ -47,6 +47,8 @@ class DrafterConfig:
     medusa_heads: int = 0
     own_lm_heads: bool = False     # Medusa-1 checkpoints carry one LM head per head
     tree: list = field(default_factory=list)  # medusa: the candidate tree (choices), chosen from measured accuracies
+    # layerskip
+    exit_layer: int = 0            # draft from the hidden state after this many target layers
     training: dict = field(default_factory=dict)  # data, steps, wall time, hardware, measured figures
 
     @classmethod
@@ -181,6 +183,21 @@ class Medusa(nn.Module):
         return torch.stack([head[0](feats) for head in self.heads])
 
 
+class ExitAdapter(nn.Module):
+    """LayerSkip's early exit: maps the hidden state after `exit_layer` target layers to one the target's
+    final norm and LM head can read (a residual MLP, zero-initialised: it starts as the plain early exit)."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        nn.init.zeros_(self.mlp.down_proj.weight)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + self.mlp(self.norm(h))
+
+
 class Drafter:
     """A trained drafter bound to its target: the module plus the target's embeddings and (compressed) LM head."""
 
@@ -188,6 +205,7 @@ class Drafter:
         self.module, self.cfg = module.eval(), cfg
         self.module.requires_grad_(False)
         self.embed = target_model.get_input_embeddings()
+        self.final_norm = target_model.get_decoder().norm  # layerskip exits through the target's own norm
         weight = target_model.get_output_embeddings().weight
         self.vocab_ids = vocab_ids  # (N,) or None for the full vocabulary
         self.head_weight = weight if vocab_ids is None else weight[vocab_ids].detach().clone()  # (N, d)
@@ -219,6 +237,8 @@ def build_module(cfg: DrafterConfig) -> nn.Module:
         return Eagle(cfg)
     if cfg.kind == "medusa":
         return Medusa(cfg)
+    if cfg.kind == "layerskip":
+        return ExitAdapter(cfg)
     raise DrafterError(f"drafter kind {cfg.kind!r} is unknown: use one of {', '.join(KINDS)}")
 
 
@@ -336,5 +356,7 @@ def describe(cfg: DrafterConfig) -> str:
     vocab = f"draft vocabulary {cfg.draft_vocab} of {cfg.vocab_size}" if cfg.draft_vocab else "full vocabulary"
     if cfg.kind == "medusa":
         return f"Medusa, {cfg.medusa_heads} heads, {vocab}"
+    if cfg.kind == "layerskip":
+        return f"LayerSkip: the target's first {cfg.exit_layer} layers and a trained exit adapter, {vocab}"
     return f"EAGLE, one decoder layer, {vocab}"
 

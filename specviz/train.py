@@ -1,4 +1,4 @@
-"""`python -m specviz train {eagle,medusa}`: train a drafter against a frozen target.
+"""`python -m specviz train {eagle,medusa,layerskip}`: train a drafter against a frozen target.
 
 Stages, each resumable from `--out`:
   1. data      the target answers prompts greedily (self-distillation). Default: the committed token ids
@@ -10,6 +10,7 @@ Stages, each resumable from `--out`:
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import platform
@@ -30,7 +31,7 @@ DEFAULT_DATA = ASSETS / "distill" / "smollm2-135m.jsonl.gz"
 
 @dataclass
 class TrainOptions:
-    kind: str = "eagle"                # "eagle" | "medusa"
+    kind: str = "eagle"                # "eagle" | "medusa" | "layerskip"
     out: Path = Path("out/train")
     target: str = DEFAULT_TARGET
     data: str | None = None            # a user's prompt file; None = the default self-distillation data
@@ -41,6 +42,7 @@ class TrainOptions:
     draft_vocab: int = 8192            # 0 = full vocabulary
     medusa_heads: int = 4
     tree_size: int = 16                # medusa: nodes in the candidate tree
+    exit_layer: int = 10               # layerskip: draft from the hidden state after this many layers
     max_new_tokens: int = 160          # answer length when generating data
     resume: bool = False
     seed: int = 0
@@ -93,6 +95,27 @@ def features_for(examples: list[dict], target, path: Path, log) -> tuple[torch.T
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"n": len(seqs), "features": feats}, path)
     return feats, seqs
+
+
+@torch.inference_mode()
+def exit_features_for(examples: list[dict], target, layer: int, path: Path, log) -> torch.Tensor:
+    """Stage 2 for layerskip: the hidden states after `layer` target layers, (total, d) fp16, cached."""
+    seqs = list(distill.sequences(examples))
+    if path.is_file():
+        saved = torch.load(path, weights_only=True)
+        if saved["n"] == len(seqs) and saved["layer"] == layer:
+            log(f"exit features: reusing {path}")
+            return saved["features"]
+    from tqdm import tqdm
+
+    decoder = target.model.get_decoder()
+    chunks = []
+    for seq in tqdm(seqs, desc=f"layer-{layer} features", unit="seq"):
+        out = decoder(input_ids=torch.tensor([seq], device=target.device), output_hidden_states=True)
+        chunks.append(out.hidden_states[layer][0].to(torch.float16).cpu())
+    feats = torch.cat(chunks)
+    torch.save({"n": len(seqs), "layer": layer, "features": feats}, path)
+    return feats
 
 
 class Batches:
@@ -217,6 +240,20 @@ class TrainResult:
     held_out: dict                     # τ, α, identity on the held-out prompts
 
 
+def layerskip_loss(module, head, embed, ids, feats, valid, noise: float, norm=None):
+    """The exit adapter learns the target's own next-token distribution from the early hidden state.
+    `feats` holds [final feature | hidden state after the exit layer] side by side."""
+    d = feats.shape[-1] // 2
+    final, early = feats[..., :d], feats[..., d:]
+    mask = valid.float()
+    with torch.no_grad():
+        t_logits = final @ head.T
+    p_logits = norm(module(early)) @ head.T
+    kl = soft_kl(p_logits, t_logits, mask)
+    top1 = float(((p_logits.detach().argmax(-1) == t_logits.argmax(-1)).float() * mask).sum() / mask.sum())
+    return kl, {"top1": top1}
+
+
 def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     """Every stage; `target` (a LoadedModel) defaults to loading opts.target in fp32 on the CPU."""
     from tqdm import tqdm
@@ -229,8 +266,10 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     examples = examples_for(opts, target, log)
     train_ex, held_out = distill.split(examples)
     feats, seqs = features_for(train_ex, target, opts.out / "features.pt", log)
+    if opts.kind == "layerskip":  # the exit adapter reads the early hidden state, the labels come from the last
+        feats = torch.cat([feats, exit_features_for(train_ex, target, opts.exit_layer, opts.out / "exit_features.pt", log)], -1)
     vocab_ids = drafters.frequent_vocab(seqs, target.vocab_size, opts.draft_vocab) if opts.draft_vocab else None
-    extra = {"medusa_heads": opts.medusa_heads} if opts.kind == "medusa" else {}
+    extra = {"medusa": {"medusa_heads": opts.medusa_heads}, "layerskip": {"exit_layer": opts.exit_layer}}.get(opts.kind, {})
     cfg = drafters.DrafterConfig.for_target(opts.kind, opts.target, target.model.config, opts.draft_vocab, **extra)
     module = drafters.build_module(cfg).train()
     weight = target.model.get_output_embeddings().weight.detach()
@@ -253,8 +292,12 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
         step, seconds = ckpt["step"], ckpt["seconds"]
         batches.rng.setstate(ckpt["rng"])
         log(f"resumed from {ckpt_path} at step {step}")
-    loss_fn = eagle_loss if opts.kind == "eagle" else medusa_loss
+    loss_fn = {"eagle": eagle_loss, "medusa": medusa_loss,
+               "layerskip": functools.partial(layerskip_loss, norm=target.model.get_decoder().norm)}[opts.kind]
     held_feats, held_seqs = features_for(held_out, target, opts.out / "held_out_features.pt", log)
+    if opts.kind == "layerskip":
+        held_feats = torch.cat([held_feats, exit_features_for(held_out, target, opts.exit_layer,
+                                                              opts.out / "held_out_exit_features.pt", log)], -1)
     held_batch = Batches(held_seqs, held_feats, 10**9, 0).sample()  # every held-out sequence
 
     def held_score() -> tuple[float, dict]:
@@ -283,7 +326,7 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
         seconds += dt
         losses.append(float(loss.detach()))
         bar.update(1)
-        bar.set_postfix(loss=f"{float(loss):.3f}", tok_s=f"{int(valid.sum()) / dt:.0f}", **{k: f"{v:.2f}" for k, v in stats.items()})
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", tok_s=f"{int(valid.sum()) / dt:.0f}", **{k: f"{v:.2f}" for k, v in stats.items()})
         if step % opts.checkpoint_every == 0 or step == opts.steps:
             score, held_stats = held_score()
             if score > best[0]:  # keep the weights that do best on held-out data

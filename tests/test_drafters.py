@@ -11,6 +11,7 @@ from specviz import drafters, engines, train
 from specviz.cli import main
 from specviz.config import DecodeConfig
 from specviz.engines.eagle import EagleDrafter
+from specviz.engines.layerskip import LayerSkipEngine, SplitLM
 from specviz.engines.tree import eagle_tree_engine, medusa_engine
 from specviz.events import Verdict
 from specviz.models import ModelError
@@ -29,6 +30,8 @@ def random_drafter(target, kind: str, vocab_ids=None, seed: int = 1, **extra) ->
 
 
 def engine_for(target, d: drafters.Drafter, tree: bool = False):
+    if d.kind == "layerskip":
+        return LayerSkipEngine(target, d)
     if d.kind == "medusa":
         return medusa_engine(target, d)
     if tree:
@@ -36,7 +39,8 @@ def engine_for(target, d: drafters.Drafter, tree: bool = False):
     return engines.SpeculativeEngine("eagle", target, EagleDrafter(d, "test"))
 
 
-@pytest.mark.parametrize("kind,extra,tree", [("eagle", {}, False), ("eagle", {}, True), ("medusa", {"medusa_heads": 3}, True)])
+@pytest.mark.parametrize("kind,extra,tree", [("eagle", {}, False), ("eagle", {}, True), ("medusa", {"medusa_heads": 3}, True),
+                                             ("layerskip", {"exit_layer": 1}, False)])
 @pytest.mark.parametrize("compressed", [False, True])
 def test_greedy_identity_tiny(tiny_target, kind, extra, tree, compressed):
     vocab_ids = torch.arange(0, 64, 2) if compressed else None
@@ -70,7 +74,8 @@ def test_medusa_event_carries_the_whole_tree(tiny_target):
 
 
 def test_sampling_runs_and_respects_the_cap(tiny_target):
-    for kind, extra, tree in (("eagle", {}, False), ("eagle", {}, True), ("medusa", {"medusa_heads": 3}, True)):
+    for kind, extra, tree in (("eagle", {}, False), ("eagle", {}, True), ("medusa", {"medusa_heads": 3}, True),
+                              ("layerskip", {"exit_layer": 1}, False)):
         eng = engine_for(tiny_target, random_drafter(tiny_target, kind, torch.arange(0, 64, 2), **extra), tree)
         run = engines.generate(eng, [1, 2, 3], DecodeConfig(method=kind, temperature=1.0, max_new_tokens=25, seed=3))
         assert len(run.token_ids) == 25 or run.events[-1].finish_reason == "eos"
@@ -154,7 +159,7 @@ def test_choose_tree_grows_from_the_root():
     assert all(p[:-1] in tree for p in tree if len(p) > 1)
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize("kind", ["eagle", "medusa", "layerskip"])
 def test_training_smoke(tmp_path, kind):
     """A few steps on tiny data: the target answers the prompts, features are cached, the loss falls,
     the drafter is saved, measured on held-out prompts and still exact; then resume continues."""
@@ -162,7 +167,7 @@ def test_training_smoke(tmp_path, kind):
     data = tmp_path / "prompts.txt"
     data.write_text("\n".join(" ".join(str((i * 7 + j) % 60 + 1) for j in range(6)) for i in range(24)))
     opts = train.TrainOptions(kind=kind, out=tmp_path / "run", target="tiny", data=str(data), steps=12,
-                              batch_tokens=512, lr=3e-3, draft_vocab=32, medusa_heads=2, max_new_tokens=16,
+                              batch_tokens=512, lr=3e-3, draft_vocab=32, medusa_heads=2, max_new_tokens=16, exit_layer=1,
                               eval_prompts=1, checkpoint_every=6)
     result = train.train(opts, log=lambda *_: None, target=target)
     assert sum(result.losses[-3:]) < sum(result.losses[:3])
@@ -223,3 +228,21 @@ def test_eagle_tree_top_path_equals_the_chain(tiny_target):
     top_path = [prop.node_tokens[prop.tree.paths.index((0,) * k)] for k in range(1, 5)]
     assert top_path == proposal.token_ids
     assert tree_state.kv_len == chain.kv_len == len(tokens) - 1  # drafted pairs never stay in the cache
+
+
+def test_split_forward_equals_the_full_model(tiny_target):
+    """LayerSkip's two halves over one cache (early layers while drafting, late layers at verification,
+    a crop after a rejection) give the full model's logits."""
+    from specviz.cache import CachedLM
+
+    tokens = [3, 8, 13, 21, 34, 55, 2, 7, 9, 11]
+    lm = SplitLM(tiny_target.model, tiny_target.device, 1)
+    lm.logits(tokens[:5])
+    lm.early(tokens[:6])
+    lm.early(tokens[:7])  # two drafted positions through the first layer only
+    split = lm.logits(tokens[:7], tokens[7:9], keep=4)
+    full = CachedLM(tiny_target.model, tiny_target.device).logits(tokens[:9], keep=4)
+    assert torch.allclose(split, full, atol=1e-4)
+    lm.rollback(6)  # a rejection: every layer back to 6 positions
+    again = lm.logits(tokens[:6], tokens[6:8], keep=2)
+    assert torch.allclose(again, CachedLM(tiny_target.model, tiny_target.device).logits(tokens[:8], keep=2), atol=1e-4)

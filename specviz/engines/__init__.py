@@ -38,6 +38,10 @@ def build_trained(folder: str | Path, target: LoadedModel, chain: bool = False) 
     from specviz.engines.tree import eagle_tree_engine, medusa_engine
 
     d = drafters.load(folder, target)
+    if d.kind == "layerskip":
+        from specviz.engines.layerskip import LayerSkipEngine
+
+        return LayerSkipEngine(target, d)
     if d.kind == "medusa":
         return medusa_engine(target, d)
     if d.cfg.tree and not chain:

@@ -1,0 +1,112 @@
+"""Self-speculative decoding with layer skipping: the target's own first L layers plus a trained exit
+adapter draft; the remaining layers verify.
+
+One KV cache serves both, as in LayerSkip: drafting a token runs it through layers 0..L-1 (their keys and
+values land in the target's cache), and verification runs only layers L..N-1 over the hidden states the
+drafting already computed; only the last draft token still needs the first L layers. A rejection crops
+every layer back to the accepted prefix. The stock transformers decoder layers are called one by one with
+explicit positions and masks; no modeling code is forked.
+"""
+from __future__ import annotations
+
+import torch
+
+from specviz.cache import CachedLM
+from specviz.config import DecodeConfig
+from specviz.drafters import Drafter
+from specviz.engines.speculative import Proposal, RunState, SpeculativeEngine
+from specviz.models import LoadedModel
+from specviz.sampling import pick, warp
+
+
+class SplitLM(CachedLM):
+    """The target run in two halves over one cache: `early()` through layers 0..L-1 (drafting), then
+    `logits()` through layers L..N-1 for everything the early half has seen (verification)."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, exit_layer: int):
+        super().__init__(model, device)
+        self.decoder = model.get_decoder()
+        self.exit_layer = exit_layer
+        self.early_seen = 0                 # positions through layers 0..L-1
+        self.pending: list[torch.Tensor] = []  # hidden states after layer L-1 of positions seen..early_seen-1
+
+    def _layers(self, hidden: torch.Tensor, start: int, layers: range) -> torch.Tensor:
+        q = hidden.shape[1]
+        positions = torch.arange(start, start + q, device=self.device)[None]
+        mask = None
+        if q > 1:  # causal over the new positions, everything before them visible
+            mask = (torch.arange(start + q, device=self.device)[None] <= positions[0, :, None])[None, None]
+        rope = self.decoder.rotary_emb(hidden, position_ids=positions)
+        for i in layers:
+            hidden = self.decoder.layers[i](hidden, attention_mask=mask, position_embeddings=rope,
+                                            position_ids=positions, cache=self.cache, use_cache=True)
+        return hidden
+
+    @torch.inference_mode()
+    def early(self, tokens: list[int]) -> torch.Tensor:
+        """Feed tokens[early_seen:] through the first L layers; the last position's hidden state (d,)."""
+        new = tokens[self.early_seen:]
+        ids = torch.tensor([new], dtype=torch.long, device=self.device)
+        hidden = self._layers(self.decoder.embed_tokens(ids), self.early_seen, range(self.exit_layer))
+        self.early_seen += len(new)
+        self.pending.append(hidden)
+        return hidden[0, -1]
+
+    @torch.inference_mode()
+    def logits(self, tokens: list[int], extra: list[int] = (), keep: int = 1, features: bool = False):
+        full = list(tokens) + list(extra)
+        if self.early_seen < len(full):
+            self.early(full)
+        hidden = torch.cat(self.pending, dim=1)  # (1, n, d) the positions the last layers have not seen
+        hidden = self._layers(hidden, self.seen, range(self.exit_layer, len(self.decoder.layers)))
+        self.pending, self.seen = [], self.early_seen
+        out = self.model.get_output_embeddings()(self.decoder.norm(hidden[:, -keep:]))
+        return out[0].float().cpu()  # (keep, V)
+
+    def rollback(self, n_valid: int) -> None:
+        if n_valid < self.early_seen:
+            for layer in self.cache.layers:
+                if getattr(layer, "keys", None) is not None and layer.keys.shape[-2] > n_valid:
+                    layer.keys = layer.keys[..., :n_valid, :]
+                    layer.values = layer.values[..., :n_valid, :]
+            self.early_seen = min(self.early_seen, n_valid)
+            self.seen = min(self.seen, n_valid)
+            self.pending = []
+
+
+class LayerSkipSession:
+    def __init__(self, lm: SplitLM, drafter: Drafter, eos_ids: frozenset[int]):
+        self.lm, self.d, self.eos_ids = lm, drafter, eos_ids
+
+    @torch.inference_mode()
+    def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, generator: torch.Generator) -> Proposal:
+        drafted: list[int] = []
+        qs: list[torch.Tensor] = []
+        while len(drafted) < gamma:
+            h = self.lm.early(tokens + drafted)
+            q_small = warp(self.d.logits(self.d.final_norm(self.d.module(h))).float().cpu(), cfg)  # (N,)
+            index = pick(q_small, cfg.greedy, generator)
+            token = int(self.d.to_target_ids(torch.tensor(index)))
+            drafted.append(token)
+            qs.append(self.d.scatter(q_small))
+            if token in self.eos_ids or (cfg.adaptive and float(q_small[index]) < cfg.draft_confidence):
+                break
+        if not drafted:
+            return Proposal([], torch.empty(0, self.d.cfg.vocab_size), 0)
+        return Proposal(drafted, torch.stack(qs), len(drafted))
+
+    def rollback(self, n_valid: int) -> None:
+        pass  # the shared SplitLM is rolled back by the engine as the target
+
+
+class LayerSkipEngine(SpeculativeEngine):
+    """The chain loop of SpeculativeEngine over one SplitLM shared by the drafter and the verifier."""
+
+    def __init__(self, target: LoadedModel, drafter: Drafter):
+        super().__init__("layerskip", target, drafter)
+
+    def start(self, prompt_ids: list[int], cfg: DecodeConfig) -> RunState:
+        lm = SplitLM(self.target.model, self.target.device, self.drafter.cfg.exit_layer)
+        return RunState(cfg, lm, LayerSkipSession(lm, self.drafter, self.target.eos_ids),
+                        torch.Generator().manual_seed(cfg.seed), len(prompt_ids), list(prompt_ids), cfg.initial_gamma())
+
