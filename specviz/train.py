@@ -377,7 +377,9 @@ def measure(folder: Path, target, held_out: list[dict], log, max_new_tokens: int
 def card(cfg: drafters.DrafterConfig, opts: TrainOptions) -> str:
     t = cfg.training
     lines = [f"# {cfg.kind} drafter for {cfg.target}", "", drafters.describe(cfg) + ".", "",
-             f"Reproduce: `python -m specviz train {cfg.kind} --out {opts.out} --steps {opts.steps}`", ""]
+             f"Reproduce: `python -m specviz train {cfg.kind} --out {opts.out} --steps {opts.steps}`"
+             + (" (`make drafters` runs this for every shipped drafter)" if opts.target == DEFAULT_TARGET and opts.data is None else ""),
+             "", "Target frozen; trained on its own features and soft labels (self-distillation, never Spec-Bench).", ""]
     for key, value in t.items():
         lines.append(f"- {key.replace('_', ' ')}: {json.dumps(value) if isinstance(value, dict) else value}")
     return "\n".join(lines) + "\n"
