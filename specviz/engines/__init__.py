@@ -20,14 +20,26 @@ def drafter_folder(method: str, target: LoadedModel, draft: str | None) -> Path:
     """A trained drafter's folder: `draft` when it names one, else the one shipped for this target."""
     if draft and Path(draft).is_dir():
         return Path(draft)
+    if draft and draft != DEFAULT_DRAFT and draft.count("/") == 1 and not draft.startswith((".", "/", "~")):
+        return _download(draft)  # a published drafter on the Hub (Medusa-1, EAGLE-1 or ours)
     if draft and draft != DEFAULT_DRAFT:
         raise ConfigError(f"drafter folder {draft!r} does not exist: give a folder written by python -m specviz train "
-                          f"{method}, or omit --draft for the shipped one")
+                          f"{method}, or omit --drafter for the shipped one")
     shipped = SHIPPED / f"{target.name}-{method}"
     if not shipped.is_dir():
         raise ConfigError(f"no {method} drafter is shipped for target {target.name!r}: train one with "
                           f"python -m specviz train {method} --target {target.name} --out DIR, then pass --draft DIR/drafter")
     return shipped
+
+
+def _download(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.pt", "*.bin", "*.md"]))
+    except Exception as exc:  # offline, unknown repo, gated: one line, whatever the cause
+        raise ConfigError(f"drafter {repo_id!r} could not be downloaded ({type(exc).__name__}): give a local folder "
+                          "written by python -m specviz train, or a Hub id of a Medusa-1/EAGLE-1 drafter") from None
 
 
 def build_trained(folder: str | Path, target: LoadedModel, chain: bool = False) -> Engine:
