@@ -108,11 +108,13 @@ def exit_features_for(examples: list[dict], target, layer: int, path: Path, log)
             return saved["features"]
     from tqdm import tqdm
 
-    decoder = target.model.get_decoder()
+    from specviz.engines.layerskip import SplitLM
+
     chunks = []
     for seq in tqdm(seqs, desc=f"layer-{layer} features", unit="seq"):
-        out = decoder(input_ids=torch.tensor([seq], device=target.device), output_hidden_states=True)
-        chunks.append(out.hidden_states[layer][0].to(torch.float16).cpu())
+        lm = SplitLM(target.model, target.device, layer)  # only the first `layer` layers run
+        lm.early(seq)
+        chunks.append(lm.pending[0][0].to(torch.float16).cpu())
     feats = torch.cat(chunks)
     torch.save({"n": len(seqs), "layer": layer, "features": feats}, path)
     return feats

@@ -246,3 +246,13 @@ def test_split_forward_equals_the_full_model(tiny_target):
     lm.rollback(6)  # a rejection: every layer back to 6 positions
     again = lm.logits(tokens[:6], tokens[6:8], keep=2)
     assert torch.allclose(again, CachedLM(tiny_target.model, tiny_target.device).logits(tokens[:8], keep=2), atol=1e-4)
+
+
+def test_exit_features_are_the_early_hidden_states(tmp_path, tiny_target):
+    """What layerskip trains on: the hidden state after L layers, as the full model computes it."""
+    ex = [{"i": 0, "prompt_ids": [3, 8, 13], "answer_ids": [21, 34, 55, 2]}]
+    feats = train.exit_features_for(ex, tiny_target, 1, tmp_path / "x.pt", lambda *_: None)
+    with torch.no_grad():
+        ref = tiny_target.model.get_decoder()(input_ids=torch.tensor([[3, 8, 13, 21, 34, 55, 2]]),
+                                             output_hidden_states=True).hidden_states[1][0]
+    assert torch.allclose(feats.float(), ref, atol=1e-2)
