@@ -130,9 +130,10 @@ class Batches:
             self.offsets.append(self.offsets[-1] + len(s))
         self.rng = random.Random(seed)
 
-    def sample(self):
+    def sample(self, shuffle: bool = True):
         order = list(range(len(self.seqs)))
-        self.rng.shuffle(order)
+        if shuffle:
+            self.rng.shuffle(order)
         picked, total = [], 0
         for i in order:
             if total and total + len(self.seqs[i]) > self.batch_tokens:
@@ -300,7 +301,10 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     if opts.kind == "layerskip":
         held_feats = torch.cat([held_feats, exit_features_for(held_out, target, opts.exit_layer,
                                                               opts.out / "held_out_exit_features.pt", log)], -1)
-    held_batch = Batches(held_seqs, held_feats, 10**9, 0).sample()  # every held-out sequence
+    ids, f, valid = Batches(held_seqs, held_feats, 10**9, 0).sample(shuffle=False)  # every held-out sequence, in order
+    for row, e in enumerate(held_out):
+        valid[row, :len(e["prompt_ids"])] = False  # score the answers only: the templated prompts are easy
+    held_batch = (ids, f, valid)
 
     def held_score() -> tuple[float, dict]:
         """Teacher-forced top-1 agreement with the target on the held-out split (summed over draft positions)."""

@@ -189,7 +189,7 @@ def test_train_cli_rejects_bad_values(capsys, tmp_path):
 SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "drafters"
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize("kind", ["eagle", "medusa", "layerskip"])
 def test_shipped_drafter_greedy_identity_real_target(target, kind):
     """The shipped drafters on the real default target: identical to AR and actually accepting drafts."""
     if not (SHIPPED / f"smollm2-135m-{kind}").is_dir():
