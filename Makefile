@@ -29,7 +29,7 @@ bench: setup
 # the shipped drafters for smollm2-135m, from the committed self-distillation ids (CPU: about an hour)
 drafters: setup
 	$(BIN)/python -m specviz train eagle --out out/train/eagle --steps 240 --resume
-	$(BIN)/python -m specviz train medusa --out out/train/medusa --steps 150 --resume
+	$(BIN)/python -m specviz train medusa --out out/train/medusa --steps 100 --resume
 	$(BIN)/python -m specviz train layerskip --out out/train/layerskip --steps 150 --resume
 	for k in eagle medusa layerskip; do mkdir -p assets/drafters/smollm2-135m-$$k && \
 		cp out/train/$$k/drafter/* assets/drafters/smollm2-135m-$$k/; done
