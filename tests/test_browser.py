@@ -85,3 +85,27 @@ def test_stop_cancels_promptly_and_the_app_keeps_serving(app_url, browser):
     page.wait_for_selector("#pane-spec .sv-pane-box[data-state=done]", timeout=60_000)
     assert page.locator("#pane-ar [data-verdict=plain]").count() == 8
     page.close()
+
+
+def test_medusa_tree_in_browser(app_url, browser):
+    """Pick the trained Medusa drafter in the dropdown: the run stays exact and the tree panel draws a
+    real candidate tree (several nodes, more than one at some depth)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(app_url)
+    page.wait_for_selector("#run")
+    page.locator("#prompt textarea").fill("Explain why the sky is blue.")
+    set_number(page, "max-new-tokens", N)
+    page.locator("#method input").click()
+    page.locator("[role=option]", has_text="medusa").first.click()
+    page.locator("#run").click()
+    page.wait_for_selector("#pane-spec .sv-pane-box[data-state=done]", timeout=180_000)
+    page.wait_for_selector("#summary .sv-badge", timeout=60_000)
+    assert "Speculative (medusa)" in page.locator("#pane-spec").inner_text()
+    assert "identical to plain decoding" in page.locator("#summary").inner_text()
+    set_number(page, "tree-step", 2)  # step 1 is the target's prefill; step 2 is the first tree
+    page.wait_for_timeout(1500)
+    nodes = page.evaluate("() => document.querySelector('#plot-tree .js-plotly-plot').data"
+                          ".reduce((n, t) => n + (t.mode && t.mode.includes('markers') ? t.x.length : 0), 0)")
+    assert nodes >= 8  # the root, a 16-node tree (cut near the length cap) and the target's token
+    page.locator("#plot-tree").screenshot(path=str(ASSETS / "screenshot-medusa-tree.png"))
+    page.close()
