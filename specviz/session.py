@@ -39,7 +39,8 @@ class Prepared:
         return self.spec.steps(self.prompt_ids, self.cfg)
 
 
-def prepare(prompt: str, cfg: DecodeConfig, target: str | models.LoadedModel, draft: str | None) -> Prepared:
+def prepare(prompt: str, cfg: DecodeConfig, target: str | models.LoadedModel, draft: str | None,
+            chain: bool = False) -> Prepared:
     """Validate the prompt and settings against the policy, load (or reuse) the models and build both
     engines. Raises ConfigError/ModelError with one-line messages."""
     policy = Policy.from_env()
@@ -56,5 +57,5 @@ def prepare(prompt: str, cfg: DecodeConfig, target: str | models.LoadedModel, dr
     if limit and len(ids) + cfg.max_new_tokens > limit:
         raise ConfigError(f"prompt ({len(ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the "
                           f"model's context of {limit} tokens: shorten the prompt or lower max_new_tokens")
-    spec = engines.build(cfg.method, target, draft)
+    spec = engines.build(cfg.method, target, draft, chain)
     return Prepared(target, spec, engines.build("ar", target), ids, cfg, policy.max_run_seconds)

@@ -108,7 +108,7 @@ def start(prompt: str, cfg: DecodeConfig, target: str = DEFAULT_TARGET, draft: s
     """Validate and load as the race does (session.prepare: policy, caps, the shared models), then open a run."""
     from specviz.session import prepare
 
-    prepared = prepare(prompt, cfg, target, draft)
+    prepared = prepare(prompt, cfg, target, draft, chain=True)  # one chain cycle per click
     engine = prepared.spec
     return TeachSession(engine, engine.start(prepared.prompt_ids, prepared.cfg), prompt,
                         draft if cfg.method == "vanilla" else "", target)

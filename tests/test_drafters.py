@@ -255,3 +255,16 @@ def test_exit_features_are_the_early_hidden_states(tmp_path, tiny_target):
         ref = tiny_target.model.get_decoder()(input_ids=torch.tensor([[3, 8, 13, 21, 34, 55, 2]]),
                                              output_hidden_states=True).hidden_states[1][0]
     assert torch.allclose(feats.float(), ref, atol=1e-2)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "layerskip"])
+def test_step_through_takes_the_shipped_chain_drafters(target, kind):
+    """The step-through view runs chain cycles, even for EAGLE whose shipped config drafts a tree."""
+    from specviz import teach
+
+    cfg = DecodeConfig(method=kind, max_new_tokens=16)
+    session = teach.start("Name three colours.", cfg, target, None)
+    views = teach.run_to_end(session)
+    assert views and session.finished
+    ar = engines.generate(engines.build("ar", target), target.encode_prompt("Name three colours."), cfg)
+    assert session.token_ids == ar.token_ids

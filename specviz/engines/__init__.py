@@ -61,14 +61,15 @@ def build_trained(folder: str | Path, target: LoadedModel, chain: bool = False) 
     return SpeculativeEngine("eagle", target, EagleDrafter(d, str(folder)))
 
 
-def build(method: str, target: LoadedModel, draft: str | LoadedModel = DEFAULT_DRAFT) -> Engine:
-    """The engine for `method` ("ar" | "vanilla" | "pld" | "eagle" | "medusa") over `target`."""
+def build(method: str, target: LoadedModel, draft: str | LoadedModel = DEFAULT_DRAFT, chain: bool = False) -> Engine:
+    """The engine for `method` ("ar" | "vanilla" | "pld" | "eagle" | "medusa" | "layerskip") over `target`;
+    chain=True asks for a chain-drafting engine (one with `cycle()` views, as the step-through needs)."""
     DecodeConfig(method=method)  # validates the name with the shared message
     if method == "ar":
         return AREngine(target)
     if method == "pld":
         return SpeculativeEngine("pld", target, PromptLookupDrafter())
     if method in TRAINED_METHODS:
-        return build_trained(drafter_folder(method, target, draft if isinstance(draft, str) else None), target)
+        return build_trained(drafter_folder(method, target, draft if isinstance(draft, str) else None), target, chain)
     draft_model = draft if isinstance(draft, LoadedModel) else load_draft(draft, target)
     return SpeculativeEngine("vanilla", target, ModelDrafter(draft_model))
