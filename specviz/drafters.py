@@ -220,6 +220,15 @@ class Drafter:
             return self.module.heads[head][1](feats)
         return feats @ self.head_weight.T
 
+    def draw(self, logits: torch.Tensor, cfg, generator: torch.Generator) -> tuple[int, torch.Tensor, float]:
+        """One draft token from draft-vocabulary logits (N,): the target id, the distribution it was drawn
+        from over the target's vocabulary (V,), and its probability there."""
+        from specviz.sampling import pick, warp
+
+        q = warp(logits.float().cpu(), cfg)  # (N,)
+        index = pick(q, cfg.greedy, generator)
+        return int(self.to_target_ids(torch.tensor(index))), self.scatter(q), float(q[index])
+
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.vocab_ids is None else self.vocab_ids[draft_ids]
 

@@ -5,7 +5,7 @@ import torch
 
 from specviz.cache import CachedLM
 from specviz.config import DecodeConfig
-from specviz.engines.speculative import Proposal
+from specviz.engines.speculative import Proposal, stop_drafting
 from specviz.models import LoadedModel
 from specviz.sampling import pick, warp
 
@@ -33,10 +33,8 @@ class ModelDraftSession:
             token = pick(q, cfg.greedy, generator)
             drafted.append(token)
             qs.append(q)
-            if token in self.eos_ids:
+            if stop_drafting(token, float(q[token]), self.eos_ids, cfg):
                 break
-            if cfg.adaptive and float(q[token]) < cfg.draft_confidence:
-                break  # the draft is unsure: verifying further guesses would likely waste them
         return Proposal(drafted, torch.stack(qs), len(drafted))
 
     def rollback(self, n_valid: int) -> None:

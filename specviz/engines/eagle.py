@@ -11,8 +11,7 @@ import torch
 
 from specviz.config import DecodeConfig
 from specviz.drafters import Drafter
-from specviz.engines.speculative import Proposal
-from specviz.sampling import pick, warp
+from specviz.engines.speculative import Proposal, stop_drafting
 
 
 class EagleDrafter:
@@ -34,7 +33,7 @@ class EagleSession:
 
     def observe(self, hidden: torch.Tensor) -> None:
         """The target's features of the positions its last forward fed (they follow the ones held)."""
-        self.feats = torch.cat([self.feats, hidden.to(self.feats.dtype if len(self.feats) else hidden.dtype)])
+        self.feats = torch.cat([self.feats.to(hidden.dtype), hidden])
 
     def rollback(self, n_valid: int) -> None:
         self.feats = self.feats[:n_valid]
@@ -68,14 +67,10 @@ class EagleSession:
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
         while True:
-            q_small = warp(self.d.logits(feat).float().cpu(), cfg)  # (N,)
-            index = pick(q_small, cfg.greedy, generator)
-            token = int(self.d.to_target_ids(torch.tensor(index)))
+            token, q, confidence = self.d.draw(self.d.logits(feat), cfg, generator)
             drafted.append(token)
-            qs.append(self.d.scatter(q_small))
-            if len(drafted) >= gamma or token in self.eos_ids:
-                break
-            if cfg.adaptive and float(q_small[index]) < cfg.draft_confidence:
+            qs.append(q)
+            if len(drafted) >= gamma or stop_drafting(token, confidence, self.eos_ids, cfg):
                 break
             out, kv = module(feat[None, None], embed(torch.tensor([[token]], device=device)),
                              torch.tensor([pos], device=device), kv)

@@ -14,9 +14,8 @@ import torch
 from specviz.cache import CachedLM
 from specviz.config import DecodeConfig
 from specviz.drafters import Drafter
-from specviz.engines.speculative import Proposal, RunState, SpeculativeEngine
+from specviz.engines.speculative import Proposal, RunState, SpeculativeEngine, stop_drafting
 from specviz.models import LoadedModel
-from specviz.sampling import pick, warp
 
 
 class SplitLM(CachedLM):
@@ -84,12 +83,10 @@ class LayerSkipSession:
         qs: list[torch.Tensor] = []
         while len(drafted) < gamma:
             h = self.lm.early(tokens + drafted)
-            q_small = warp(self.d.logits(self.d.final_norm(self.d.module(h))).float().cpu(), cfg)  # (N,)
-            index = pick(q_small, cfg.greedy, generator)
-            token = int(self.d.to_target_ids(torch.tensor(index)))
+            token, q, confidence = self.d.draw(self.d.logits(self.d.final_norm(self.d.module(h))), cfg, generator)
             drafted.append(token)
-            qs.append(self.d.scatter(q_small))
-            if token in self.eos_ids or (cfg.adaptive and float(q_small[index]) < cfg.draft_confidence):
+            qs.append(q)
+            if stop_drafting(token, confidence, self.eos_ids, cfg):
                 break
         if not drafted:
             return Proposal([], torch.empty(0, self.d.cfg.vocab_size), 0)

@@ -39,6 +39,12 @@ class Drafter(Protocol):
     def session(self, vocab_size: int, eos_ids: frozenset[int]) -> DraftSession: ...
 
 
+def stop_drafting(token: int, confidence: float, eos_ids: frozenset[int], cfg: DecodeConfig) -> bool:
+    """A chain drafter stops at EOS, and (auto γ) when it is unsure of the token it just drew: verifying
+    further guesses would likely waste them."""
+    return token in eos_ids or (cfg.adaptive and confidence < cfg.draft_confidence)
+
+
 def next_gamma(gamma: int, proposed: int, accepted: int, cfg: DecodeConfig) -> int:
     """Adaptive γ: grow by one after a fully accepted draft, shrink by one after a rejection."""
     if not cfg.adaptive:

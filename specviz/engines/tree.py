@@ -46,6 +46,9 @@ class ProposerState(Protocol):
     def observe(self, hidden: torch.Tensor) -> None:
         """The target's features of the positions its cache now holds beyond the previous ones."""
 
+    def rollback(self, n_valid: int) -> None:
+        """Forget everything about positions from n_valid on."""
+
 
 class MedusaState:
     def __init__(self):
@@ -53,6 +56,9 @@ class MedusaState:
 
     def observe(self, hidden: torch.Tensor) -> None:
         self.feature = hidden[-1]
+
+    def rollback(self, n_valid: int) -> None:
+        pass  # only the last feature is kept
 
 
 class MedusaProposer:
@@ -201,8 +207,7 @@ class TreeEngine:
             kept = torch.cat([hidden[:n_fed], hidden[n_fed:][path]])  # the features of what the cache keeps
             run.target.keep_path(n_ctx, path)
         run.drafts.observe(kept)
-        if hasattr(run.drafts, "rollback"):
-            run.drafts.rollback(run.target.seen)
+        run.drafts.rollback(run.target.seen)
         t2 = clock(self.target.device)
         emitted, finish = commit(candidates, n_new, cfg, self.target.eos_ids, text_of)
         n_used = min(len(path), len(emitted))  # accepted drafts after an EOS are never used
