@@ -16,8 +16,7 @@ import gradio as gr
 from specviz import plots, render
 from specviz.app_logic import make_config, status_html, user_message
 from specviz.config import CHAIN_METHODS, DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, ConfigError
-
-CHECK_METHODS = ("vanilla", "pld")  # the check's fidelity part samples the first drafted step after the prompt
+from specviz.check import CHECK_METHODS, CHECKED_TRAINED
 from specviz.policy import Policy
 
 CONCURRENCY_ID = "cpu"  # the app's one device queue: checks and steps never overlap a race's timing
@@ -110,6 +109,8 @@ def run_check_ui(target: str = DEFAULT_TARGET, method: str = "vanilla", draft: s
         policy.check_model(target, "target")
         if method == "vanilla":
             policy.check_model(draft, "draft")
+        elif method in CHECKED_TRAINED:  # the shipped drafter; a local folder or Hub id only in private mode
+            draft = None if policy.public or draft == DEFAULT_DRAFT else draft
         progress(0, desc="loading the models")
         target_model = models.get(target)
         drafter, draft_model = check.drafter_for(method, target_model, draft)
@@ -152,10 +153,10 @@ def check_tab(concurrency_id: str = CONCURRENCY_ID) -> None:
             target = gr.Dropdown(TARGET_CHOICES, value=DEFAULT_TARGET, label="Target model", allow_custom_value=True,
                                  elem_id="check-target")
             method = gr.Dropdown(list(CHECK_METHODS), value="vanilla", label="Drafter",
-                                 info="vanilla: a draft model · pld: prompt lookup",
+                                 info="vanilla: a draft model · pld: prompt lookup · eagle, draft: trained drafters",
                                  elem_id="check-method")
-            draft = gr.Dropdown(DRAFT_CHOICES, value=DEFAULT_DRAFT, label="Draft model (vanilla)", allow_custom_value=True,
-                                info="int8 copy, or a model sharing the vocabulary", elem_id="check-draft")
+            draft = gr.Dropdown(DRAFT_CHOICES, value=DEFAULT_DRAFT, label="Draft model (vanilla) or drafter folder", allow_custom_value=True,
+                                info="int8 copy, or a model sharing the vocabulary; eagle/draft: the shipped one", elem_id="check-draft")
             gamma = gr.Dropdown(GAMMAS, value="4", label="γ (drafted tokens per step)", elem_id="check-gamma")
         with gr.Row():
             temperature = gr.Slider(0.05, 2.0, value=1.0, step=0.05, label="Temperature for the sampling test",

@@ -27,7 +27,7 @@ import torch
 
 from specviz import metrics, stats
 from specviz.cache import CachedLM, clock
-from specviz.config import GAMMA_MAX, ConfigError, DecodeConfig, Gamma, _number, check_prompt
+from specviz.config import CHECK_METHODS, GAMMA_MAX, TRAINED_METHODS, ConfigError, DecodeConfig, Gamma, _number, check_prompt
 from specviz.engines import AREngine, SpeculativeEngine
 from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.pld import PromptLookupDrafter
@@ -122,6 +122,9 @@ class Compatibility:
         return asdict(self)
 
 
+CHECKED_TRAINED = tuple(m for m in CHECK_METHODS if m in TRAINED_METHODS)
+
+
 def _rows(model: LoadedModel) -> int:
     """Logits per position (a quantized head may hide its weight: fall back to the config)."""
     try:
@@ -136,7 +139,8 @@ def compare_tokenizers(target: LoadedModel, draft: Optional[LoadedModel]) -> Com
     base = dict(target_tokenizer_class=type(t_tok).__name__, target_vocab=len(t_vocab),
                 target_rows=target.vocab_size, special_target=_special_tokens(t_tok))
     if draft is None:
-        return Compatibility(True, "no draft tokenizer: the drafter proposes the target's own tokens (prompt lookup)",
+        return Compatibility(True, "no draft tokenizer: the drafter proposes tokens in the target's own vocabulary "
+                             "(prompt lookup, or a drafter trained on this target)",
                              False, draft_tokenizer_class=None, draft_vocab=None, draft_rows=None, shared=None,
                              overlap=None, same_string_other_id=None, **base)
     d_tok = draft.tokenizer
@@ -165,14 +169,25 @@ def compare_tokenizers(target: LoadedModel, draft: Optional[LoadedModel]) -> Com
 
 
 def drafter_for(method: str, target: LoadedModel, draft_spec: Optional[str]) -> tuple[Drafter, Optional[LoadedModel]]:
-    """The drafter for `method` and the draft model whose tokenizer is compared (None for prompt lookup).
-    A separate draft is loaded without the tokenizer check: compare_tokenizers reports it in full."""
+    """The drafter for `method` and the draft model whose tokenizer is compared (None for prompt lookup and
+    the trained drafters, which draft in the target's own vocabulary). A separate draft is loaded without
+    the tokenizer check: compare_tokenizers reports it in full."""
     from specviz import models
 
     if method == "pld":
         return PromptLookupDrafter(), None
+    if method in CHECKED_TRAINED:
+        from specviz import drafters, engines
+        from specviz.engines.draft_model import DistilledDrafter
+        from specviz.engines.eagle import EagleDrafter
+
+        folder = engines.drafter_folder(method, target, draft_spec)
+        d = drafters.load(folder, target)
+        if d.kind != method:
+            raise ConfigError(f"drafter {str(folder)!r} is a {d.kind} drafter, not {method}: pick method {d.kind}")
+        return (EagleDrafter if method == "eagle" else DistilledDrafter)(d, str(folder)), None
     if method != "vanilla":
-        raise ConfigError(f"method={method!r} cannot be checked: use vanilla (a draft model) or pld")
+        raise ConfigError(f"method={method!r} cannot be checked: use one of {', '.join(CHECK_METHODS)}")
     spec = draft_spec or "int8"
     draft = models.int8_copy(target) if spec in COMPRESSED_DRAFTS else models.get(spec, target.device, target.dtype)
     return ModelDrafter(draft), draft
@@ -238,14 +253,16 @@ def _divergence(target: LoadedModel, prompt_ids: list[int], ar: list[int], spec:
 @dataclass(frozen=True)
 class Fidelity:
     prompt_id: object
-    prompt_entropy: float        # nats, of the exact first-token distribution (the most spread prompt is used)
+    prompt_entropy: float        # nats, of the exact distribution tested (the most spread prompt is used)
     temperature: float
-    samples: int
-    with_drafts: int             # samples whose first step verified at least one drafted token
+    samples: int                 # drafted steps counted
+    with_drafts: int             # samples whose step verified at least one drafted token
     first_accepted: int          # ... and kept the first drafted token
     fit: stats.Fit
     passed: bool
     top: list[dict]              # the most likely tokens: text, expected and observed frequency
+    seeds: int = 0               # seeds run (more than samples when conditioned)
+    given: Optional[str] = None  # the first token the tested step follows, for drafters whose first step is the prefill
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -253,41 +270,60 @@ class Fidelity:
         return d
 
 
-def _first_step(engine: SpeculativeEngine, ids: list[int], cfg: DecodeConfig) -> StepEvent:
+def _first_drafted_step(engine: SpeculativeEngine, ids: list[int], cfg: DecodeConfig, given: Optional[int]) -> Optional[StepEvent]:
+    """The first step that can draft: the first step, or (given a token) the second when the first step
+    emitted exactly `given`; None when it emitted another token (the sample is not counted)."""
     steps = engine.steps(ids, cfg)
     try:
-        return next(steps)
+        event = next(steps)
+        if given is None:
+            return event
+        return next(steps) if event.emitted[0].token_id == given else None
     finally:
         steps.close()
 
 
 def sampling_fidelity(engine: SpeculativeEngine, target: LoadedModel, candidates: list[tuple[object, list[int]]],
                       options: CheckOptions, tick: Callable[[int], None]) -> Fidelity:
-    """The first emitted token over seeds 0..n-1 against warp(target logits at the end of the prompt)."""
+    """The first emitted token of the first drafted step over seeds 0, 1, ... against warp(target logits).
+    Feature-reading drafters (EAGLE) first need the target's prefill, which drafts nothing: for them the
+    test conditions on the prefill emitting the target's most likely first token, and counts the next step."""
     cfg = DecodeConfig(method="vanilla", gamma=options.gamma, temperature=options.temperature,
                        max_new_tokens=options.max_new_tokens)
+    after_prefill = bool(getattr(engine.drafter, "drafts_after_prefill", False))
     best = None
-    for prompt_id, ids in candidates:  # the prompt whose first token is most spread shows a skew best
+    for prompt_id, ids in candidates:  # the prompt whose tested token is most spread shows a skew best
         logits = CachedLM(target.model, target.device).logits(ids)[0, :target.vocab_size]  # (V,)
         p = warp(logits, cfg).double()  # (V,) the exact distribution of the first emitted token
+        given, weight = None, 1.0
+        if after_prefill:
+            given = int(p.argmax())
+            weight = float(p[given])
+            logits = CachedLM(target.model, target.device).logits(ids + [given])[0, :target.vocab_size]
+            p = warp(logits, cfg).double()
         entropy = float(-(p[p > 0] * p[p > 0].log()).sum())
-        if best is None or entropy > best[2]:
-            best = (prompt_id, ids, entropy, p)
-    prompt_id, ids, entropy, p = best
+        score = entropy if weight >= 0.2 else entropy * weight  # conditioning on a rare token wastes seeds
+        if best is None or score > best[0]:
+            best = (score, prompt_id, ids, entropy, p, given)
+    _, prompt_id, ids, entropy, p, given = best
     counts = torch.zeros(p.shape[0], dtype=torch.float64)
-    with_drafts = first_accepted = 0
-    for seed in range(options.samples):
-        event = _first_step(engine, ids, cfg.with_(seed=seed))
+    with_drafts = first_accepted = kept = seed = 0
+    while kept < options.samples and seed < 20 * options.samples:
+        event = _first_drafted_step(engine, ids, cfg.with_(seed=seed), given)
+        seed += 1
+        if event is None:
+            continue
         counts[event.emitted[0].token_id] += 1
+        kept += 1
         with_drafts += event.n_judged > 0
         first_accepted += bool(event.drafts) and event.drafts[0].verdict.value == "accepted"
-        tick(seed + 1)
+        tick(kept)
     fit = stats.fit(counts, p)
     order = torch.argsort(p, descending=True)[:10].tolist()
-    top = [{"token": target.text_of(t), "id": t, "expected": float(p[t]), "observed": float(counts[t]) / options.samples}
+    top = [{"token": target.text_of(t), "id": t, "expected": float(p[t]), "observed": float(counts[t]) / max(kept, 1)}
            for t in order]
-    return Fidelity(prompt_id, entropy, options.temperature, options.samples, with_drafts, first_accepted, fit,
-                    fit.passed(options.p_value_min), top)
+    return Fidelity(prompt_id, entropy, options.temperature, kept, with_drafts, first_accepted, fit,
+                    fit.passed(options.p_value_min), top, seed, None if given is None else target.text_of(given))
 
 
 # ── 3. does it pay? ─────────────────────────────────────────────────────────────────────────────────

@@ -10,7 +10,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from specviz.config import (DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, METHODS, TRAINED_METHODS, ConfigError, DecodeConfig,
+from specviz.config import (CHECK_METHODS, DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, METHODS, TRAINED_METHODS, ConfigError, DecodeConfig,
                             parse_gamma)
 from specviz.train import TrainOptions
 
@@ -266,6 +266,8 @@ def cmd_check(args) -> int:
     options = check.CheckOptions(**{k: v for k, v in given.items() if v is not None})  # defaults live there
     prompts = read_prompts(args.prompts, None, args.limit) if args.prompts else None
     method = args.method or "vanilla"
+    if method == "pld" and args.draft:
+        raise InputError(f"--draft {args.draft!r} does not apply to pld (prompt lookup has no draft model): drop it")
     target = _target(args)
     drafter, draft = check.drafter_for(method, target, args.draft)
     bars: dict[str, tqdm] = {}
@@ -308,7 +310,8 @@ def format_check(d: dict) -> str:
             lines.append(f"   prompt {r['id']}: token {dv['index']} after {dv['context']!r}: AR {dv['ar_token']!r} vs "
                          f"speculative {dv['spec_token']!r}, top-2 gap {dv['top2_gap']:.2e}"
                          + (" (near-tie)" if dv["near_tie"] else " (BUG)"))
-    lines.append(f"   sampling fidelity ({fid['samples']} seeds, T={fid['temperature']:g}, prompt {fid['prompt_id']}): "
+    after = "" if fid.get("given") is None else f" after the prefill emitted {fid['given']!r}, of {fid['seeds']} seeds"
+    lines.append(f"   sampling fidelity ({fid['samples']} samples{after}, T={fid['temperature']:g}, prompt {fid['prompt_id']}): "
                  f"chi2={fit['chi2']:.1f} dof={fit['dof']} p={fit['p_value']:.3g}, TV={fit['tv']:.3f} "
                  f"(bound {fit['tv_bound']:.3f}) -> {'pass' if fid['passed'] else 'FAIL'}")
     if d["synthetic"]:
@@ -349,9 +352,10 @@ def parser() -> argparse.ArgumentParser:
     _decode_args(b)
     c = sub.add_parser("check", help="drafter sanity check: compatible? correct? does it pay? (exit 1 when incorrect)")
     c.add_argument("--target", default=DEFAULT_TARGET, help="model spec (default %(default)s)")
-    which = c.add_mutually_exclusive_group()
-    which.add_argument("--draft", default=None, help="draft model: int8 or a model spec (default int8)")
-    which.add_argument("--method", choices=("vanilla", "pld"), default=None, help="pld: prompt lookup, no draft model")
+    c.add_argument("--method", choices=CHECK_METHODS, default=None,
+                   help="vanilla: a draft model (default); pld: prompt lookup; eagle, draft: a trained drafter")
+    c.add_argument("--draft", default=None, help="vanilla: int8 (default) or a model spec; eagle, draft: a drafter "
+                   "folder or Hub id (default: the shipped one)")
     c.add_argument("--prompts", default=None, help="JSONL or one prompt a line (default: a small built-in set)")
     c.add_argument("--limit", type=int, default=None, help="at most N prompts, round-robin across categories")
     c.add_argument("--gamma", default=None, help=f"drafted tokens per step, 1..{GAMMA_MAX} or auto (default 4)")
@@ -365,7 +369,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
     t = sub.add_parser("train", help="train a drafter against the target (resumable)")
     t.add_argument("kind", choices=TRAINED_METHODS, help="eagle: one decoder layer over the target's features; "
-                   "medusa: heads proposing a candidate tree; layerskip: the target's first layers and an exit adapter")
+                   "medusa: heads proposing a candidate tree; layerskip: the target's first layers and an exit adapter; "
+                   "draft: a small distilled model sharing the target's embeddings and LM head")
     t.add_argument("--target", default=DEFAULT_TARGET, help="model spec (default %(default)s)")
     t.add_argument("--data", default=None, help="your own prompts (JSONL with 'prompt', or one a line); the target "
                    "answers them (default: the committed self-distillation data)")
@@ -378,6 +383,8 @@ def parser() -> argparse.ArgumentParser:
                    help="compressed draft vocabulary: the N most frequent tokens; 0 = full (default %(default)s)")
     t.add_argument("--heads", default=str(TRAIN_DEFAULTS.medusa_heads), help="medusa heads (default %(default)s)")
     t.add_argument("--exit-layer", default=str(TRAIN_DEFAULTS.exit_layer), help="layerskip: draft after this many target layers (default %(default)s)")
+    t.add_argument("--draft-layers", default=",".join(map(str, TRAIN_DEFAULTS.draft_layers)),
+                   help="draft: the target layers its own layers start from, comma-separated (default %(default)s)")
     t.add_argument("--tree-size", default=str(TRAIN_DEFAULTS.tree_size), help="medusa: nodes in the candidate tree (default %(default)s)")
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     t.add_argument("--seed", default="0")
@@ -392,6 +399,15 @@ def _int_arg(name: str, value, low: int, high: int) -> int:
     if not low <= number <= high:
         raise InputError(f"{name}={number} is out of range: use {low}..{high}")
     return number
+
+
+def _layers_arg(value: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in str(value).split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise InputError(f"draft-layers={value!r} is not a list of layer indices: use e.g. 0,1,2,3")
+    if len(parts) > 16:
+        raise InputError(f"draft-layers={value!r} names {len(parts)} layers: use 1..16")
+    return tuple(int(p) for p in parts)
 
 
 def cmd_train(args) -> int:
@@ -410,7 +426,7 @@ def cmd_train(args) -> int:
         steps=_int_arg("steps", args.steps, 1, 10**6), batch_tokens=_int_arg("batch-tokens", args.batch_tokens, 64, 10**6),
         lr=lr, draft_vocab=_int_arg("draft-vocab", args.draft_vocab, 0, 10**7), medusa_heads=_int_arg("heads", args.heads, 1, 8),
         tree_size=_int_arg("tree-size", args.tree_size, 1, 64), exit_layer=_int_arg("exit-layer", args.exit_layer, 1, 256),
-        resume=args.resume, seed=_int_arg("seed", args.seed, 0, 2**31), epochs=None if args.epochs is None else _int_arg("epochs", args.epochs, 1, 1000))
+        draft_layers=_layers_arg(args.draft_layers), resume=args.resume, seed=_int_arg("seed", args.seed, 0, 2**31), epochs=None if args.epochs is None else _int_arg("epochs", args.epochs, 1, 1000))
     train.train(opts)
     return 0
 

@@ -10,9 +10,10 @@ from typing import Union
 
 DEFAULT_TARGET = "smollm2-135m"  # the embedded SmolLM2-135M-Instruct
 DEFAULT_DRAFT = "int8"           # an int8 copy of the target
-METHODS = ("ar", "vanilla", "pld", "eagle", "medusa", "layerskip")
-TRAINED_METHODS = ("eagle", "medusa", "layerskip")  # drafters trained against the target (python -m specviz train)
-CHAIN_METHODS = ("vanilla", "pld", "eagle", "layerskip")  # draft a chain: what the drafter check and the step-through view take
+METHODS = ("ar", "vanilla", "pld", "eagle", "medusa", "layerskip", "draft")
+TRAINED_METHODS = ("eagle", "medusa", "layerskip", "draft")  # drafters trained against the target (python -m specviz train)
+CHAIN_METHODS = ("vanilla", "pld", "eagle", "layerskip", "draft")  # draft a chain: what the step-through view takes
+CHECK_METHODS = ("vanilla", "pld", "eagle", "draft")  # chain drafters over the chain loop (layerskip has its own engine)
 GAMMA_MAX = 16
 MAX_NEW_TOKENS_CAP = 2048
 
@@ -26,7 +27,7 @@ Gamma = Union[int, str]  # 1..GAMMA_MAX or "auto"
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    method: str = "vanilla"          # "ar" | "vanilla" (a draft model) | "pld" (prompt lookup) | "eagle" | "medusa" | "layerskip"
+    method: str = "vanilla"          # "ar" | "vanilla" (a draft model) | "pld" (prompt lookup) | "eagle" | "medusa" | "layerskip" | "draft"
     gamma: Gamma = 4                 # drafted tokens per step, or "auto" (adaptive)
     temperature: float = 0.0         # 0 = greedy; > 0 = exact speculative sampling
     top_k: int = 0                   # 0 = off; else keep the k most likely tokens

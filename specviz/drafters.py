@@ -1,7 +1,8 @@
-"""Trained drafters for a target: EAGLE (one decoder layer over the target's features) and Medusa heads.
+"""Trained drafters for a target: EAGLE (one decoder layer over the target's features), Medusa heads,
+LayerSkip's exit adapter and a distilled draft model (a few decoder layers of its own).
 
-Both read the target's last hidden state (after its final norm: the "feature" its LM head reads) and
-reuse the target's embeddings and LM head, so only a few million weights are theirs. The LM head can be
+All reuse the target's embeddings and LM head, so only a few million weights are theirs; EAGLE and
+Medusa read the target's last hidden state (after its final norm: the "feature" its LM head reads). The LM head can be
 compressed to the N most frequent tokens (`vocab_ids`): on a 135M target the full head is a fifth of
 the weights and would dominate the drafting cost.
 
@@ -21,7 +22,7 @@ from torch import nn
 
 from specviz.models import ModelError
 
-KINDS = ("eagle", "medusa", "layerskip")
+KINDS = ("eagle", "medusa", "layerskip", "draft")
 
 
 class DrafterError(ModelError):
@@ -30,7 +31,7 @@ class DrafterError(ModelError):
 
 @dataclass
 class DrafterConfig:
-    kind: str                      # "eagle" | "medusa"
+    kind: str                      # "eagle" | "medusa" | "layerskip" | "draft"
     target: str                    # the target spec it was trained for
     hidden_size: int
     vocab_size: int                # the target's vocabulary
@@ -49,6 +50,8 @@ class DrafterConfig:
     tree: list = field(default_factory=list)  # medusa: the candidate tree (choices), chosen from measured accuracies
     # layerskip
     exit_layer: int = 0            # draft from the hidden state after this many target layers
+    # draft
+    draft_layers: list = field(default_factory=list)  # the target layers its own layers started from
     training: dict = field(default_factory=dict)  # data, steps, wall time, hardware, measured figures
 
     @classmethod
@@ -198,6 +201,36 @@ class ExitAdapter(nn.Module):
         return h + self.mlp(self.norm(h))
 
 
+class DraftLM(nn.Module):
+    """A small separate model: a few decoder layers (started from a selection of the target's and distilled)
+    between the target's own embeddings and (compressed) LM head. Only its layers and final norm are its own."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in cfg.draft_layers])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, past: list | None = None):
+        """embeds (B, T, d) at positions (T,) after `past` (a (keys, values) per layer) → final-norm
+        features (B, T, d) and the new past."""
+        x, present = embeds, []
+        for i, layer in enumerate(self.layers):
+            x, kv = layer(x, positions, None if past is None else past[i])
+            present.append(kv)
+        return self.norm(x), present
+
+    @classmethod
+    def from_target(cls, cfg: DrafterConfig, target_model: nn.Module) -> "DraftLM":
+        """Its layers start as copies of the target's layers `cfg.draft_layers`, its norm as the target's."""
+        module = cls(cfg)
+        decoder = target_model.get_decoder()
+        for mine, index in zip(module.layers, cfg.draft_layers):
+            _load_into(mine, decoder.layers[index].state_dict(), f"target layer {index}")
+        module.norm.weight.data.copy_(decoder.norm.weight.data)
+        return module
+
+
 class Drafter:
     """A trained drafter bound to its target: the module plus the target's embeddings and (compressed) LM head."""
 
@@ -248,6 +281,8 @@ def build_module(cfg: DrafterConfig) -> nn.Module:
         return Medusa(cfg)
     if cfg.kind == "layerskip":
         return ExitAdapter(cfg)
+    if cfg.kind == "draft":
+        return DraftLM(cfg)
     raise DrafterError(f"drafter kind {cfg.kind!r} is unknown: use one of {', '.join(KINDS)}")
 
 
@@ -367,5 +402,8 @@ def describe(cfg: DrafterConfig) -> str:
         return f"Medusa, {cfg.medusa_heads} heads, {vocab}"
     if cfg.kind == "layerskip":
         return f"LayerSkip: the target's first {cfg.exit_layer} layers and a trained exit adapter, {vocab}"
+    if cfg.kind == "draft":
+        return (f"a distilled draft model of {len(cfg.draft_layers)} decoder layers (started from the target's layers "
+                f"{cfg.draft_layers}) sharing the target's embeddings and LM head, {vocab}")
     return f"EAGLE, one decoder layer, {vocab}"
 

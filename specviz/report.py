@@ -100,14 +100,19 @@ def _greedy(d: dict) -> str:
 
 def _fidelity(f: dict, fig: _Figures) -> str:
     fit = f["fit"]
-    text = (f"<p>{_ok(f['passed'])}: the first emitted token of the engine over seeds 0…{f['samples'] - 1} at "
+    given = f.get("given")
+    what = ("the first emitted token of the engine" if given is None else
+            f"the first emitted token of the first drafted step (this drafter's first step is the target's prefill: "
+            f"counted over the {f['samples']} of {f.get('seeds')} seeds whose prefill emitted "
+            f"<code>{escape(repr(given))}</code>, the target's most likely first token)")
+    text = (f"<p>{_ok(f['passed'])}: {what} over seeds 0…{max(f['samples'], f.get('seeds') or 0) - 1} at "
             f"temperature {f['temperature']:g}, against the target's exact distribution "
             f"(prompt <code>{escape(str(f['prompt_id']))}</code>, chosen as the most spread first token: "
             f"entropy {f['prompt_entropy']:.2f} nats). Chi-square {fit['chi2']:.1f} on {fit['dof']} degrees of freedom "
             f"({fit['bins']} bins, tokens expected fewer than 5 times pooled): <b>p = {fit['p_value']:.3g}</b> "
             f"(fails below {f.get('p_value_min', 1e-3):g}). Total-variation distance over the bins "
             f"<b>{fit['tv']:.3f}</b>, bound {fit['tv_bound']:.3f} for n = {fit['n']} (an exact sampler stays below it "
-            f"with probability ≥ 1 − 10⁻⁴). {f['with_drafts']} of {f['samples']} first steps verified drafted tokens; "
+            f"with probability ≥ 1 − 10⁻⁴). {f['with_drafts']} of {f['samples']} steps counted verified drafted tokens; "
             f"{f['first_accepted']} kept the first one.</p>")
     return text + fig(fidelity_figure(f))
 

@@ -1,4 +1,4 @@
-"""`python -m specviz train {eagle,medusa,layerskip}`: train a drafter against a frozen target.
+"""`python -m specviz train {eagle,medusa,layerskip,draft}`: train a drafter against a frozen target.
 
 Stages, each resumable from `--out`:
   1. data      the target answers prompts greedily (self-distillation). Default: the committed token ids
@@ -31,7 +31,7 @@ DEFAULT_DATA = ASSETS / "distill" / "smollm2-135m.jsonl.gz"
 
 @dataclass
 class TrainOptions:
-    kind: str = "eagle"                # "eagle" | "medusa" | "layerskip"
+    kind: str = "eagle"                # "eagle" | "medusa" | "layerskip" | "draft"
     out: Path = Path("out/train")
     target: str = DEFAULT_TARGET
     data: str | None = None            # a user's prompt file; None = the default self-distillation data
@@ -43,6 +43,7 @@ class TrainOptions:
     medusa_heads: int = 4
     tree_size: int = 16                # medusa: nodes in the candidate tree
     exit_layer: int = 10               # layerskip: draft from the hidden state after this many layers
+    draft_layers: tuple = (0, 1, 2, 3)  # draft: the target layers its own layers start from
     max_new_tokens: int = 160          # answer length when generating data
     resume: bool = False
     seed: int = 0
@@ -257,6 +258,18 @@ def layerskip_loss(module, head, embed, ids, feats, valid, noise: float, norm=No
     return kl, {"top1": top1}
 
 
+def draft_loss(module, head, embed, ids, feats, valid, noise: float):
+    """The draft model learns the target's own next-token distribution at every position (distillation)."""
+    out, _ = module(embed(ids), torch.arange(ids.shape[1]))
+    mask = valid.float()
+    with torch.no_grad():
+        t_logits = feats @ head.T
+    p_logits = out @ head.T
+    kl = soft_kl(p_logits, t_logits, mask)
+    top1 = float(((p_logits.detach().argmax(-1) == t_logits.argmax(-1)).float() * mask).sum() / mask.sum())
+    return kl, {"top1": top1}
+
+
 def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     """Every stage; `target` (a LoadedModel) defaults to loading opts.target in fp32 on the CPU."""
     from tqdm import tqdm
@@ -266,15 +279,22 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     torch.manual_seed(opts.seed)
     opts.out.mkdir(parents=True, exist_ok=True)
     target = target or models.get(opts.target, torch.device("cpu"), torch.float32)
+    n_layers = target.model.config.num_hidden_layers
+    if opts.kind == "layerskip" and not 1 <= opts.exit_layer < n_layers:
+        raise drafters.DrafterError(f"exit-layer={opts.exit_layer} is out of range for {opts.target}: use 1..{n_layers - 1}")
+    if opts.kind == "draft" and not all(0 <= i < n_layers for i in opts.draft_layers):
+        raise drafters.DrafterError(f"draft-layers={','.join(map(str, opts.draft_layers))} is out of range for "
+                                    f"{opts.target}: use indices 0..{n_layers - 1}")
     examples = examples_for(opts, target, log)
     train_ex, held_out = distill.split(examples)
     feats, seqs = features_for(train_ex, target, opts.out / "features.pt", log)
     if opts.kind == "layerskip":  # the exit adapter reads the early hidden state, the labels come from the last
         feats = torch.cat([feats, exit_features_for(train_ex, target, opts.exit_layer, opts.out / "exit_features.pt", log)], -1)
     vocab_ids = drafters.frequent_vocab(seqs, target.vocab_size, opts.draft_vocab) if opts.draft_vocab else None
-    extra = {"medusa": {"medusa_heads": opts.medusa_heads}, "layerskip": {"exit_layer": opts.exit_layer}}.get(opts.kind, {})
+    extra = {"medusa": {"medusa_heads": opts.medusa_heads}, "layerskip": {"exit_layer": opts.exit_layer},
+             "draft": {"draft_layers": list(opts.draft_layers)}}.get(opts.kind, {})
     cfg = drafters.DrafterConfig.for_target(opts.kind, opts.target, target.model.config, opts.draft_vocab, **extra)
-    module = drafters.build_module(cfg).train()
+    module = (drafters.DraftLM.from_target(cfg, target.model) if opts.kind == "draft" else drafters.build_module(cfg)).train()
     weight = target.model.get_output_embeddings().weight.detach()
     head = weight if vocab_ids is None else weight[vocab_ids]
     embed = target.model.get_input_embeddings()
@@ -295,7 +315,7 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
         step, seconds = ckpt["step"], ckpt["seconds"]
         batches.rng.setstate(ckpt["rng"])
         log(f"resumed from {ckpt_path} at step {step}")
-    loss_fn = {"eagle": eagle_loss, "medusa": medusa_loss,
+    loss_fn = {"eagle": eagle_loss, "medusa": medusa_loss, "draft": draft_loss,
                "layerskip": functools.partial(layerskip_loss, norm=target.model.get_decoder().norm)}[opts.kind]
     held_feats, held_seqs = features_for(held_out, target, opts.out / "held_out_features.pt", log)
     if opts.kind == "layerskip":

@@ -82,6 +82,26 @@ def test_run_check_on_tiny_pair_reports_every_part(tiny_target, tiny_draft):
     assert [c["name"] for c in d["payoff"]["by_category"]] == ["a", "b"]
 
 
+def test_check_of_a_feature_drafter_conditions_on_the_prefill(tiny_target):
+    """EAGLE's first step is the target's prefill (it drafts nothing): the sampling test counts the next step,
+    over the seeds whose prefill emitted the target's most likely first token, against p(. | prompt, that token)."""
+    from specviz import drafters
+    from specviz.engines.eagle import EagleDrafter
+
+    cfg = drafters.DrafterConfig.for_target("eagle", tiny_target.name, tiny_target.model.config)
+    torch.manual_seed(0)
+    d = drafters.Drafter(drafters.build_module(cfg), cfg, tiny_target.model, None)
+    prompts = [{"id": 1, "category": "a", "prompt": "1 2 3 4 5"}]
+    report = check.run_check(tiny_target, EagleDrafter(d, "random eagle"), prompts=prompts,
+                             options=check.CheckOptions(**FAST), method="eagle")
+    fid = report.fidelity
+    assert report.correct, report.verdict
+    assert fid.given is not None and fid.samples == 200 and fid.seeds >= 200 and fid.with_drafts == 200
+    ids = tiny_target.encode_prompt("1 2 3 4 5")
+    first = int(check.CachedLM(tiny_target.model, tiny_target.device).logits(ids)[0].argmax())
+    assert fid.given == tiny_target.text_of(first)
+
+
 def test_a_real_greedy_divergence_is_a_bug_and_named(tiny_target):
     """Plant a divergence in a greedy output: the check names the position, its context, and calls it a bug
     (the tiny model's logits are far from a tie)."""

@@ -10,6 +10,7 @@ import torch
 from specviz import drafters, engines, train
 from specviz.cli import main
 from specviz.config import DecodeConfig
+from specviz.engines.draft_model import DistilledDrafter
 from specviz.engines.eagle import EagleDrafter
 from specviz.engines.layerskip import LayerSkipEngine, SplitLM
 from specviz.engines.tree import eagle_tree_engine, medusa_engine
@@ -34,13 +35,15 @@ def engine_for(target, d: drafters.Drafter, tree: bool = False):
         return LayerSkipEngine(target, d)
     if d.kind == "medusa":
         return medusa_engine(target, d)
+    if d.kind == "draft":
+        return engines.SpeculativeEngine("draft", target, DistilledDrafter(d, "test"))
     if tree:
         return eagle_tree_engine(target, d)
     return engines.SpeculativeEngine("eagle", target, EagleDrafter(d, "test"))
 
 
 @pytest.mark.parametrize("kind,extra,tree", [("eagle", {}, False), ("eagle", {}, True), ("medusa", {"medusa_heads": 3}, True),
-                                             ("layerskip", {"exit_layer": 1}, False)])
+                                             ("layerskip", {"exit_layer": 1}, False), ("draft", {"draft_layers": [0]}, False)])
 @pytest.mark.parametrize("compressed", [False, True])
 def test_greedy_identity_tiny(tiny_target, kind, extra, tree, compressed):
     vocab_ids = torch.arange(0, 64, 2) if compressed else None
@@ -75,7 +78,7 @@ def test_medusa_event_carries_the_whole_tree(tiny_target):
 
 def test_sampling_runs_and_respects_the_cap(tiny_target):
     for kind, extra, tree in (("eagle", {}, False), ("eagle", {}, True), ("medusa", {"medusa_heads": 3}, True),
-                              ("layerskip", {"exit_layer": 1}, False)):
+                              ("layerskip", {"exit_layer": 1}, False), ("draft", {"draft_layers": [0]}, False)):
         eng = engine_for(tiny_target, random_drafter(tiny_target, kind, torch.arange(0, 64, 2), **extra), tree)
         run = engines.generate(eng, [1, 2, 3], DecodeConfig(method=kind, temperature=1.0, max_new_tokens=25, seed=3))
         assert len(run.token_ids) == 25 or run.events[-1].finish_reason == "eos"
@@ -152,6 +155,19 @@ def test_pickled_code_is_refused(tmp_path, tiny_target):
         drafters.load(tmp_path, tiny_target)
 
 
+def test_draft_model_copied_from_every_target_layer_is_the_target(tiny_target):
+    """A draft model started from all of the target's layers (full vocabulary) computes the target itself:
+    its layers, RoPE and incremental KV cache match transformers', so every greedy draft is accepted."""
+    cfg = drafters.DrafterConfig.for_target("draft", tiny_target.name, tiny_target.model.config, 0, draft_layers=[0, 1])
+    d = drafters.Drafter(drafters.DraftLM.from_target(cfg, tiny_target.model), cfg, tiny_target.model, None)
+    eng = engine_for(tiny_target, d)
+    run = engines.generate(eng, [5, 9, 11, 13, 2], DecodeConfig(method="draft", max_new_tokens=40, gamma=4))
+    judged = [t.verdict for e in run.events for t in e.drafts]
+    assert len(judged) > 20 and set(judged) == {Verdict.ACCEPTED}
+    assert run.token_ids == engines.generate(engines.build("ar", tiny_target), [5, 9, 11, 13, 2],
+                                             DecodeConfig(max_new_tokens=40)).token_ids
+
+
 def test_choose_tree_grows_from_the_root():
     acc = torch.tensor([[0.8, 0.1, 0.05], [0.6, 0.2, 0.1], [0.5, 0.2, 0.1]])
     tree = drafters.choose_tree(acc, 5)
@@ -159,7 +175,7 @@ def test_choose_tree_grows_from_the_root():
     assert all(p[:-1] in tree for p in tree if len(p) > 1)
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa", "layerskip"])
+@pytest.mark.parametrize("kind", ["eagle", "medusa", "layerskip", "draft"])
 def test_training_smoke(tmp_path, kind):
     """A few steps on tiny data: the target answers the prompts, features are cached, the loss falls,
     the drafter is saved, measured on held-out prompts and still exact; then resume continues."""
@@ -168,7 +184,7 @@ def test_training_smoke(tmp_path, kind):
     data.write_text("\n".join(" ".join(str((i * 7 + j) % 60 + 1) for j in range(6)) for i in range(24)))
     opts = train.TrainOptions(kind=kind, out=tmp_path / "run", target="tiny", data=str(data), steps=12,
                               batch_tokens=512, lr=3e-3, draft_vocab=32, medusa_heads=2, max_new_tokens=16, exit_layer=1,
-                              eval_prompts=1, checkpoint_every=6)
+                              draft_layers=(0,), eval_prompts=1, checkpoint_every=6)
     result = train.train(opts, log=lambda *_: None, target=target)
     assert sum(result.losses[-3:]) < sum(result.losses[:3])
     assert result.held_out["identical"] == "1/1"
@@ -184,6 +200,8 @@ def test_train_cli_rejects_bad_values(capsys, tmp_path):
     assert "steps=0 is out of range" in capsys.readouterr().err
     assert main(["train", "medusa", "--out", str(tmp_path), "--data", str(tmp_path / "nope.txt")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    assert main(["train", "draft", "--out", str(tmp_path), "--draft-layers", "0,x"]) == 2
+    assert "draft-layers='0,x' is not a list of layer indices" in capsys.readouterr().err
 
 
 SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "drafters"

@@ -6,7 +6,7 @@ from pathlib import Path
 from specviz.config import DEFAULT_DRAFT, TRAINED_METHODS, ConfigError, DecodeConfig
 from specviz.engines.ar import AREngine
 from specviz.engines.base import Engine, generate
-from specviz.engines.draft_model import ModelDrafter
+from specviz.engines.draft_model import DistilledDrafter, ModelDrafter
 from specviz.engines.pld import PromptLookupDrafter
 from specviz.engines.speculative import SpeculativeEngine
 from specviz.models import LoadedModel, load_draft
@@ -56,13 +56,15 @@ def build_trained(folder: str | Path, target: LoadedModel, chain: bool = False) 
         return LayerSkipEngine(target, d)
     if d.kind == "medusa":
         return medusa_engine(target, d)
+    if d.kind == "draft":
+        return SpeculativeEngine("draft", target, DistilledDrafter(d, str(folder)))
     if d.cfg.tree and not chain:
         return eagle_tree_engine(target, d)
     return SpeculativeEngine("eagle", target, EagleDrafter(d, str(folder)))
 
 
 def build(method: str, target: LoadedModel, draft: str | LoadedModel = DEFAULT_DRAFT, chain: bool = False) -> Engine:
-    """The engine for `method` ("ar" | "vanilla" | "pld" | "eagle" | "medusa" | "layerskip") over `target`;
+    """The engine for `method` ("ar" | "vanilla" | "pld" | "eagle" | "medusa" | "layerskip" | "draft") over `target`;
     chain=True asks for a chain-drafting engine (one with `cycle()` views, as the step-through needs)."""
     DecodeConfig(method=method)  # validates the name with the shared message
     if method == "ar":

@@ -39,3 +39,48 @@ class ModelDraftSession:
 
     def rollback(self, n_valid: int) -> None:
         self.lm.rollback(n_valid)
+
+
+class DistilledDrafter:
+    """A trained drafter of kind "draft" (drafters.DraftLM): a few decoder layers of its own between the
+    target's embeddings and (compressed) LM head, drafting a chain over its own KV cache."""
+
+    def __init__(self, drafter, name: str):
+        self.drafter, self.name = drafter, name
+
+    def session(self, vocab_size: int, eos_ids: frozenset[int]) -> "DistilledDraftSession":
+        return DistilledDraftSession(self.drafter, eos_ids)
+
+
+class DistilledDraftSession:
+    def __init__(self, drafter, eos_ids: frozenset[int]):
+        self.d, self.eos_ids = drafter, eos_ids
+        self.past: list | None = None  # per layer (keys, values) of the tokens fed so far
+        self.seen = 0
+
+    def _feed(self, new: list[int]) -> torch.Tensor:
+        """Run the unseen tokens through the layers; the last one's feature (d,)."""
+        device = self.d.head_weight.device
+        ids = torch.tensor([new], dtype=torch.long, device=device)
+        out, self.past = self.d.module(self.d.embed(ids), torch.arange(self.seen, self.seen + len(new), device=device),
+                                       self.past)
+        self.seen += len(new)
+        return out[0, -1]
+
+    @torch.inference_mode()
+    def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, generator: torch.Generator) -> Proposal:
+        drafted: list[int] = []
+        qs: list[torch.Tensor] = []
+        while len(drafted) < gamma:
+            token, q, confidence = self.d.draw(self.d.logits(self._feed((list(tokens) + drafted)[self.seen:])), cfg,
+                                               generator)
+            drafted.append(token)
+            qs.append(q)
+            if stop_drafting(token, confidence, self.eos_ids, cfg):
+                break
+        return Proposal(drafted, torch.stack(qs), len(drafted))
+
+    def rollback(self, n_valid: int) -> None:
+        if self.seen > n_valid:
+            self.past = [(k[:, :, :n_valid], v[:, :, :n_valid]) for k, v in self.past]
+            self.seen = n_valid
