@@ -72,7 +72,8 @@ A cheap *drafter* guesses the next γ tokens; the target then checks all γ gues
   already in the prompt and the answer (`pld`, prompt lookup decoding), an *EAGLE* drafter — one small layer
   trained to continue the target's own hidden features (`eagle`), *Medusa* heads that propose a whole tree
   of candidates, which the target verifies in one pass (`medusa`; the tree panel draws it), or the target's own
-  first layers with a trained early exit (`layerskip`). Every drafted token is
+  first layers with a trained early exit (`layerskip`), or a small *distilled draft model* of four layers
+  sharing the target's embeddings (`draft`). Every drafted token is
   coloured by what the target did with it: kept (green, underlined), refused (red, struck through), never
   judged because an earlier one was refused (grey, struck through), and the target's own token at the refused
   position (orange, bold) or its free extra token when every draft was kept (blue, bold). Hover over a
@@ -151,7 +152,7 @@ def build_ui() -> gr.Blocks:
                 with gr.Column(scale=2):
                     with gr.Row():
                         method = gr.Dropdown(list(SPEC_METHODS), value=DEFAULTS.method, label="Method",
-                                             info="vanilla: draft model · pld: prompt lookup · eagle, medusa, layerskip: trained drafters",
+                                             info="vanilla: draft model · pld: prompt lookup · eagle, medusa, layerskip, draft: trained drafters",
                                              elem_id="method")
                         draft = gr.Dropdown(DRAFT_CHOICES, value=DEFAULT_DRAFT, label="Draft model (vanilla)",
                                             allow_custom_value=True, info="int8 copy, or a model sharing the vocabulary",

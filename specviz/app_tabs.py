@@ -324,7 +324,8 @@ def step_tab(concurrency_id: str = CONCURRENCY_ID) -> None:
         gr.HTML(f"<style>{TABS_CSS}</style><p class='sv-intro'><b>Teaching mode.</b> One draft/verify cycle per "
                 "click: what the drafter proposed (q), what the target thinks (p), the acceptance test and its verdict. "
                 "The same seed gives the same run, token for token, as the Race tab's speculative lane with these "
-                "settings.</p>")
+                "settings (Medusa and EAGLE draft a chain here, one guess per position, where the race verifies "
+                "their tree).</p>")
         with gr.Row(equal_height=False):
             prompt = gr.Textbox(value=STEP_PROMPT, label="Prompt", lines=2, max_lines=4, scale=3, elem_id="step-prompt")
             method = gr.Dropdown(list(CHAIN_METHODS), value="vanilla", label="Drafter", min_width=120,

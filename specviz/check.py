@@ -180,12 +180,13 @@ def drafter_for(method: str, target: LoadedModel, draft_spec: Optional[str]) -> 
         from specviz import drafters, engines
         from specviz.engines.draft_model import DistilledDrafter
         from specviz.engines.eagle import EagleDrafter
+        from specviz.engines.tree import MedusaChainDrafter
 
         folder = engines.drafter_folder(method, target, draft_spec)
         d = drafters.load(folder, target)
         if d.kind != method:
             raise ConfigError(f"drafter {str(folder)!r} is a {d.kind} drafter, not {method}: pick method {d.kind}")
-        return (EagleDrafter if method == "eagle" else DistilledDrafter)(d, str(folder)), None
+        return {"eagle": EagleDrafter, "medusa": MedusaChainDrafter, "draft": DistilledDrafter}[method](d, str(folder)), None
     if method != "vanilla":
         raise ConfigError(f"method={method!r} cannot be checked: use one of {', '.join(CHECK_METHODS)}")
     spec = draft_spec or "int8"

@@ -12,8 +12,8 @@ DEFAULT_TARGET = "smollm2-135m"  # the embedded SmolLM2-135M-Instruct
 DEFAULT_DRAFT = "int8"           # an int8 copy of the target
 METHODS = ("ar", "vanilla", "pld", "eagle", "medusa", "layerskip", "draft")
 TRAINED_METHODS = ("eagle", "medusa", "layerskip", "draft")  # drafters trained against the target (python -m specviz train)
-CHAIN_METHODS = ("vanilla", "pld", "eagle", "layerskip", "draft")  # draft a chain: what the step-through view takes
-CHECK_METHODS = ("vanilla", "pld", "eagle", "draft")  # chain drafters over the chain loop (layerskip has its own engine)
+CHAIN_METHODS = ("vanilla", "pld", "eagle", "medusa", "layerskip", "draft")  # draft a chain (Medusa: one draw per head): what the step-through view takes
+CHECK_METHODS = ("vanilla", "pld", "eagle", "medusa", "draft")  # chain drafters over the chain loop (layerskip has its own engine)
 GAMMA_MAX = 16
 MAX_NEW_TOKENS_CAP = 2048
 

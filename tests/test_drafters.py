@@ -56,6 +56,22 @@ def test_greedy_identity_tiny(tiny_target, kind, extra, tree, compressed):
         assert len(run.token_ids) <= 30
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_medusa_as_a_chain_is_exact(tiny_target, temperature):
+    """Medusa drafting a chain (one draw per head, as the step-through view and the check run it): greedy output
+    equals AR; sampled runs use every head and stay within the cap."""
+    from specviz.engines.tree import MedusaChainDrafter
+
+    eng = engines.SpeculativeEngine("medusa", tiny_target, MedusaChainDrafter(
+        random_drafter(tiny_target, "medusa", torch.arange(0, 64, 2), medusa_heads=3), "test"))
+    cfg = DecodeConfig(method="medusa", max_new_tokens=30, temperature=temperature, gamma=3, seed=2)
+    run = engines.generate(eng, [5, 9, 11, 13, 2], cfg)
+    assert run.events[0].drafts == () and len(run.token_ids) <= 30  # the first step is the target's prefill
+    assert max(len(e.drafts) for e in run.events) == 3
+    if temperature == 0:
+        assert run.token_ids == engines.generate(engines.build("ar", tiny_target), [5, 9, 11, 13, 2], cfg).token_ids
+
+
 def test_medusa_event_carries_the_whole_tree(tiny_target):
     d = random_drafter(tiny_target, "medusa", medusa_heads=3)
     eng = medusa_engine(tiny_target, d, choices=[(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
@@ -74,6 +90,14 @@ def test_medusa_event_carries_the_whole_tree(tiny_target):
         # the accepted nodes form one root-to-node path
         for a, b in zip(accepted, accepted[1:]):
             assert e.drafts.index(a) == b.parent
+
+
+def test_gamma_caps_the_tree_depth(tiny_target):
+    d = random_drafter(tiny_target, "medusa", medusa_heads=3)
+    eng = medusa_engine(tiny_target, d, choices=[(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
+    for gamma, depth in ((1, 0), (2, 1), (4, 2)):
+        events = list(eng.steps([1, 2, 3], DecodeConfig(method="medusa", max_new_tokens=20, gamma=gamma)))
+        assert max(n.depth for e in events for n in e.drafts) == depth
 
 
 def test_sampling_runs_and_respects_the_cap(tiny_target):
@@ -275,9 +299,9 @@ def test_exit_features_are_the_early_hidden_states(tmp_path, tiny_target):
     assert torch.allclose(feats.float(), ref, atol=1e-2)
 
 
-@pytest.mark.parametrize("kind", ["eagle", "layerskip"])
+@pytest.mark.parametrize("kind", ["eagle", "medusa", "layerskip"])
 def test_step_through_takes_the_shipped_chain_drafters(target, kind):
-    """The step-through view runs chain cycles, even for EAGLE whose shipped config drafts a tree."""
+    """The step-through view runs chain cycles, even for Medusa and for EAGLE whose shipped config drafts a tree."""
     from specviz import teach
 
     cfg = DecodeConfig(method=kind, max_new_tokens=16)

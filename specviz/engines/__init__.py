@@ -43,11 +43,11 @@ def _download(repo_id: str) -> Path:
 
 
 def build_trained(folder: str | Path, target: LoadedModel, chain: bool = False) -> Engine:
-    """A trained drafter's engine: Medusa verifies trees; EAGLE drafts a tree when its config names one,
-    else (or with chain=True, as the step-through view needs) a chain."""
+    """A trained drafter's engine: Medusa verifies trees and EAGLE drafts one when its config names one;
+    with chain=True (the step-through view) both draft a chain, as LayerSkip and the draft model always do."""
     from specviz import drafters
     from specviz.engines.eagle import EagleDrafter
-    from specviz.engines.tree import eagle_tree_engine, medusa_engine
+    from specviz.engines.tree import MedusaChainDrafter, eagle_tree_engine, medusa_engine
 
     d = drafters.load(folder, target)
     if d.kind == "layerskip":
@@ -55,7 +55,7 @@ def build_trained(folder: str | Path, target: LoadedModel, chain: bool = False) 
 
         return LayerSkipEngine(target, d)
     if d.kind == "medusa":
-        return medusa_engine(target, d)
+        return SpeculativeEngine("medusa", target, MedusaChainDrafter(d, str(folder))) if chain else medusa_engine(target, d)
     if d.kind == "draft":
         return SpeculativeEngine("draft", target, DistilledDrafter(d, str(folder)))
     if d.cfg.tree and not chain:

@@ -24,14 +24,14 @@ class EagleDrafter:
         return EagleSession(self.drafter, vocab_size, eos_ids)
 
 
-class EagleSession:
+class FeatureHistory:
+    """A chain drafter session that reads the target's features: the chain loop hands it the final-norm
+    hidden states of every position the target fed, and rolls them back with the rejected drafts."""
     needs_features = True
 
     def __init__(self, drafter: Drafter, vocab_size: int, eos_ids: frozenset[int]):
         self.d, self.vocab_size, self.eos_ids = drafter, vocab_size, eos_ids
         self.feats = torch.empty(0, drafter.cfg.hidden_size)  # (n, d) the target's features of positions 0..n-1
-        self.kv = None       # the drafter layer's (keys, values) for pairs fed with true features
-        self.kv_len = 0
 
     def observe(self, hidden: torch.Tensor) -> None:
         """The target's features of the positions its last forward fed (they follow the ones held)."""
@@ -39,6 +39,20 @@ class EagleSession:
 
     def rollback(self, n_valid: int) -> None:
         self.feats = self.feats[:n_valid]
+
+    def nothing(self) -> Proposal:
+        """No drafts: the first step is the target's prefill (no features yet)."""
+        return Proposal([], torch.empty(0, self.vocab_size), 0)
+
+
+class EagleSession(FeatureHistory):
+    def __init__(self, drafter: Drafter, vocab_size: int, eos_ids: frozenset[int]):
+        super().__init__(drafter, vocab_size, eos_ids)
+        self.kv = None       # the drafter layer's (keys, values) for pairs fed with true features
+        self.kv_len = 0
+
+    def rollback(self, n_valid: int) -> None:
+        super().rollback(n_valid)
         if self.kv_len > n_valid:
             self.kv = (self.kv[0][:, :, :n_valid], self.kv[1][:, :, :n_valid])
             self.kv_len = n_valid
@@ -62,7 +76,7 @@ class EagleSession:
     def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, generator: torch.Generator) -> Proposal:
         feat = self.context_feature(tokens) if gamma > 0 else None
         if feat is None:  # the first step is the target's prefill
-            return Proposal([], torch.empty(0, self.vocab_size), 0)
+            return self.nothing()
         module, embed = self.d.module, self.d.embed
         device = self.d.head_weight.device
         kv, pos = self.kv, self.kv_len

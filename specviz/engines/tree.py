@@ -20,7 +20,8 @@ from specviz.cache import CachedLM, clock
 from specviz.config import DecodeConfig
 from specviz.drafters import Drafter
 from specviz.engines.base import commit
-from specviz.engines.eagle import EagleSession
+from specviz.engines.eagle import EagleSession, FeatureHistory
+from specviz.engines.speculative import Proposal, stop_drafting
 from specviz.events import DraftToken, StepEvent, Verdict
 from specviz.models import LoadedModel
 from specviz.sampling import pick, verify_chain, warp
@@ -86,6 +87,35 @@ class MedusaProposer:
             q_chain = self.d.scatter(q_heads[:tree.size])
         q_nodes = [float(q_heads[tree.depths[i] - 1, s]) for i, s in enumerate(small)]
         return TreeProposal(tree, [int(t) for t in self.d.to_target_ids(torch.tensor(small)).tolist()], q_nodes, q_chain, 1)
+
+
+class MedusaChainDrafter:
+    """Medusa as a chain drafter (the step-through view, the drafter check): draft k is head k's draw from
+    the feature of the last committed token's position, verified as a chain like any drafter."""
+    drafts_after_prefill = True
+
+    def __init__(self, drafter: Drafter, name: str):
+        self.drafter, self.name = drafter, name
+
+    def session(self, vocab_size: int, eos_ids: frozenset[int]) -> "MedusaChainSession":
+        return MedusaChainSession(self.drafter, vocab_size, eos_ids)
+
+
+class MedusaChainSession(FeatureHistory):
+    @torch.inference_mode()
+    def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, generator: torch.Generator) -> Proposal:
+        if len(self.feats) < len(tokens) - 1 or not len(self.feats) or gamma <= 0:
+            return self.nothing()
+        feats = self.d.module(self.feats[len(tokens) - 2][None].to(self.d.head_weight.device))[:, 0]  # (K, d)
+        drafted: list[int] = []
+        qs: list[torch.Tensor] = []
+        for k in range(min(gamma, len(feats))):
+            token, q, confidence = self.d.draw(self.d.logits(feats[k], head=k), cfg, generator)
+            drafted.append(token)
+            qs.append(q)
+            if stop_drafting(token, confidence, self.eos_ids, cfg):
+                break
+        return Proposal(drafted, torch.stack(qs), 1)
 
 
 class EagleProposer:
@@ -177,7 +207,7 @@ class TreeEngine:
         """Propose a tree, verify it in one target forward, commit the accepted path; one step of `run`."""
         cfg, tokens, vocab, text_of = run.cfg, run.tokens, self.target.vocab_size, self.target.text_of
         n_new = len(tokens) - run.prompt_len
-        room = cfg.max_new_tokens - n_new - 1  # never draft past the length cap
+        room = min(cfg.initial_gamma(), cfg.max_new_tokens - n_new - 1)  # γ caps the depth; never past the length cap
         t0 = clock(self.target.device)
         prop = self.proposer.propose(run.drafts, tokens, self.tree, cfg, room, run.generator) if room > 0 else None
         t1 = clock(self.target.device)
