@@ -26,12 +26,13 @@ bench: setup
 	$(BIN)/python -m specviz bench --prompts ../shared/data/spec_bench/question.jsonl --method vanilla pld \
 		--draft int8 --limit 24 --max-new-tokens 128 --compare-hf --json out/bench.json
 
-# the shipped drafters for smollm2-135m, from the committed self-distillation ids (CPU: about an hour)
+# the shipped drafters for smollm2-135m, from the committed self-distillation ids (CPU: about 90 minutes)
 drafters: setup
 	$(BIN)/python -m specviz train eagle --out out/train/eagle --steps 240 --resume
 	$(BIN)/python -m specviz train medusa --out out/train/medusa --steps 100 --resume
 	$(BIN)/python -m specviz train layerskip --out out/train/layerskip --steps 150 --resume
-	for k in eagle medusa layerskip; do mkdir -p assets/drafters/smollm2-135m-$$k && \
+	$(BIN)/python -m specviz train draft --out out/train/draft --steps 200 --resume
+	for k in eagle medusa layerskip draft; do mkdir -p assets/drafters/smollm2-135m-$$k && \
 		cp out/train/$$k/drafter/* assets/drafters/smollm2-135m-$$k/; done
 
 clean:

@@ -37,9 +37,9 @@ def test_race_endpoint_prompt_lookup(client):
     assert out["summary"]["spec"]["method"] == "pld" and out["draft"] is None
 
 
-@pytest.mark.parametrize("method", ["eagle", "medusa"])
+@pytest.mark.parametrize("method", ["eagle", "medusa", "draft"])
 def test_race_endpoint_trained_drafters(client, method):
-    """The shipped EAGLE and Medusa drafters through the app: identical to plain decoding, drafts accepted."""
+    """The shipped EAGLE, Medusa and draft-model drafters through the app: identical to plain decoding, drafts accepted."""
     out = client.predict(prompt="Explain why the sky is blue.", method=method, max_new_tokens=N, api_name="/race")
     assert out["spec_text"] == out["ar_text"]
     s = out["summary"]

@@ -71,15 +71,19 @@ def test_step_bad_input_is_one_line_and_the_app_keeps_serving(client):
     assert data_of(client.predict(**SETTINGS, api_name="/step_reset"))["step"] == 0
 
 
-def test_check_tab_produces_a_verdict_and_reports(client):
-    out = client.predict(target="smollm2-135m", method="pld", draft="int8", gamma="3", temperature=1.0, samples=20,
+@pytest.mark.parametrize("method", ["pld", "medusa"])
+def test_check_tab_produces_a_verdict_and_reports(client, method):
+    """A quick check through the app: prompt lookup, and the shipped Medusa heads (drafting a chain, their
+    sampling test conditioned on the prefill's token)."""
+    out = client.predict(target="smollm2-135m", method=method, draft="int8", gamma="3", temperature=1.0, samples=20,
                          prompts=1, max_new_tokens=8, api_name="/check")
     verdict, figures, *plots, json_file, html_file = out
     assert "correct" in verdict and "sv-verdict-ok" in verdict
     assert "greedy identity" in figures and "1/1" in figures
     assert sum(p is not None for p in plots) >= 2
     data = json.loads(Path(json_file).read_text())
-    assert data["method"] == "pld" and data["fidelity"]["samples"] == 20 and data["verdict"] in verdict
+    assert data["method"] == method and data["fidelity"]["samples"] == 20 and data["verdict"] in verdict
+    assert (data["fidelity"]["given"] is None) == (method == "pld")
     page = Path(html_file).read_text()
     assert page.startswith("<!doctype html>") and data["verdict"].split(";")[0] in page
 

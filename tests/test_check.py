@@ -158,7 +158,7 @@ def test_planted_sampling_bug_is_reported_incorrect(target):
     assert not report.correct and report.verdict.startswith("INCORRECT: sampling is not exact")
 
 
-@pytest.mark.parametrize("which", [["--draft", "int8"], ["--method", "pld"]])
+@pytest.mark.parametrize("which", [["--draft", "int8"], ["--method", "pld"], ["--method", "eagle"], ["--method", "draft"]])
 def test_check_cli_reports_on_real_pair(target, tmp_path, capsys, which):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps(r) for r in TWO_PROMPTS) + "\n")
@@ -174,6 +174,8 @@ def test_check_cli_reports_on_real_pair(target, tmp_path, capsys, which):
             "synthetic", "payoff", "seconds"} <= set(d)
     assert d["greedy"]["identical_all"] and len(d["greedy"]["prompts"]) == 2
     assert d["fidelity"]["passed"] and d["fidelity"]["samples"] == 50
+    assert (d["fidelity"]["given"] is not None) == (which == ["--method", "eagle"])  # EAGLE's first step is the prefill
+    assert d["fidelity"]["with_drafts"] > 0
     assert d["compatibility"]["draft_tokenizer"] == (which[0] == "--draft")
     assert len(d["payoff"]["profile"]["tokens"]) == 7 and d["payoff"]["batch_curve"]
     html = out_html.read_text()
@@ -185,6 +187,8 @@ def test_check_cli_bad_input_is_one_line(capsys):
     assert main(["check", "--samples", "5"]) == 2
     err = capsys.readouterr().err
     assert "samples=5 is out of range" in err and err.count("\n") == 1
+    assert main(["check", "--method", "pld", "--draft", "int8"]) == 2
+    assert "does not apply to pld" in capsys.readouterr().err
 
 
 def test_a_near_certain_first_token_passes():

@@ -1,4 +1,5 @@
-"""Trained drafters (EAGLE, Medusa): greedy identity, save/load, published layouts, training smoke test."""
+"""Trained drafters (EAGLE, Medusa, LayerSkip, the distilled draft model): greedy identity, save/load, published
+layouts, training smoke test."""
 from __future__ import annotations
 
 import json
@@ -231,7 +232,7 @@ def test_train_cli_rejects_bad_values(capsys, tmp_path):
 SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "drafters"
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa", "layerskip"])
+@pytest.mark.parametrize("kind", ["eagle", "medusa", "layerskip", "draft"])
 def test_shipped_drafter_greedy_identity_real_target(target, kind):
     """The shipped drafters on the real default target: identical to AR and actually accepting drafts."""
     assert (SHIPPED / f"smollm2-135m-{kind}" / "model.safetensors").is_file()
@@ -299,7 +300,7 @@ def test_exit_features_are_the_early_hidden_states(tmp_path, tiny_target):
     assert torch.allclose(feats.float(), ref, atol=1e-2)
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa", "layerskip"])
+@pytest.mark.parametrize("kind", ["eagle", "medusa", "layerskip", "draft"])
 def test_step_through_takes_the_shipped_chain_drafters(target, kind):
     """The step-through view runs chain cycles, even for Medusa and for EAGLE whose shipped config drafts a tree."""
     from specviz import teach
