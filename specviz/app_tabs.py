@@ -236,7 +236,8 @@ def cycle_table_html(view: Optional[dict]) -> str:
 def step_status(session) -> str:
     cfg = session.cfg
     m = session.measured()
-    who = f"vanilla, draft {session.draft}" if cfg.method == "vanilla" else "pld (prompt lookup)"
+    who = {"vanilla": f"vanilla, draft {session.draft}", "pld": "pld (prompt lookup)"}.get(
+        cfg.method, f"{cfg.method} (trained drafter, drafting a chain)")
     where = (f"finished ({session.run.finish_reason}) after {m['steps']} steps" if session.finished else
              f"{m['steps']} steps so far" if m["steps"] else "ready: press Next step")
     alpha = f" · α so far {_num(m['alpha'])} ({m['accepted']}/{m['drafted']}) · τ {_num(m['tau'])}" if m["steps"] else ""

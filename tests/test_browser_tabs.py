@@ -36,6 +36,31 @@ def test_step_through_in_browser(app_url, browser):
     page.close()
 
 
+def test_step_through_medusa_in_browser(app_url, browser):
+    """Step through the shipped Medusa heads: after the prefill, each head's guess is a bar chart row of the
+    drafted chain, judged by the same acceptance test."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1000})
+    page.goto(app_url)
+    page.get_by_role("tab", name="Step through").click()
+    page.wait_for_selector("#step-next")
+    page.locator("#step-method input").fill("medusa")
+    page.locator("#step-method input").press("Enter")
+    page.wait_for_timeout(300)
+    page.locator("#step-reset").click()
+    page.wait_for_function("() => document.querySelector('#step-status')?.innerText.includes('ready')",
+                           timeout=120_000)
+    for k in (1, 2):  # step 1 is the target's prefill; step 2 drafts from the heads
+        page.locator("#step-next").click()
+        page.wait_for_function(f"() => document.querySelector('#step-status')?.innerText.includes('{k} steps so far')",
+                               timeout=60_000)
+    page.wait_for_selector("#step-table tr[data-verdict]")
+    page.wait_for_timeout(600)  # let Plotly draw
+    assert "medusa" in page.locator("#step-status").inner_text()
+    assert plot_traces(page, "step-bars") >= 2
+    page.screenshot(path=str(ASSETS / "screenshot-step-medusa.png"), full_page=True)
+    page.close()
+
+
 def test_check_in_browser(app_url, browser):
     page = browser.new_page(viewport={"width": 1500, "height": 1000})
     page.goto(app_url)
