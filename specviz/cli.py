@@ -24,7 +24,7 @@ class InputError(ValueError):
 def _decode_args(p: argparse.ArgumentParser, methods=METHODS) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help="model spec: smollm2-135m, ORG/NAME, folder or .gguf (default %(default)s)")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft for vanilla: int8 or a model spec sharing the target's tokenizer (default %(default)s)")
-    p.add_argument("--drafter", default=None, help="eagle/medusa: a folder written by `train` (default: the drafter shipped for the target)")
+    p.add_argument("--drafter", default=None, help="eagle, medusa, layerskip, draft: a folder written by `train` or a Hub id (default: the drafter shipped for the target)")
     p.add_argument("--gamma", default=str(DEFAULTS.gamma), help=f"drafted tokens per step, 1..{GAMMA_MAX} or auto (default %(default)s)")
     p.add_argument("--temperature", default=DEFAULTS.temperature, help="0 = greedy (default %(default)s)")
     p.add_argument("--top-k", default=DEFAULTS.top_k, help="0 = off (default %(default)s)")

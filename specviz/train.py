@@ -218,22 +218,24 @@ def medusa_loss(module, head, embed, ids, feats, valid, noise: float):
 
 
 @torch.no_grad()
-def head_accuracy(module, head: torch.Tensor, feats: torch.Tensor, seqs: list[list[int]], ranks: int = 8) -> torch.Tensor:
-    """(K, ranks): how often head k's rank-r candidate is the target's own next token k + 1 positions on."""
+def head_accuracy(module, head: torch.Tensor, feats: torch.Tensor, seqs: list[list[int]], prompt_lens: list[int],
+                  ranks: int = 8) -> torch.Tensor:
+    """(K, ranks): how often head k's rank-r candidate is the target's own next token k + 1 positions on,
+    counted where that token is part of the answer (templated prompt tokens are easy and would inflate it)."""
     k_heads = module.cfg.medusa_heads
     hits, total = torch.zeros(k_heads, ranks), torch.zeros(k_heads, 1)
     start = 0
-    for seq in seqs:
+    for seq, prompt_len in zip(seqs, prompt_lens):
         f = feats[start:start + len(seq)].float()
         start += len(seq)
         target_next = (f @ head.T).argmax(-1)  # (T,) the target's choice after each position
         top = (module(f) @ head.T).topk(ranks, -1).indices  # (K, T, ranks)
         for k in range(k_heads):
-            n = len(seq) - (k + 1)
-            if n <= 0:
+            lo, n = max(0, prompt_len - k - 2), len(seq) - (k + 1)  # position j guesses token j + k + 2
+            if n <= lo:
                 continue
-            hits[k] += (top[k, :n] == target_next[k + 1:, None]).float().sum(0)
-            total[k] += n
+            hits[k] += (top[k, lo:n] == target_next[lo + k + 1:, None]).float().sum(0)
+            total[k] += n - lo
     return hits / total.clamp_min(1)
 
 
@@ -368,8 +370,9 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
                     "train_seconds": round(seconds), "hardware": f"{platform.machine()} CPU, {torch.get_num_threads()} threads",
                     "torch": torch.__version__}
     if opts.kind == "medusa":
-        accuracy = head_accuracy(module.eval(), head, held_feats, held_seqs)
+        accuracy = head_accuracy(module.eval(), head, held_feats, held_seqs, [len(e["prompt_ids"]) for e in held_out])
         cfg.tree = [list(p) for p in drafters.choose_tree(accuracy, opts.tree_size)]
+        cfg.training["head_top1_held_out_answers"] = [round(float(a), 3) for a in accuracy[:, 0]]
         log("held-out top-1 accuracy by head: " + ", ".join(f"{float(a):.2f}" for a in accuracy[:, 0]))
     final = opts.out / "drafter"
     drafters.save(final, module, cfg, vocab_ids, card(cfg, opts))
