@@ -236,7 +236,8 @@ def tree_figure(event: Optional[StepEvent]) -> go.Figure:
     final_xy = None
     if final is not None:
         x = pos(tail)[0] + 1.0
-        blocked = any(d.parent == tail and pos(i)[1] == pos(tail)[1] for i, d in enumerate(drafts) if i not in path)
+        blocked = any(d.parent == tail and abs(pos(i)[1] - pos(tail)[1]) < 0.6 for i, d in enumerate(drafts)
+                      if i not in path)  # a refused sibling sits there: hang the target's token below the tree
         final_xy = (x, (max(ys) + 1.0) if blocked else pos(tail)[1])
 
     on_path = set(path)
@@ -262,15 +263,17 @@ def tree_figure(event: Optional[StepEvent]) -> go.Figure:
         if final.p_target is not None:
             hover += f"<br>p_target={final.p_target:.3f}"
         nodes.setdefault(final.verdict, []).append((*final_xy, _label(final.text), hover))
+    crowded = len(set(ys)) > 4  # many siblings: smaller nodes, labels beside them instead of stacked above
     for verdict in Verdict:
         if verdict not in nodes:
             continue
         nx, ny, text, hover = (list(v) for v in zip(*nodes[verdict]))
         colour = COLOURS[verdict] if verdict is not Verdict.PLAIN else "#000000"
         data.append({"type": "scatter", "x": nx, "y": ny, "mode": "markers+text", "text": text,
-                     "textposition": "top center", "textfont": {"size": 16, "color": colour},
+                     "textposition": "middle right" if crowded else "top center",
+                     "textfont": {"size": 12 if crowded else 16, "color": colour},
                      "name": verdict.value, "hovertext": hover, "hoverinfo": "text",
-                     "marker": {"size": 18, "color": colour, "symbol": SYMBOLS[verdict],
+                     "marker": {"size": 11 if crowded else 18, "color": colour, "symbol": SYMBOLS[verdict],
                                 "line": {"width": 2, "color": colour}}})
     all_x = [0.0] + [pos(i)[0] for i in range(len(drafts))] + ([final_xy[0]] if final_xy else [])
     all_y = [root_y] + ys + ([final_xy[1]] if final_xy else [])

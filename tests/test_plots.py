@@ -106,6 +106,21 @@ def test_real_tree_draws_every_branch_and_highlights_one_path():
     assert len(segments(fig.data[0])) == 3  # B, D and E are off the path
 
 
+def test_a_wide_tree_keeps_its_labels_apart():
+    """Eight refused siblings (Medusa's depth-1 candidates): labels sit beside smaller nodes, and the target's own
+    token hangs below the tree instead of on top of a sibling."""
+    wide = StepEvent(1, tuple(D(10 + i, f"t{i}", V.REJECTED if i == 0 else V.DISCARDED, 0.1, 0.0 if i == 0 else None,
+                                None, -1, 0, head=0, rank=i) for i in range(8)),
+                     (E(99, "x", V.RESAMPLED),), 0.01, 0.02, 1, 1, 1)
+    fig = plots.tree_figure(wide)
+    markers = [t for t in fig.data if t.name in ("rejected", "discarded", "resampled")]
+    assert {t.textposition for t in markers} == {"middle right"} and {t.marker.size for t in markers} == {11}
+    final = next(t for t in markers if t.name == "resampled")
+    siblings = [y for t in markers if t.name != "resampled" for y in t.y]
+    assert min(abs(final.y[0] - y) for y in siblings) >= 0.6
+    assert plots.tree_figure(TREE).data[-1].textposition == "top center"  # a small tree keeps labels on top
+
+
 def test_tree_of_a_step_without_drafts_and_the_empty_tree():
     fig = plots.tree_figure(NO_DRAFT)
     assert fig.data[-1].name == "plain" and list(fig.data[-1].text) == ["!"]
