@@ -372,8 +372,9 @@ def parser() -> argparse.ArgumentParser:
                    "medusa: heads proposing a candidate tree; layerskip: the target's first layers and an exit adapter; "
                    "draft: a small distilled model sharing the target's embeddings and LM head")
     t.add_argument("--target", default=DEFAULT_TARGET, help="model spec (default %(default)s)")
-    t.add_argument("--data", default=None, help="your own prompts (JSONL with 'prompt', or one a line); the target "
-                   "answers them (default: the committed self-distillation data)")
+    t.add_argument("--data", nargs="+", default=None, help="one or more files: your own prompts (JSONL with 'prompt', "
+                   "or one a line), which the target answers, and/or self-distillation ids (JSONL(.gz) of prompt_ids and "
+                   "answer_ids, used as they are) (default: the committed self-distillation data)")
     t.add_argument("--out", required=True, help="working folder: data, features, checkpoints; the drafter lands in OUT/drafter")
     t.add_argument("--steps", default=str(TRAIN_DEFAULTS.steps), help="optimizer steps (default %(default)s)")
     t.add_argument("--epochs", default=None, help="instead of --steps: passes over the training tokens")
@@ -413,8 +414,10 @@ def _layers_arg(value: str) -> tuple[int, ...]:
 def cmd_train(args) -> int:
     from specviz import train
 
-    if args.data is not None and not Path(args.data).is_file():
-        raise InputError(f"data file {args.data!r} does not exist: give a JSONL or text file of prompts")
+    for f in args.data or []:
+        if not Path(f).is_file():
+            raise InputError(f"data file {f!r} does not exist: give a JSONL or text file of prompts, or a JSONL(.gz) "
+                             "of self-distillation ids")
     try:
         lr = float(args.lr)
     except ValueError:
@@ -422,7 +425,7 @@ def cmd_train(args) -> int:
     if not 0 < lr < 1:
         raise InputError(f"lr={lr} is out of range: use a value in (0, 1)")
     opts = train.TrainOptions(
-        kind=args.kind, out=Path(args.out), target=args.target, data=args.data,
+        kind=args.kind, out=Path(args.out), target=args.target, data=tuple(args.data) if args.data else None,
         steps=_int_arg("steps", args.steps, 1, 10**6), batch_tokens=_int_arg("batch-tokens", args.batch_tokens, 64, 10**6),
         lr=lr, draft_vocab=_int_arg("draft-vocab", args.draft_vocab, 0, 10**7), medusa_heads=_int_arg("heads", args.heads, 1, 8),
         tree_size=_int_arg("tree-size", args.tree_size, 1, 64), exit_layer=_int_arg("exit-layer", args.exit_layer, 1, 256),

@@ -209,6 +209,20 @@ def generate_answers(target, prompts: list[str], out_path: Path, max_new_tokens:
             progress(len(done) + start + len(chunk), len(prompts), n_tokens)
 
 
+def is_example_file(path: str | Path) -> bool:
+    """Whether a data file holds generated examples (JSONL, maybe gzipped, of prompt_ids and answer_ids)
+    rather than prompts for the target to answer."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            first = next((line for line in f if line.strip()), "")
+        row = json.loads(first) if first.lstrip().startswith("{") else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(row, dict) and "prompt_ids" in row and "answer_ids" in row
+
+
 def read_examples(path: str | Path) -> list[dict]:
     """Examples from a .jsonl or .jsonl.gz file of {"i", "prompt_ids", "answer_ids"}."""
     path = Path(path)

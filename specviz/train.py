@@ -34,7 +34,7 @@ class TrainOptions:
     kind: str = "eagle"                # "eagle" | "medusa" | "layerskip" | "draft"
     out: Path = Path("out/train")
     target: str = DEFAULT_TARGET
-    data: str | None = None            # a user's prompt file; None = the default self-distillation data
+    data: tuple | str | None = None    # prompt files and/or example (ids) files; None = the default self-distillation data
     steps: int = 600
     epochs: int | None = None          # instead of steps: passes over the training tokens
     batch_tokens: int = 4096
@@ -53,12 +53,21 @@ class TrainOptions:
 
 def examples_for(opts: TrainOptions, target, log) -> list[dict]:
     """Stage 1: the self-distillation examples (prompt ids + the target's answer ids)."""
-    if opts.data is None and opts.target == DEFAULT_TARGET and DEFAULT_DATA.is_file():
+    files = data_files(opts)
+    if not files and opts.target == DEFAULT_TARGET and DEFAULT_DATA.is_file():
         log(f"data: {DEFAULT_DATA.relative_to(ASSETS.parent)} (committed self-distillation ids)")
         return distill.read_examples(DEFAULT_DATA)
-    prompts = distill.read_prompt_file(opts.data) if opts.data else distill.default_prompts()
+    examples, prompts = [], [] if files else distill.default_prompts()
+    for f in files:  # generated examples are used as they are; prompts are answered by the target below
+        if distill.is_example_file(f):
+            examples += distill.read_examples(f)
+            log(f"data: {f} (self-distillation ids)")
+        else:
+            prompts += distill.read_prompt_file(f)
+    if not prompts and not examples:
+        raise ValueError(f"data file {', '.join(files)!r} has no prompts: use JSONL with 'prompt' or one prompt a line")
     if not prompts:
-        raise ValueError(f"data file {opts.data!r} has no prompts: use JSONL with 'prompt' or one prompt a line")
+        return examples
     path = opts.out / "data.jsonl"
     log(f"data: the target answers {len(prompts)} prompts ({path}, resumable)")
     from tqdm import tqdm
@@ -73,7 +82,11 @@ def examples_for(opts: TrainOptions, target, log) -> list[dict]:
 
     distill.generate_answers(target, prompts, path, opts.max_new_tokens, progress=progress)
     bar.close()
-    return distill.read_examples(path)
+    return examples + distill.read_examples(path)
+
+
+def data_files(opts: TrainOptions) -> list[str]:
+    return [opts.data] if isinstance(opts.data, str) else list(opts.data or [])
 
 
 @torch.inference_mode()
@@ -365,7 +378,7 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     bar.close()
     if best[1] is not None:
         module.load_state_dict(best[1])
-    cfg.training = {"data": "self-distillation: " + (opts.data or "the project's default prompts") + f", {len(train_ex)} sequences, "
+    cfg.training = {"data": "self-distillation: " + (" + ".join(data_files(opts)) or "the project's default prompts") + f", {len(train_ex)} sequences, "
                     f"{sum(map(len, seqs))} tokens", "steps": opts.steps, "batch_tokens": opts.batch_tokens,
                     "train_seconds": round(seconds), "hardware": f"{platform.machine()} CPU, {torch.get_num_threads()} threads",
                     "torch": torch.__version__}
@@ -406,8 +419,10 @@ def measure(folder: Path, target, held_out: list[dict], log, max_new_tokens: int
 def card(cfg: drafters.DrafterConfig, opts: TrainOptions) -> str:
     t = cfg.training
     lines = [f"# {cfg.kind} drafter for {cfg.target}", "", drafters.describe(cfg) + ".", "",
-             f"Reproduce: `python -m specviz train {cfg.kind} --out {opts.out} --steps {opts.steps}`"
-             + (" (`make drafters` runs this for every shipped drafter)" if opts.target == DEFAULT_TARGET and opts.data is None else ""),
+             f"Reproduce: `python -m specviz train {cfg.kind} --out {opts.out} --steps {opts.steps}"
+             + "".join(f" --data {f}" if i == 0 else f" {f}" for i, f in enumerate(data_files(opts))) + "`"
+             + (" (`make drafters` runs this for every shipped drafter)" if opts.target == DEFAULT_TARGET and all(
+                 Path(f).resolve().is_relative_to(ASSETS) for f in data_files(opts)) else ""),
              "", "Target frozen; trained on its own features and soft labels (self-distillation, never Spec-Bench).", ""]
     for key, value in t.items():
         lines.append(f"- {key.replace('_', ' ')}: {json.dumps(value) if isinstance(value, dict) else value}")

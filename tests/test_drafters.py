@@ -220,6 +220,26 @@ def test_training_smoke(tmp_path, kind):
     assert len(resumed.losses) == 2  # continued from step 12
 
 
+def test_training_takes_generated_ids_and_prompts_together(tmp_path):
+    """--data mixes files: self-distillation ids are used as they are, prompts are answered by the target."""
+    from specviz import distill
+
+    target = tiny_model(0)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(" ".join(str((i * 5 + j) % 60 + 1) for j in range(5)) for i in range(20)))
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text("\n".join(json.dumps({"i": i, "prompt_ids": [1 + i % 50, 2, 3], "answer_ids": [4, 5, 6, 7]})
+                             for i in range(40)) + "\n")
+    assert distill.is_example_file(ids) and not distill.is_example_file(prompts)
+    opts = train.TrainOptions(kind="draft", out=tmp_path / "run", target="tiny", data=(str(ids), str(prompts)), steps=2,
+                              batch_tokens=256, draft_vocab=0, max_new_tokens=8, draft_layers=(0,), eval_prompts=1)
+    examples = train.examples_for(opts, target, lambda *_: None)
+    assert len(examples) == 60 and sum(e["answer_ids"] == [4, 5, 6, 7] for e in examples) >= 40
+    assert len(distill.read_examples(tmp_path / "run" / "data.jsonl")) == 20  # only the prompts were answered
+    card = train.card(drafters.DrafterConfig.for_target("draft", "tiny", target.model.config), opts)
+    assert f"--data {ids} {prompts}" in card
+
+
 def test_train_cli_rejects_bad_values(capsys, tmp_path):
     assert main(["train", "eagle", "--out", str(tmp_path), "--steps", "0"]) == 2
     assert "steps=0 is out of range" in capsys.readouterr().err
