@@ -291,7 +291,8 @@ def sampling_fidelity(engine: SpeculativeEngine, target: LoadedModel, candidates
     test conditions on the prefill emitting the target's most likely first token, and counts the next step."""
     cfg = DecodeConfig(method="vanilla", gamma=options.gamma, temperature=options.temperature,
                        max_new_tokens=options.max_new_tokens)
-    after_prefill = bool(getattr(engine.drafter, "drafts_after_prefill", False))
+    # a drafter reading the target's features has none before the target's prefill, so it drafts from step 2
+    after_prefill = bool(getattr(engine.drafter.session(target.vocab_size, target.eos_ids), "needs_features", False))
     best = None
     for prompt_id, ids in candidates:  # the prompt whose tested token is most spread shows a skew best
         logits = CachedLM(target.model, target.device).logits(ids)[0, :target.vocab_size]  # (V,)

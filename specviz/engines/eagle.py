@@ -15,8 +15,6 @@ from specviz.engines.speculative import Proposal, stop_drafting
 
 
 class EagleDrafter:
-    drafts_after_prefill = True  # it reads the target's features: the first step is the target's prefill
-
     def __init__(self, drafter: Drafter, name: str):
         self.drafter, self.name = drafter, name
 

@@ -92,7 +92,6 @@ class MedusaProposer:
 class MedusaChainDrafter:
     """Medusa as a chain drafter (the step-through view, the drafter check): draft k is head k's draw from
     the feature of the last committed token's position, verified as a chain like any drafter."""
-    drafts_after_prefill = True
 
     def __init__(self, drafter: Drafter, name: str):
         self.drafter, self.name = drafter, name
