@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench drafters clean
+.PHONY: setup demo test gpu-check bench drafters clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,13 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q --durations=15 tests
+
+# the GPU self-check: the tests marked gpu, with torch, transformers and pytest only (no gradio, no Hub, no
+# conftest.py); every engine, exact sampling and tree verification on CUDA, then the verify profile table.
+# Without CUDA it skips, saying why, and exits 0. GPU_PY: this venv's python if there is one, else $(PY).
+GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY))
+gpu-check:
+	$(GPU_PY) -m pytest -q -rs -m gpu -p no:cacheprovider --noconftest tests/test_gpu.py
 
 bench: setup
 	$(BIN)/python -m specviz bench --prompts ../shared/data/spec_bench/question.jsonl --method vanilla pld \

@@ -1,4 +1,4 @@
-"""Shared fixtures: the real default target (loaded once per session) and a tiny random model."""
+"""Shared fixtures: the real default target (loaded once per session) and a tiny random model (tests/tiny.py)."""
 from __future__ import annotations
 
 import socket
@@ -8,41 +8,10 @@ import pytest
 import torch
 
 from specviz import models
+from tiny import TinyTokenizer, tiny_model  # noqa: F401  (tests import tiny_model from here)
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 torch.set_num_threads(2)
-
-
-class TinyTokenizer:
-    """Enough of a tokenizer for engines on a tiny random model: token i reads as '<i>'."""
-
-    def __init__(self, vocab: int, eos: int):
-        self.vocab, self.eos_token_id, self.chat_template = vocab, eos, None
-
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join(f"<{i}>" for i in ids)
-
-    def get_vocab(self):
-        return {f"<{i}>": i for i in range(self.vocab)}
-
-    def __len__(self):
-        return self.vocab
-
-    def __call__(self, text):
-        return {"input_ids": [int(t) % self.vocab for t in text.split()]}
-
-
-def tiny_model(seed: int = 0, vocab: int = 64, layers: int = 2, eos: int = 63) -> models.LoadedModel:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         eos_token_id=eos, bos_token_id=0, pad_token_id=0)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # sharper logits than the default init, so greedy runs are not all near-ties
-        model.lm_head.weight.mul_(40.0)
-    return models.LoadedModel(f"tiny-{seed}", model, TinyTokenizer(vocab, eos), torch.device("cpu"), torch.float32)
 
 
 @pytest.fixture(scope="session")

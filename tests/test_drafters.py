@@ -18,17 +18,7 @@ from specviz.engines.tree import eagle_tree_engine, medusa_engine
 from specviz.events import Verdict
 from specviz.models import ModelError
 
-from conftest import tiny_model
-
-
-def random_drafter(target, kind: str, vocab_ids=None, seed: int = 1, **extra) -> drafters.Drafter:
-    cfg = drafters.DrafterConfig.for_target(kind, target.name, target.model.config,
-                                            0 if vocab_ids is None else len(vocab_ids), **extra)
-    torch.manual_seed(seed)
-    module = drafters.build_module(cfg)
-    for p in module.parameters():  # a drafter that is wrong in varied ways, not only at rank 0
-        torch.nn.init.normal_(p, std=0.3)
-    return drafters.Drafter(module, cfg, target.model, vocab_ids)
+from tiny import random_drafter, tiny_model
 
 
 def engine_for(target, d: drafters.Drafter, tree: bool = False):
