@@ -1,7 +1,8 @@
 """specviz web app: plain autoregressive decoding and speculative decoding, side by side, live.
 
 `python app.py` serves on 127.0.0.1:7860 (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT override). Layout and
-event wiring only: the handler logic lives in specviz/app_logic.py, figures in specviz/plots.py.
+event wiring only: the handler logic lives in specviz/app_logic.py, figures in specviz/plots.py, the default
+pair for this machine in specviz/hardware.py, and ZeroGPU's spaces.GPU wrapping in specviz/zerogpu.py.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 
 import gradio as gr
 
-from specviz import app_tabs, render
+from specviz import app_tabs, hardware, render, zerogpu
 from specviz.app_logic import (DEFAULT_PROMPT, DEFAULTS, SPEC_METHODS, empty_view, example_rows,
                                live_views, make_config, race_result, race_stream, status_html, user_message)
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX
@@ -97,7 +98,8 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
     app keeps serving. A Stop closes this generator (GeneratorExit is not caught)."""
     try:
         cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed)
-        for view in live_views(race_stream(prompt, cfg, str(draft or DEFAULT_DRAFT).strip())):
+        target, draft = hardware.default_pair().run_args(method, draft)
+        for view in live_views(race_stream(prompt, cfg, draft, target)):
             events = view.final_events
             yield (*(gr.skip() if v is None else v for v in view.as_tuple()),
                    gr.skip() if events is None else events,
@@ -109,15 +111,17 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
         yield (status_html(f"⚠ {message}", "error"), *([gr.skip()] * 9))
 
 
-def race_api(prompt: str = DEFAULT_PROMPT, method: str = DEFAULTS.method, draft: str = DEFAULT_DRAFT,
+def race_api(prompt: str = DEFAULT_PROMPT, method: str = DEFAULTS.method, draft: str = "",
              gamma: str = str(DEFAULTS.gamma), temperature: float = DEFAULTS.temperature,
              top_p: float = DEFAULTS.top_p, max_new_tokens: int = DEFAULTS.max_new_tokens,
              seed: int = DEFAULTS.seed) -> dict:
-    """Race plain AR against a speculative method on one prompt; returns both texts and the summary
-    (metrics.Comparison.to_dict(): speedup, α, τ, cost ratio c, the Leviathan prediction, identity)."""
+    """Race plain AR against a speculative method on one prompt; returns both texts, the summary
+    (metrics.Comparison.to_dict(): speedup, α, τ, cost ratio c, the Leviathan prediction, identity) and the
+    hardware. An empty draft is this machine's default (int8 on CPU, SmolLM2-135M beside the 1.7B on a GPU)."""
     try:
         cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed)
-        return race_result(prompt, cfg, str(draft or DEFAULT_DRAFT).strip())
+        target, draft = hardware.default_pair().run_args(method, draft)
+        return race_result(prompt, cfg, draft, target)
     except Exception as exc:
         raise gr.Error(user_message(exc, Policy.from_env().public), print_exception=False) from None
 
@@ -133,8 +137,11 @@ def show_tree(events, step):
 
 
 def build_ui() -> gr.Blocks:
-    """The layout and its wiring; loads nothing (models load in main() or on the first run)."""
+    """The layout and its wiring; loads nothing (models load in main() or on the first run). On ZeroGPU the
+    handlers that run models (race, check, step-through) are wrapped in spaces.GPU (specviz/zerogpu.py)."""
     initial = empty_view(DEFAULTS.method)
+    pair = hardware.default_pair()
+    run_seconds = zerogpu.run_duration()  # one capped run: SPECVIZ_MAX_RUN_SECONDS plus the set-up
     with gr.Blocks(title="specviz: speculative decoding, live", analytics_enabled=False) as demo:
         gr.Markdown("# specviz — speculative decoding, live\n"
                     "A small drafter guesses ahead, the target model checks several guesses in one pass. "
@@ -154,7 +161,8 @@ def build_ui() -> gr.Blocks:
                         method = gr.Dropdown(list(SPEC_METHODS), value=DEFAULTS.method, label="Method",
                                              info="vanilla: draft model · pld: prompt lookup · eagle, medusa, layerskip, draft: trained drafters",
                                              elem_id="method")
-                        draft = gr.Dropdown(DRAFT_CHOICES, value=DEFAULT_DRAFT, label="Draft model (vanilla)",
+                        draft = gr.Dropdown(app_tabs.choices_with_default(pair.draft, DRAFT_CHOICES), value=pair.draft,
+                                            label="Draft model (vanilla)",
                                             allow_custom_value=True, info="int8 copy, or a model sharing the vocabulary",
                                             elem_id="draft")
                         gamma = gr.Dropdown(["auto"] + [str(g) for g in range(1, GAMMA_MAX + 1)],
@@ -191,34 +199,44 @@ def build_ui() -> gr.Blocks:
             spec_events = gr.State([])  # this session's last finished speculative run, for the tree slider
 
             run_event = run.click(
-                run_race, inputs=[prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed],
+                zerogpu.gpu(run_race, run_seconds), inputs=[prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed],
                 outputs=[status, pane_ar, pane_spec, summary, plot_alpha, plot_speed, plot_accept, plot_tree,
                          spec_events, tree_step],
                 concurrency_limit=1, concurrency_id=CONCURRENCY_ID, api_name="race_stream", show_progress="hidden")
             stop.click(None, cancels=[run_event])
             tree_step.input(show_tree, inputs=[spec_events, tree_step], outputs=[plot_tree], api_visibility="private",
                             show_progress="hidden")
-            gr.api(race_api, api_name="race", concurrency_limit=1, concurrency_id=CONCURRENCY_ID)
-        app_tabs.check_tab(CONCURRENCY_ID)
-        app_tabs.step_tab(CONCURRENCY_ID)
+            gr.api(zerogpu.gpu(race_api, run_seconds), api_name="race", concurrency_limit=1,
+                   concurrency_id=CONCURRENCY_ID)
+        app_tabs.check_tab(CONCURRENCY_ID, pair)
+        app_tabs.step_tab(CONCURRENCY_ID, pair)
     return demo
 
 
-def warm_up() -> None:
-    """Load the default target and draft once, and run a few tokens so the first click answers at once."""
+def warm_up(on_zero_gpu: bool = False) -> None:
+    """Load this machine's default pair once (and the embedded target the trained drafters are tied to), then
+    run a few tokens so the first click answers at once. On ZeroGPU no GPU is attached outside the wrapped
+    handlers: the models load (each worker inherits them) and nothing runs."""
     from specviz import models
 
-    print(f"specviz: loading {DEFAULT_TARGET} and the {DEFAULT_DRAFT} draft…", flush=True)
-    target = models.get(DEFAULT_TARGET)
-    models.load_draft(DEFAULT_DRAFT, target)
-    race_result(DEFAULT_PROMPT, make_config(max_new_tokens=16))  # first forwards allocate and pick kernels
-    print("specviz: models ready", flush=True)
+    pair = hardware.default_pair()
+    if pair.note:
+        print(f"specviz: {pair.note}", flush=True)
+    print(f"specviz: loading {pair.target} and the {pair.draft} draft…", flush=True)
+    target = models.get(pair.target)
+    models.load_draft(pair.draft, target)
+    if pair.target != DEFAULT_TARGET:
+        models.get(DEFAULT_TARGET)
+    if not on_zero_gpu:
+        race_result(DEFAULT_PROMPT, make_config(max_new_tokens=16), pair.draft, pair.target)  # kernels picked
+    print(f"specviz: models ready on {hardware.describe(target.device, target.dtype)}", flush=True)
 
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("specviz").setLevel(logging.INFO)  # our errors, with tracebacks, go to the server log
-    warm_up()
+    on_zero_gpu = zerogpu.activate()  # imports spaces before any model touches CUDA
+    warm_up(on_zero_gpu)
     demo = build_ui()
     demo.queue(default_concurrency_limit=1).launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),

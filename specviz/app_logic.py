@@ -106,6 +106,7 @@ class Snapshot:
     comparison: Optional[Comparison] = None
     decode: Optional[Callable[[list[int]], str]] = None
     started: float = field(default_factory=time.perf_counter)
+    hardware: str = ""          # hardware.describe(): the device and dtype the lanes ran on
 
     def title(self, lane: str) -> str:
         return LANE_TITLES[lane].format(method=self.cfg.method)
@@ -122,6 +123,7 @@ class Snapshot:
             "summary": self.comparison.to_dict() if self.comparison else None,
             "config": self.cfg.to_dict(),
             "draft": self.draft if self.cfg.method == "vanilla" else None,
+            "hardware": self.hardware,
         }
 
 
@@ -161,6 +163,7 @@ def race_stream(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT,
     """Yield the snapshot once before loading, after every step of either lane, and once when done.
     Raises ConfigError / ModelError for bad input, RunFailed (logged) for anything unexpected (after the
     first, 'loading' snapshot)."""
+    from specviz import hardware
     from specviz.models import ModelError
     from specviz.session import prepare  # torch and the engines load on first use, not at import
 
@@ -174,6 +177,7 @@ def race_stream(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT,
         log.error("loading the models failed (target %r, draft %r)", target, draft, exc_info=exc)
         raise RunFailed("while loading the models", exc) from exc
     snap.decode = prepared.target.decode
+    snap.hardware = hardware.describe(prepared.target.device, prepared.target.dtype)
     snap.phase = "running"
     ticks = prepared.race()
     while True:
@@ -288,7 +292,8 @@ def summary_html(snap: Snapshot) -> str:
         badge = (f'<span class="sv-badge sv-badge-warn">✗ differs from plain decoding at token {i}: '
                  f'AR {html.escape(repr(ar_tok))} vs speculative {html.escape(repr(spec_tok))}</span>')
     settings = (f"{snap.cfg.method}, γ = {gamma}, temperature {snap.cfg.temperature:g}, top-p {snap.cfg.top_p:g}, "
-                f"{c.spec.new_tokens} tokens, {c.spec.steps} target forwards vs {c.ar.steps}")
+                f"{c.spec.new_tokens} tokens, {c.spec.steps} target forwards vs {c.ar.steps}"
+                + (f" · on {snap.hardware}" if snap.hardware else ""))
     return (f'<div class="sv-summary"><div class="sv-badges">{badge}</div>'
             f'<div class="sv-cards">{items}</div><div class="sv-settings">{html.escape(settings)}</div></div>')
 

@@ -13,7 +13,7 @@ from typing import Optional
 
 import gradio as gr
 
-from specviz import plots, render
+from specviz import hardware, plots, render, zerogpu
 from specviz.app_logic import make_config, status_html, user_message
 from specviz.config import CHAIN_METHODS, DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, ConfigError
 from specviz.check import CHECK_METHODS, CHECKED_TRAINED
@@ -23,6 +23,13 @@ CONCURRENCY_ID = "cpu"  # the app's one device queue: checks and steps never ove
 TARGET_CHOICES = [DEFAULT_TARGET, "HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-360M-Instruct"]
 DRAFT_CHOICES = [DEFAULT_DRAFT, DEFAULT_TARGET]
 GAMMAS = ["auto"] + [str(g) for g in range(1, GAMMA_MAX + 1)]
+CHECK_SAMPLES_MAX = 2000   # the check tab's sliders: also what its GPU duration is sized for
+CHECK_TOKENS_MAX = 256
+
+
+def choices_with_default(first: str, rest: list[str]) -> list[str]:
+    """A dropdown's choices with this machine's default first."""
+    return [first] + [c for c in rest if c != first]
 
 TABS_CSS = """
 .sv-intro { font-size: 16px; color: #333; margin: 0; }
@@ -110,7 +117,7 @@ def run_check_ui(target: str = DEFAULT_TARGET, method: str = "vanilla", draft: s
         if method == "vanilla":
             policy.check_model(draft, "draft")
         elif method in CHECKED_TRAINED:  # the shipped drafter; a local folder or Hub id only in private mode
-            draft = None if policy.public or draft == DEFAULT_DRAFT else draft
+            draft = None if policy.public or draft in (DEFAULT_DRAFT, hardware.default_pair().draft) else draft
         progress(0, desc="loading the models")
         target_model = models.get(target)
         drafter, draft_model = check.drafter_for(method, target_model, draft)
@@ -140,8 +147,25 @@ def run_check_ui(target: str = DEFAULT_TARGET, method: str = "vanilla", draft: s
         return (verdict_html(f"⚠ {message}", "bad"), "", *empty)
 
 
-def check_tab(concurrency_id: str = CONCURRENCY_ID) -> None:
-    """Build the "Check a drafter" tab's components and wiring inside the caller's gr.Blocks."""
+def check_gpu_seconds(target: str = DEFAULT_TARGET, method: str = "vanilla", draft: str = DEFAULT_DRAFT,
+                      gamma: str = "4", temperature: float = 1.0, samples: int = 200, prompts: int = 3,
+                      max_new_tokens: int = 32, progress=None) -> int:
+    """ZeroGPU's duration for run_check_ui, called with its arguments: sized for these settings (values
+    outside the tab's sliders count at the slider's end)."""
+    from specviz.check import DEFAULT_PROMPTS
+
+    def count(value, largest: int) -> int:
+        try:
+            return min(max(int(float(value)), 1), largest)
+        except (TypeError, ValueError, OverflowError):
+            return largest
+
+    return zerogpu.check_duration(count(prompts, len(DEFAULT_PROMPTS)), count(samples, CHECK_SAMPLES_MAX),
+                                  count(max_new_tokens, CHECK_TOKENS_MAX), Policy.from_env())
+
+
+def check_tab(concurrency_id: str = CONCURRENCY_ID, pair: hardware.Pair = hardware.EMBEDDED_PAIR) -> None:
+    """Build the "Check a drafter" tab's components and wiring inside the caller's gr.Blocks (defaults: `pair`)."""
     from specviz.check import DEFAULT_PROMPTS
 
     with gr.Tab("Check a drafter", elem_id="tab-check"):
@@ -150,22 +174,22 @@ def check_tab(concurrency_id: str = CONCURRENCY_ID) -> None:
                 "tokens follow the target's distribution) and does it <b>pay</b> on this machine (α, τ, cost ratio c, "
                 "speedup against the prediction)? The same check as <code>python -m specviz check</code>.</p>")
         with gr.Row():
-            target = gr.Dropdown(TARGET_CHOICES, value=DEFAULT_TARGET, label="Target model", allow_custom_value=True,
-                                 elem_id="check-target")
+            target = gr.Dropdown(choices_with_default(pair.target, TARGET_CHOICES), value=pair.target, label="Target model",
+                                 allow_custom_value=True, elem_id="check-target")
             method = gr.Dropdown(list(CHECK_METHODS), value="vanilla", label="Drafter",
                                  info="vanilla: a draft model · pld: prompt lookup · eagle, draft: trained drafters",
                                  elem_id="check-method")
-            draft = gr.Dropdown(DRAFT_CHOICES, value=DEFAULT_DRAFT, label="Draft model (vanilla) or drafter folder", allow_custom_value=True,
+            draft = gr.Dropdown(choices_with_default(pair.draft, DRAFT_CHOICES), value=pair.draft, label="Draft model (vanilla) or drafter folder", allow_custom_value=True,
                                 info="int8 copy, or a model sharing the vocabulary; eagle/draft: the shipped one", elem_id="check-draft")
             gamma = gr.Dropdown(GAMMAS, value="4", label="γ (drafted tokens per step)", elem_id="check-gamma")
         with gr.Row():
             temperature = gr.Slider(0.05, 2.0, value=1.0, step=0.05, label="Temperature for the sampling test",
                                     elem_id="check-temperature")
-            samples = gr.Slider(20, 2000, value=200, step=10, label="Samples (seeds) for the sampling test",
+            samples = gr.Slider(20, CHECK_SAMPLES_MAX, value=200, step=10, label="Samples (seeds) for the sampling test",
                                 elem_id="check-samples")
             prompts = gr.Slider(1, len(DEFAULT_PROMPTS), value=3, step=1, label="Prompts (built-in, by category)",
                                 elem_id="check-prompts")
-            max_new_tokens = gr.Slider(4, 256, value=32, step=1, label="New tokens per prompt",
+            max_new_tokens = gr.Slider(4, CHECK_TOKENS_MAX, value=32, step=1, label="New tokens per prompt",
                                        elem_id="check-max-new-tokens")
         run = gr.Button("Run the check ▶", variant="primary", size="lg", elem_id="check-run")
         verdict = gr.HTML(verdict_html("Press “Run the check”: about a minute on a CPU with the defaults.", "idle"),
@@ -181,7 +205,7 @@ def check_tab(concurrency_id: str = CONCURRENCY_ID) -> None:
             json_file = gr.File(label="JSON report", elem_id="check-json", interactive=False)
             html_file = gr.File(label="HTML report (self-contained, opens offline)", elem_id="check-html",
                                 interactive=False)
-        run.click(run_check_ui, inputs=[target, method, draft, gamma, temperature, samples, prompts, max_new_tokens],
+        run.click(zerogpu.gpu(run_check_ui, check_gpu_seconds), inputs=[target, method, draft, gamma, temperature, samples, prompts, max_new_tokens],
                   outputs=[verdict, figures, plot_fidelity, plot_alpha, plot_gamma, plot_batch, json_file, html_file],
                   api_name="check", concurrency_limit=1, concurrency_id=concurrency_id, show_progress="full")
 
@@ -270,41 +294,43 @@ def _start(prompt, method, draft, gamma, temperature, seed, max_new_tokens):
     if seed is None or seed == "":
         seed = STEP_DEFAULTS["seed"]
     cfg = make_config(method, gamma, temperature, 1.0, max_new_tokens, seed)
-    return teach.start(prompt, cfg, DEFAULT_TARGET, str(draft or DEFAULT_DRAFT).strip())
+    return teach.start(prompt, cfg, *hardware.default_pair().run_args(method, draft))
 
 
-def step_reset(prompt: str = STEP_PROMPT, method: str = "vanilla", draft: str = DEFAULT_DRAFT, gamma: str = "4",
+def step_reset(prompt: str = STEP_PROMPT, method: str = "vanilla", draft: str = "", gamma: str = "4",
                temperature: float = 1.0, seed: int = 0, max_new_tokens: int = 32, alpha: float = 0.7, c: float = 0.1,
                session=None):
-    """Start a fresh run with these settings (nothing decoded yet)."""
+    """Start a fresh run with these settings (nothing decoded yet; an empty draft: this machine's default)."""
     try:
         return step_outputs(_start(prompt, method, draft, gamma, temperature, seed, max_new_tokens), alpha, c)
     except Exception as exc:
         return _error_outputs(exc, None)
 
 
-def step_next(prompt: str = STEP_PROMPT, method: str = "vanilla", draft: str = DEFAULT_DRAFT, gamma: str = "4",
+def step_next(prompt: str = STEP_PROMPT, method: str = "vanilla", draft: str = "", gamma: str = "4",
               temperature: float = 1.0, seed: int = 0, max_new_tokens: int = 32, alpha: float = 0.7, c: float = 0.1,
               session=None):
     """One draft/verify cycle (starting a run with these settings if none is open)."""
     from specviz import teach
 
     try:
-        session = session or _start(prompt, method, draft, gamma, temperature, seed, max_new_tokens)
+        session = teach.resume(session) if session else _start(prompt, method, draft, gamma, temperature, seed,
+                                                               max_new_tokens)
         teach.advance(session)
         return step_outputs(session, alpha, c)
     except Exception as exc:
         return _error_outputs(exc, session)
 
 
-def step_run(prompt: str = STEP_PROMPT, method: str = "vanilla", draft: str = DEFAULT_DRAFT, gamma: str = "4",
+def step_run(prompt: str = STEP_PROMPT, method: str = "vanilla", draft: str = "", gamma: str = "4",
              temperature: float = 1.0, seed: int = 0, max_new_tokens: int = 32, alpha: float = 0.7, c: float = 0.1,
              session=None):
     """Run the remaining cycles, showing each (at most ~4 updates a second, and always the last)."""
     from specviz import teach
 
     try:
-        session = session or _start(prompt, method, draft, gamma, temperature, seed, max_new_tokens)
+        session = teach.resume(session) if session else _start(prompt, method, draft, gamma, temperature, seed,
+                                                               max_new_tokens)
         last = 0.0
         while teach.advance(session) is not None:
             if time.perf_counter() - last >= 0.25 and not session.finished:
@@ -319,8 +345,8 @@ def step_theory(session, alpha: float, c: float):
     return plots.theory_figure(float(alpha), float(c), session.measured() if session else None)
 
 
-def step_tab(concurrency_id: str = CONCURRENCY_ID) -> None:
-    """Build the "Step through" tab (teaching mode) inside the caller's gr.Blocks."""
+def step_tab(concurrency_id: str = CONCURRENCY_ID, pair: hardware.Pair = hardware.EMBEDDED_PAIR) -> None:
+    """Build the "Step through" tab (teaching mode) inside the caller's gr.Blocks (default draft: `pair`'s)."""
     with gr.Tab("Step through", elem_id="tab-step"):
         gr.HTML(f"<style>{TABS_CSS}</style><p class='sv-intro'><b>Teaching mode.</b> One draft/verify cycle per "
                 "click: what the drafter proposed (q), what the target thinks (p), the acceptance test and its verdict. "
@@ -331,8 +357,8 @@ def step_tab(concurrency_id: str = CONCURRENCY_ID) -> None:
             prompt = gr.Textbox(value=STEP_PROMPT, label="Prompt", lines=2, max_lines=4, scale=3, elem_id="step-prompt")
             method = gr.Dropdown(list(CHAIN_METHODS), value="vanilla", label="Drafter", min_width=120,
                                  elem_id="step-method")
-            draft = gr.Dropdown(DRAFT_CHOICES, value=DEFAULT_DRAFT, label="Draft model", allow_custom_value=True,
-                                min_width=140, elem_id="step-draft")
+            draft = gr.Dropdown(choices_with_default(pair.draft, DRAFT_CHOICES), value=pair.draft, label="Draft model",
+                                allow_custom_value=True, min_width=140, elem_id="step-draft")
             gamma = gr.Dropdown(GAMMAS, value="4", label="γ", min_width=90, elem_id="step-gamma")
             temperature = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="Temperature (0 = greedy)", min_width=180,
                                     elem_id="step-temperature")
@@ -367,9 +393,12 @@ def step_tab(concurrency_id: str = CONCURRENCY_ID) -> None:
         settings = [prompt, method, draft, gamma, temperature, seed, max_new_tokens, alpha, c]
         outputs = [session, status, text, bars, table, theory, data]
         common = dict(concurrency_limit=1, concurrency_id=concurrency_id, show_progress="hidden")
-        reset.click(step_reset, inputs=settings, outputs=outputs, api_name="step_reset", **common)
-        nxt.click(step_next, inputs=settings + [session], outputs=outputs, api_name="step_next", **common)
-        run.click(step_run, inputs=settings + [session], outputs=outputs, api_name="step_run", **common)
+        seconds = zerogpu.run_duration()  # at most one capped run, replayed from its seed after a worker change
+        reset.click(zerogpu.gpu(step_reset, seconds), inputs=settings, outputs=outputs, api_name="step_reset", **common)
+        nxt.click(zerogpu.gpu(step_next, seconds), inputs=settings + [session], outputs=outputs, api_name="step_next",
+                  **common)
+        run.click(zerogpu.gpu(step_run, seconds), inputs=settings + [session], outputs=outputs, api_name="step_run",
+                  **common)
         for slider in (alpha, c):
             slider.input(step_theory, inputs=[session, alpha, c], outputs=[theory], api_visibility="private",
                          show_progress="hidden")

@@ -8,6 +8,9 @@ norm(max(0, p − q)) the target's own token was drawn from; for greedy, the tar
 
     session = start(prompt, cfg)          # models shared read-only; caches and generator per session
     view = advance(session)               # one cycle -> CycleView (plain values)
+
+A session pickles as its recipe (a Replay: prompt, settings, steps taken), never its models or caches: on
+ZeroGPU the handlers' arguments and results cross processes pickled. resume() replays a recipe from its seed.
 """
 from __future__ import annotations
 
@@ -74,6 +77,10 @@ class TeachSession:
     target: str
     events: list[StepEvent] = field(default_factory=list)
     views: list[CycleView] = field(default_factory=list)
+    given_draft: str = ""          # the draft or drafter spec start() was given (what a replay needs)
+
+    def __reduce__(self):
+        return Replay, (self.prompt, self.cfg, self.target, self.given_draft, len(self.events), self.measured())
 
     @property
     def cfg(self) -> DecodeConfig:
@@ -111,7 +118,31 @@ def start(prompt: str, cfg: DecodeConfig, target: str = DEFAULT_TARGET, draft: s
     prepared = prepare(prompt, cfg, target, draft, chain=True)  # one chain cycle per click
     engine = prepared.spec
     return TeachSession(engine, engine.start(prepared.prompt_ids, prepared.cfg), prompt,
-                        draft if cfg.method == "vanilla" else "", target)
+                        draft if cfg.method == "vanilla" else "", target, given_draft=draft)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A pickled TeachSession: how to rebuild it (the seed makes the replay draw for draw the same run)."""
+    prompt: str
+    cfg: DecodeConfig
+    target: str
+    draft: str
+    steps: int
+    measured_so_far: dict
+
+    def measured(self) -> dict:
+        return self.measured_so_far
+
+
+def resume(state: "TeachSession | Replay") -> TeachSession:
+    """A live session: the session itself, or a Replay run again for its steps."""
+    if isinstance(state, TeachSession):
+        return state
+    session = start(state.prompt, state.cfg, state.target, state.draft)
+    for _ in range(state.steps):
+        advance(session)
+    return session
 
 
 def advance(session: TeachSession) -> Optional[CycleView]:

@@ -1,6 +1,7 @@
 """Shared fixtures: the real default target (loaded once per session) and a tiny random model (tests/tiny.py)."""
 from __future__ import annotations
 
+import contextlib
 import socket
 import warnings
 
@@ -36,17 +37,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def app_url(target):  # `target` loads the real model once; the app reuses it through models.get's cache
-    """The app launched in-process on a free port (its own queue, as `python app.py` serves it)."""
-    import app
-
-    demo = app.build_ui()
+@contextlib.contextmanager
+def serving(demo):
+    """Serve a built app in-process on a free port (its own queue, as `python app.py` serves it); yields the URL."""
     port = free_port()
     demo.queue(default_concurrency_limit=1).launch(prevent_thread_lock=True, server_name="127.0.0.1",
                                                    server_port=port, quiet=True, show_error=False)
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def app_url(target):  # `target` loads the real model once; the app reuses it through models.get's cache
+    """The app launched in-process on a free port."""
+    import app
+
+    with serving(app.build_ui()) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
