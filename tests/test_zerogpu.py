@@ -131,3 +131,18 @@ def test_a_step_through_session_pickles_as_its_recipe(target):
     teach.advance(resumed)
     assert resumed.token_ids == session.token_ids
     assert teach.resume(session) is session
+
+
+def test_step_handlers_take_a_session_that_crossed_a_process(target):
+    """What ZeroGPU does between clicks: the state comes back pickled; the next step continues the same run."""
+    from specviz import app_tabs
+
+    settings = dict(prompt="Repeat: one two three, one two three.", method="pld", draft="", gamma="4",
+                    temperature=1.0, seed=5, max_new_tokens=12, alpha=0.7, c=0.1)
+    live = app_tabs.step_next(**settings, session=app_tabs.step_reset(**settings)[0])[0]
+    travelled = pickle.loads(pickle.dumps(live))
+    assert isinstance(travelled, teach.Replay)
+    assert app_tabs.step_theory(travelled, 0.7, 0.1) is not None  # the theory plot reads the recipe's measurements
+    after_travel, after_live = (app_tabs.step_next(**settings, session=s) for s in (travelled, live))
+    assert "⚠" not in after_travel[1] and after_travel[6]["step"] == after_live[6]["step"] == 2
+    assert after_travel[6]["text"] == after_live[6]["text"]
