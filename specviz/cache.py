@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -19,14 +20,43 @@ def crop_to(cache, length: int) -> None:
         cache.crop(-extra)
 
 
-class CachedLM:
-    """Per-run state over a shared, read-only model: its KV cache and how many tokens it holds."""
+@dataclass(frozen=True)
+class Traced:
+    """One recorded forward: the tokens fed from cache position `start` on, and the logits of the last rows."""
+    start: int
+    fed: list[int]
+    logits: torch.Tensor          # (keep, V): row r predicts the token at position start + len(fed) - keep + r + 1
 
-    def __init__(self, model: torch.nn.Module, device: torch.device):
+    def rows_on(self, sequence: list[int]):
+        """(position, logits row) for the rows whose inputs all lie on `sequence` (the committed tokens)."""
+        keep = self.logits.shape[0]
+        for r in range(keep):
+            position = self.start + len(self.fed) - keep + r + 1
+            if self.fed[:position - self.start] == sequence[self.start:position]:
+                yield position, self.logits[r]
+
+
+class CachedLM:
+    """Per-run state over a shared, read-only model: its KV cache and how many tokens it holds.
+
+    Every forward runs the stock decoder, then the LM head on 2-D rows (keep, d): on a 3-D slice
+    transformers' head goes through bmm and, in bf16, copies the whole transposed embedding every call.
+    With pad_one_row, a forward of one new token feeds a padding row after it (dropped from the cache and
+    the result), so no forward runs the one-row kernels (models.one_row_differs)."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, pad_one_row: bool = False):
         self.model = model
         self.device = device
+        self.pad_one_row = pad_one_row
+        self.decoder = model.get_decoder()
         self.cache = new_cache(model)
         self.seen = 0  # tokens whose keys/values are in the cache
+        self.trace: list[Traced] | None = None  # set to a list to record every logits() forward
+
+    @classmethod
+    def of(cls, loaded) -> "CachedLM":
+        """For a models.LoadedModel, with its padding rule."""
+        return cls(loaded.model, loaded.device, loaded.pad_one_row)
 
     @torch.inference_mode()
     def logits(self, tokens: list[int], extra: list[int] = (), keep: int = 1, features: bool = False):
@@ -35,19 +65,17 @@ class CachedLM:
         feature-reading drafters (EAGLE, Medusa) draft from."""
         new = (list(tokens) + list(extra))[self.seen:]
         assert new, "nothing to feed: the cache already holds every token"
-        input_ids = torch.tensor([new], dtype=torch.long, device=self.device)  # (1, n)
-        out = self._forward(features, input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=keep)
+        pad = self.pad_one_row and len(new) == 1
+        input_ids = torch.tensor([new + new[-1:] * pad], dtype=torch.long, device=self.device)  # (1, n [+ 1])
+        hidden = self.decoder(input_ids=input_ids, cache=self.cache, use_cache=True).last_hidden_state[0]  # (n [+1], d)
+        if pad:
+            crop_to(self.cache, self.seen + 1)
+            hidden = hidden[:1]
+        logits = lm_head(self.model, hidden[-keep:]).float().cpu()  # (keep, V)
+        if self.trace is not None:
+            self.trace.append(Traced(self.seen, new, logits))
         self.seen += len(new)
-        logits = out.logits[0, -keep:].float().cpu()  # (keep, V)
-        return (logits, out.hidden[0]) if features else logits
-
-    def _forward(self, features: bool, logits_to_keep: int, **inputs):
-        """The model's forward; with features, its decoder then its LM head, keeping the hidden states."""
-        if not features:
-            return self.model(logits_to_keep=logits_to_keep, **inputs)
-        hidden = self.model.get_decoder()(**inputs).last_hidden_state  # (1, n, d)
-        logits = self.model.get_output_embeddings()(hidden[:, -logits_to_keep:])
-        return _Out(logits, hidden)
+        return (logits, hidden) if features else logits
 
     @torch.inference_mode()
     def tree_logits(self, tokens: list[int], tree, node_tokens: list[int], features: bool = False):
@@ -61,12 +89,11 @@ class CachedLM:
         position_ids, mask = tree_inputs(len(tokens), n_fed, tree, self.model.config._attn_implementation,
                                          next(self.model.parameters()).dtype)
         input_ids = torch.tensor([list(tokens[self.seen:]) + list(node_tokens)], dtype=torch.long, device=self.device)
-        out = self._forward(features, input_ids=input_ids, attention_mask=mask.to(self.device),
-                            position_ids=position_ids.to(self.device), cache=self.cache, use_cache=True,
-                            logits_to_keep=tree.size + 1)
+        hidden = self.decoder(input_ids=input_ids, attention_mask=mask.to(self.device), position_ids=position_ids.to(self.device),
+                              cache=self.cache, use_cache=True).last_hidden_state[0]  # (n_fed + n, d)
         self.seen += input_ids.shape[1]
-        logits = out.logits[0].float().cpu()  # (1 + n, V)
-        return (logits, out.hidden[0]) if features else logits
+        logits = lm_head(self.model, hidden[n_fed - 1:]).float().cpu()  # (1 + n, V)
+        return (logits, hidden) if features else logits
 
     def keep_path(self, n_committed: int, path: list[int]) -> None:
         """After a tree forward: keep the committed context and the accepted path's nodes, drop the rest."""
@@ -80,9 +107,12 @@ class CachedLM:
             self.seen = n_valid
 
 
-class _Out:
-    def __init__(self, logits: torch.Tensor, hidden: torch.Tensor):
-        self.logits, self.hidden = logits, hidden
+def lm_head(model: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:
+    """The model's output head on 2-D rows (r, d) -> (r, V), with the final logit soft-capping of models
+    that have one (Gemma 2)."""
+    logits = model.get_output_embeddings()(rows)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
 
 
 def clock(device: torch.device) -> float:

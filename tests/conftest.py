@@ -27,8 +27,16 @@ def tiny_draft() -> models.LoadedModel:
 
 @pytest.fixture(scope="session")
 def target() -> models.LoadedModel:
-    """The embedded default target, SmolLM2-135M-Instruct in fp32 on CPU."""
-    return models.get("smollm2-135m", torch.device("cpu"), torch.float32)
+    """The embedded default target, SmolLM2-135M-Instruct on CPU in this machine's default dtype (bf16 where
+    the CPU has a bf16 vector path: the bitwise engine), as the app and the CLI load it."""
+    cpu = torch.device("cpu")
+    return models.get("smollm2-135m", cpu, models.default_dtype(cpu))
+
+
+@pytest.fixture(scope="session")
+def target_bf16(target) -> models.LoadedModel:
+    """The default target in bf16 on CPU: the bitwise engine (row-wise attention)."""
+    return target if target.dtype == torch.bfloat16 else models.get("smollm2-135m", torch.device("cpu"), torch.bfloat16)
 
 
 def free_port() -> int:

@@ -21,7 +21,7 @@ class AREngine:
 
     def steps(self, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[StepEvent]:
         generator = torch.Generator().manual_seed(cfg.seed)
-        target = CachedLM(self.target.model, self.target.device)
+        target = CachedLM.of(self.target)
         tokens = list(prompt_ids)
         step = 0
         while True:

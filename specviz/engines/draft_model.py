@@ -16,7 +16,7 @@ class ModelDrafter:
         self.name = draft.name
 
     def session(self, vocab_size: int, eos_ids: frozenset[int]) -> "ModelDraftSession":
-        return ModelDraftSession(CachedLM(self.draft.model, self.draft.device), vocab_size, eos_ids)
+        return ModelDraftSession(CachedLM.of(self.draft), vocab_size, eos_ids)
 
 
 class ModelDraftSession:

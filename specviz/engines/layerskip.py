@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from specviz.cache import CachedLM
+from specviz.cache import CachedLM, lm_head
 from specviz.config import DecodeConfig
 from specviz.drafters import Drafter
 from specviz.engines.speculative import Proposal, RunState, SpeculativeEngine, stop_drafting
@@ -22,23 +22,36 @@ class SplitLM(CachedLM):
     """The target run in two halves over one cache: `early()` through layers 0..L-1 (drafting), then
     `logits()` through layers L..N-1 for everything the early half has seen (verification)."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, exit_layer: int):
-        super().__init__(model, device)
-        self.decoder = model.get_decoder()
+    def __init__(self, model: torch.nn.Module, device: torch.device, exit_layer: int, pad_one_row: bool = False):
+        super().__init__(model, device, pad_one_row)
         self.exit_layer = exit_layer
         self.early_seen = 0                 # positions through layers 0..L-1
         self.pending: list[torch.Tensor] = []  # hidden states after layer L-1 of positions seen..early_seen-1
 
     def _layers(self, hidden: torch.Tensor, start: int, layers: range) -> torch.Tensor:
+        """Run `layers` over hidden (1, q, d) at positions start..start+q-1. A single row is padded (a copy
+        of itself one position on, dropped from the cache and the result) where models.one_row_differs."""
+        pad = self.pad_one_row and hidden.shape[1] == 1
+        if pad:
+            hidden = torch.cat([hidden, hidden], dim=1)
         q = hidden.shape[1]
         positions = torch.arange(start, start + q, device=self.device)[None]
         mask = None
         if q > 1:  # causal over the new positions, everything before them visible
-            mask = (torch.arange(start + q, device=self.device)[None] <= positions[0, :, None])[None, None]
+            allowed = torch.arange(start + q, device=self.device)[None] <= positions[0, :, None]  # (q, start + q)
+            if self.model.config._attn_implementation == "eager":  # eager adds its mask to the scores
+                allowed = torch.zeros(allowed.shape, dtype=hidden.dtype, device=self.device).masked_fill(
+                    ~allowed, torch.finfo(hidden.dtype).min)
+            mask = allowed[None, None]
         rope = self.decoder.rotary_emb(hidden, position_ids=positions)
         for i in layers:
             hidden = self.decoder.layers[i](hidden, attention_mask=mask, position_embeddings=rope,
                                             position_ids=positions, cache=self.cache, use_cache=True)
+        if pad:
+            for i in layers:
+                layer = self.cache.layers[i]
+                layer.keys, layer.values = layer.keys[..., :start + 1, :], layer.values[..., :start + 1, :]
+            hidden = hidden[:, :1]
         return hidden
 
     @torch.inference_mode()
@@ -59,8 +72,7 @@ class SplitLM(CachedLM):
         hidden = torch.cat(self.pending, dim=1)  # (1, n, d) the positions the last layers have not seen
         hidden = self._layers(hidden, self.seen, range(self.exit_layer, len(self.decoder.layers)))
         self.pending, self.seen = [], self.early_seen
-        out = self.model.get_output_embeddings()(self.decoder.norm(hidden[:, -keep:]))
-        return out[0].float().cpu()  # (keep, V)
+        return lm_head(self.model, self.decoder.norm(hidden[0, -keep:])).float().cpu()  # (keep, V)
 
     def rollback(self, n_valid: int) -> None:
         if n_valid < self.early_seen:
@@ -103,7 +115,7 @@ class LayerSkipEngine(SpeculativeEngine):
         super().__init__("layerskip", target, drafter)
 
     def start(self, prompt_ids: list[int], cfg: DecodeConfig) -> RunState:
-        lm = SplitLM(self.target.model, self.target.device, self.drafter.cfg.exit_layer)
+        lm = SplitLM(self.target.model, self.target.device, self.drafter.cfg.exit_layer, self.target.pad_one_row)
         return RunState(cfg, lm, LayerSkipSession(lm, self.drafter, self.target.eos_ids),
                         torch.Generator().manual_seed(cfg.seed), len(prompt_ids), list(prompt_ids), cfg.initial_gamma())
 

@@ -92,7 +92,7 @@ class SpeculativeEngine:
 
     def start(self, prompt_ids: list[int], cfg: DecodeConfig) -> RunState:
         """A fresh run: new caches, the generator seeded from cfg.seed."""
-        return RunState(cfg, CachedLM(self.target.model, self.target.device),
+        return RunState(cfg, CachedLM.of(self.target),
                         self.drafter.session(self.target.vocab_size, self.target.eos_ids),
                         torch.Generator().manual_seed(cfg.seed), len(prompt_ids), list(prompt_ids),
                         cfg.initial_gamma())

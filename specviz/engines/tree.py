@@ -198,7 +198,7 @@ class TreeEngine:
             yield self.cycle(run)
 
     def start(self, prompt_ids: list[int], cfg: DecodeConfig) -> TreeRun:
-        return TreeRun(cfg, CachedLM(self.target.model, self.target.device),
+        return TreeRun(cfg, CachedLM.of(self.target),
                        self.proposer.start(self.target.vocab_size, self.target.eos_ids),
                        torch.Generator().manual_seed(cfg.seed), len(prompt_ids), list(prompt_ids))
 
