@@ -66,6 +66,8 @@ def check_figures_html(data: dict) -> str:
     cards = [
         ("greedy identity", f"{same}/{len(g['prompts'])}", "prompts where speculative = plain AR, token for token"
          + (f"; {g['near_ties']} near-tie flips" if g["near_ties"] else "")),
+        ("max |Δlogit|", f"{g['verify_logit_max_abs_diff']:.3g}",
+         f"verification vs one-token decoding over {g['judged_positions']} positions ({g['guarantee']}: 0 = bit for bit)"),
         ("exact sampling", "pass" if fid["passed"] else "FAIL",
          f"{fit['n']} seeds at T={fid['temperature']:g}: p = {fit['p_value']:.3g}, TV {fit['tv']:.3f} (bound {fit['tv_bound']:.3f})"),
         ("acceptance rate α", f(p["alpha"]), "accepted / judged drafted tokens (greedy runs)"),

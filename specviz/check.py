@@ -26,14 +26,17 @@ from typing import Callable, Optional
 import torch
 
 from specviz import metrics, stats
-from specviz.cache import CachedLM, clock
+from specviz.cache import CachedLM, Traced
 from specviz.config import CHECK_METHODS, GAMMA_MAX, TRAINED_METHODS, ConfigError, DecodeConfig, Gamma, _number, check_prompt
 from specviz.engines import AREngine, SpeculativeEngine
 from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.pld import PromptLookupDrafter
 from specviz.engines.speculative import Drafter
 from specviz.events import StepEvent
+from specviz.metrics import CostProfile
 from specviz.models import COMPRESSED_DRAFTS, LoadedModel, ModelError
+from specviz.profile import SIZES as PROFILE_SIZES
+from specviz.profile import verify_profile
 from specviz.sampling import warp
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total); called with done=0 when a stage starts
@@ -63,8 +66,8 @@ class CheckOptions:
     samples: int = 400               # seeds 0..samples-1 for the sampling-fidelity part
     max_new_tokens: int = 64         # per prompt, for the greedy identity and speed runs
     synthetic_samples: int = 4000    # Monte-Carlo draws per synthetic p/q case
-    profile_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)  # tokens per target forward
-    profile_reps: int = 7            # median of this many timed forwards per size
+    profile_sizes: tuple[int, ...] = PROFILE_SIZES  # tokens per target forward (python -m specviz profile's)
+    profile_reps: int = 3            # median of this many timed forwards per size
     profile_context: int = 128       # tokens already in the KV cache when timing
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     near_tie: float = 1e-3           # a greedy flip with a top-2 logit gap below this is numerical, not a bug
@@ -223,19 +226,37 @@ class PromptResult:
     identical: bool
     divergence: Optional[Divergence]
     comparison: metrics.Comparison
+    verify_logit_max_abs_diff: float = 0.0  # largest |Δlogit|, verification vs one-token decoding, on the path
+    judged_positions: int = 0               # positions that comparison covered
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("id", "category", "prompt", "prompt_tokens", "ar_text", "ar_ids",
-                                            "spec_ids", "identical")}
+                                            "spec_ids", "identical", "verify_logit_max_abs_diff", "judged_positions")}
         d["divergence"] = asdict(self.divergence) if self.divergence else None
         d["comparison"] = self.comparison.to_dict()
         return d
 
 
 def _top2_gap(target: LoadedModel, ids: list[int]) -> float:
-    logits = CachedLM(target.model, target.device).logits(ids)[0, :target.vocab_size]  # (V,)
+    logits = CachedLM.of(target).logits(ids)[0, :target.vocab_size]  # (V,)
     top = torch.topk(logits, 2).values
     return float(top[0] - top[1])
+
+
+@torch.inference_mode()
+def verify_logit_diff(target: LoadedModel, prompt_ids: list[int], committed: list[int], trace: list[Traced]) -> tuple[float, int]:
+    """The largest |Δlogit| between the target's verification rows (the speculative run's trace) and plain
+    one-token decoding of the same committed tokens, over every position both computed, with how many
+    positions that was. 0.0 means verification was bitwise one-token decoding there."""
+    sequence = list(prompt_ids) + list(committed)
+    lm = CachedLM.of(target)
+    lm.trace = []
+    lm.logits(sequence[:len(prompt_ids)])
+    for end in range(len(prompt_ids) + 1, len(sequence)):
+        lm.logits(sequence[:end])
+    one_token = {p: row for t in lm.trace for p, row in t.rows_on(sequence)}
+    diffs = [float((row - one_token[p]).abs().max()) for t in trace for p, row in t.rows_on(sequence) if p in one_token]
+    return max(diffs, default=0.0), len(diffs)
 
 
 def _divergence(target: LoadedModel, prompt_ids: list[int], ar: list[int], spec: list[int], near_tie: float) -> Optional[Divergence]:
@@ -295,13 +316,13 @@ def sampling_fidelity(engine: SpeculativeEngine, target: LoadedModel, candidates
     after_prefill = bool(getattr(engine.drafter.session(target.vocab_size, target.eos_ids), "needs_features", False))
     best = None
     for prompt_id, ids in candidates:  # the prompt whose tested token is most spread shows a skew best
-        logits = CachedLM(target.model, target.device).logits(ids)[0, :target.vocab_size]  # (V,)
+        logits = CachedLM.of(target).logits(ids)[0, :target.vocab_size]  # (V,)
         p = warp(logits, cfg).double()  # (V,) the exact distribution of the first emitted token
         given, weight = None, 1.0
         if after_prefill:
             given = int(p.argmax())
             weight = float(p[given])
-            logits = CachedLM(target.model, target.device).logits(ids + [given])[0, :target.vocab_size]
+            logits = CachedLM.of(target).logits(ids + [given])[0, :target.vocab_size]
             p = warp(logits, cfg).double()
         entropy = float(-(p[p > 0] * p[p > 0].log()).sum())
         score = entropy if weight >= 0.2 else entropy * weight  # conditioning on a rare token wastes seeds
@@ -330,53 +351,8 @@ def sampling_fidelity(engine: SpeculativeEngine, target: LoadedModel, candidates
 
 # ── 3. does it pay? ─────────────────────────────────────────────────────────────────────────────────
 
-@dataclass(frozen=True)
-class CostProfile:
-    """Median seconds of one target forward of n new tokens over a KV cache of `context` tokens."""
-    device: str
-    context: int
-    reps: int
-    tokens: list[int]
-    seconds: list[float]         # made monotone: a forward of fewer tokens never costs more (noise removed)
-    raw_seconds: list[float]     # the medians as measured
-
-    def time(self, n: float) -> float:
-        """Seconds for a forward of n tokens: linear between measured sizes, linear beyond the largest
-        (past a few dozen tokens a forward is compute-bound and grows in proportion)."""
-        xs, ys = self.tokens, self.seconds
-        if n <= xs[0]:
-            return ys[0]
-        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
-            if n <= x1:
-                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
-        slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), ys[-1] / xs[-1]) if len(xs) > 1 else ys[-1]
-        return ys[-1] + slope * (n - xs[-1])
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@torch.inference_mode()
 def cost_profile(target: LoadedModel, options: CheckOptions, tick: Callable[[int], None]) -> CostProfile:
-    lm = CachedLM(target.model, target.device)
-    context = [(7 * i + 11) % target.vocab_size for i in range(options.profile_context)]
-    lm.logits(context)
-    seconds = []
-    for k, n in enumerate(options.profile_sizes):
-        extra = [(13 * j + 5) % target.vocab_size for j in range(n)]
-        times = []
-        for rep in range(options.profile_reps + 1):  # the first is a warm-up
-            t0 = clock(target.device)
-            lm.logits(context, extra, keep=n)
-            t1 = clock(target.device)
-            lm.rollback(len(context))
-            if rep:
-                times.append(t1 - t0)
-        seconds.append(statistics.median(times))
-        tick(k + 1)
-    monotone = [min(seconds[i:]) for i in range(len(seconds))]
-    return CostProfile(str(target.device), options.profile_context, options.profile_reps,
-                       list(options.profile_sizes), monotone, seconds)
+    return verify_profile(target, options.profile_sizes, options.profile_context, options.profile_reps, tick)
 
 
 def speedup_at(alpha: float, gamma: int, c: float, batch: int, profile: CostProfile) -> float:
@@ -511,6 +487,9 @@ class CheckReport:
             "environment": self.environment, "options": self.options,
             "compatibility": self.compatibility.to_dict(),
             "greedy": {"identical_all": all(r.identical for r in self.prompts), "near_ties": self.near_ties,
+                       "verify_logit_max_abs_diff": max((r.verify_logit_max_abs_diff for r in self.prompts), default=0.0),
+                       "judged_positions": sum(r.judged_positions for r in self.prompts),
+                       "guarantee": self.environment.get("guarantee"),
                        "prompts": [r.to_dict() for r in self.prompts]},
             "fidelity": self.fidelity.to_dict(),
             "synthetic": [c.to_dict() for c in self.synthetic],
@@ -523,6 +502,7 @@ def _environment(target: LoadedModel) -> dict:
     import transformers
 
     return {"device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
+            "attention": target.attention, "pad_one_row": target.pad_one_row, "guarantee": target.guarantee,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "machine": f"{platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}"}
 
@@ -587,13 +567,18 @@ def run_check(target: LoadedModel, drafter: Drafter, draft: Optional[LoadedModel
     results, ar_runs, spec_runs = [], [], []
     for k, (row, ids) in enumerate(zip(prompts, encoded)):
         ar_events = list(ar.steps(ids, greedy.with_(method="ar")))
-        spec_events = list(spec.steps(ids, greedy))
+        run = spec.start(ids, greedy)
+        run.target.trace = []
+        spec_events = []
+        while run.finish_reason is None:
+            spec_events.append(spec.cycle(run).event)
         ar_ids = [t.token_id for e in ar_events for t in e.emitted]
         spec_ids = [t.token_id for e in spec_events for t in e.emitted]
         div = _divergence(target, ids, ar_ids, spec_ids, options.near_tie)
+        logit_diff, judged = verify_logit_diff(target, ids, spec_ids, run.target.trace)
         results.append(PromptResult(row.get("id", k + 1), str(row.get("category", "-")), row["prompt"], len(ids),
                                     target.decode(ar_ids), ar_ids, spec_ids, div is None, div,
-                                    metrics.compare(ar_events, spec_events, method, True)))
+                                    metrics.compare(ar_events, spec_events, method, True), logit_diff, judged))
         ar_runs.append(ar_events)
         spec_runs.append(spec_events)
         report(STAGES[0], k + 1, len(prompts))

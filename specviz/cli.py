@@ -27,7 +27,7 @@ PAIR_HELP = f"{DEFAULT_TARGET} on CPU; on a GPU {GPU_TARGET} with the draft {GPU
 
 def _default_pair(args) -> None:
     """Left-out --target/--draft: this device's default pair (specviz/hardware.py; trained drafters keep their target)."""
-    if args.command not in ("generate", "bench", "check"):
+    if args.command not in ("generate", "bench", "check", "profile"):
         return
     from specviz import hardware
 
@@ -53,7 +53,7 @@ def _decode_args(p: argparse.ArgumentParser, methods=METHODS) -> None:
     p.add_argument("--max-new-tokens", default=DEFAULTS.max_new_tokens, help="(default %(default)s)")
     p.add_argument("--seed", default=DEFAULTS.seed, help="(default %(default)s)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU and on CPUs with a bf16 vector path, else fp32), float32, bfloat16, float16")
 
 
 def _config(args, method: str) -> DecodeConfig:
@@ -194,7 +194,7 @@ def cmd_bench(args) -> int:
     import transformers
     from tqdm import tqdm
 
-    from specviz import engines, metrics, models
+    from specviz import engines, hardware, metrics, models
 
     methods = _bench_methods(args.method or ["vanilla", "pld"])
     cfgs = {label: _config(args, m).with_(**({"gamma": parse_gamma(g)} if g else {})) for label, (m, g) in methods.items()}
@@ -204,9 +204,10 @@ def cmd_bench(args) -> int:
     built = {label: engines.build(m, target, _draft_for(args, m)) for label, (m, _) in methods.items()}
     ar = engines.build("ar", target)
     draft = models.load_draft(args.draft, target) if args.compare_hf else None
+    refs = _reference_ars(target) if args.ar_reference else {}
     # warm-up (first-call allocations), not timed
     warm_ids = target.encode_prompt("Hello")
-    for e in [ar, *built.values()]:
+    for e in [ar, *built.values(), *refs.values()]:
         engines.generate(e, warm_ids, base.with_(max_new_tokens=16, method=e.method))
     rows = []
     for row in tqdm(prompts, desc="bench", unit="prompt", file=sys.stderr):
@@ -218,6 +219,9 @@ def cmd_bench(args) -> int:
             run = engines.generate(built[m], ids, cfgs[m])
             s = metrics.summarize(m, run.events)
             results.append((m, run.token_ids, s.seconds, s.alpha, s.tau))
+        for label, engine in refs.items():
+            ref = engines.generate(engine, ids, base)
+            results.append((label, ref.token_ids, metrics.summarize("ar", ref.events).seconds, None, None))
         if draft is not None:
             hf_ids, hf_s = _hf_assisted(target, draft, ids, base)
             results.append(("hf-assisted", hf_ids, hf_s, None, None))
@@ -235,6 +239,8 @@ def cmd_bench(args) -> int:
     report = {
         "command": "python -m specviz " + " ".join(sys.argv[1:]),
         "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
+        "hardware": hardware.describe(target.device, target.dtype), "attention": target.attention,
+        "pad_one_row": target.pad_one_row, "guarantee": target.guarantee,
         "torch": torch.__version__, "transformers": transformers.__version__,
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}",
         "target": args.target, "draft": args.draft, "config": base.to_dict(),
@@ -245,6 +251,21 @@ def cmd_bench(args) -> int:
     print(format_summary(summary))
     print(f"wrote {args.json}")
     return 0
+
+
+def _reference_ars(target) -> dict:
+    """Plain AR as users run it elsewhere, beside the baseline: the same dtype with stock sdpa attention and no
+    padding row ("ar-sdpa", when the baseline is the bitwise engine), and fp32 ("ar-fp32")."""
+    import torch
+
+    from specviz import engines, models
+
+    refs = {}
+    if target.attention != "sdpa" or target.pad_one_row:
+        refs["ar-sdpa"] = engines.build("ar", models.get(target.name, target.device, target.dtype, attention="sdpa"))
+    if target.dtype != torch.float32:
+        refs["ar-fp32"] = engines.build("ar", models.get(target.name, target.device, torch.float32))
+    return refs
 
 
 def _summarize_rows(method: str, rows: list[dict]) -> dict:
@@ -324,7 +345,9 @@ def format_check(d: dict) -> str:
     fit = fid["fit"]
     lines = [f"1. compatible: {c['message']}",
              f"2. greedy identity: {sum(r['identical'] for r in g['prompts'])}/{len(g['prompts'])} prompts identical"
-             + (f", {g['near_ties']} near-tie flips" if g["near_ties"] else "")]
+             + (f", {g['near_ties']} near-tie flips" if g["near_ties"] else "")
+             + f"; verification vs one-token decoding: max |Δlogit| {g['verify_logit_max_abs_diff']:.3g} over "
+               f"{g['judged_positions']} positions ({g['guarantee']})"]
     for r in g["prompts"]:
         dv = r["divergence"]
         if dv:
@@ -369,6 +392,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--limit", type=int, default=None, help="at most N prompts, round-robin across categories")
     b.add_argument("--categories", default=None, help="comma-separated categories to keep")
     b.add_argument("--compare-hf", action="store_true", help="add transformers' assisted generation with the same draft and γ")
+    b.add_argument("--ar-reference", action="store_true", help="also time plain AR with stock sdpa attention and no "
+                   "padding row (same dtype), and in fp32: the baseline is not slowed")
     b.add_argument("--json", required=True, help="output file")
     _decode_args(b)
     c = sub.add_parser("check", help="drafter sanity check: compatible? correct? does it pay? (exit 1 when incorrect)")
@@ -387,7 +412,18 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--report", default=None, help="write a self-contained HTML report here")
     c.add_argument("--json", default=None, help="write every figure as JSON here")
     c.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    c.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
+    c.add_argument("--dtype", default="auto", help="auto (bf16 on GPU and on CPUs with a bf16 vector path, else fp32), float32, bfloat16, float16")
+    pr = sub.add_parser("profile", help="what verifying k tokens costs (T(k)) and each drafter's cost ratio c")
+    pr.add_argument("--target", default=None, help=f"model spec (default {PAIR_HELP})")
+    pr.add_argument("--draft", default=None, help="vanilla's draft: int8 (default) or a model spec")
+    pr.add_argument("--sizes", default=None, help="comma-separated tokens per forward (default 1,2,3,4,5,6,8,12,16,24,32)")
+    pr.add_argument("--reps", default="5", help="timed forwards per size, median (default %(default)s)")
+    pr.add_argument("--context", default="128", help="tokens already in the KV cache (default %(default)s)")
+    pr.add_argument("--no-drafters", action="store_true", help="only T(k), not the drafters' c")
+    pr.add_argument("--json", default=None, help="write the profile and the costs as JSON here")
+    pr.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    pr.add_argument("--dtype", default="auto", help="auto (bf16 on GPU and on CPUs with a bf16 vector path, else fp32), float32, bfloat16, float16")
+    pr.set_defaults(method=None)
     t = sub.add_parser("train", help="train a drafter against the target (resumable)")
     t.add_argument("kind", choices=TRAINED_METHODS, help="eagle: one decoder layer over the target's features; "
                    "medusa: heads proposing a candidate tree; layerskip: the target's first layers and an exit adapter; "
@@ -455,6 +491,38 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    from specviz import hardware, metrics, profile
+
+    sizes = profile.SIZES
+    if args.sizes:
+        sizes = tuple(sorted({_int_arg("sizes", v, 1, 256) for v in args.sizes.split(",") if v.strip()}))
+        if not sizes:
+            raise InputError(f"sizes={args.sizes!r} is empty: give e.g. 1,2,4,8")
+    reps, context = _int_arg("reps", args.reps, 1, 100), _int_arg("context", args.context, 1, 4096)
+    target = _target(args)
+    print(f"target {target.name} on {hardware.describe(target.device, target.dtype)}; verification: {target.guarantee} "
+          f"(attention {target.attention}{', one-token steps padded to two rows' if target.pad_one_row else ''})")
+    prof = profile.verify_profile(target, sizes, context, reps)
+    print(profile.format_profile(prof))
+    costs = [] if args.no_drafters else profile.drafter_costs(target, draft=args.draft)
+    if costs:
+        for row in costs:
+            if row.get("c") is not None and row.get("alpha") is not None:
+                row["best_gamma"] = metrics.best_gamma(row["alpha"], row["c"], prof)
+                row["predicted_speedup"] = metrics.profiled_speedup(row["alpha"], row["best_gamma"], row["c"], prof)
+        print(profile.format_costs(costs))
+    if args.json:
+        out = {"command": "python -m specviz " + " ".join(sys.argv[1:]), "target": target.name,
+               "hardware": hardware.describe(target.device, target.dtype), "guarantee": target.guarantee,
+               "pad_one_row": target.pad_one_row, "profile": prof.to_dict(),
+               "ratios": {str(k): prof.ratio(k) for k in prof.tokens}, "costs": costs}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from specviz.models import ModelError
 
@@ -463,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
-        return {"generate": cmd_generate, "bench": cmd_bench, "check": cmd_check, "train": cmd_train}[args.command](args)
+        return {"generate": cmd_generate, "bench": cmd_bench, "check": cmd_check, "profile": cmd_profile,
+                "train": cmd_train}[args.command](args)
     except (ConfigError, ModelError, InputError) as exc:
         print(f"specviz: error: {exc}", file=sys.stderr)
         return 2

@@ -90,6 +90,50 @@ def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
 
 
 @dataclass(frozen=True)
+class CostProfile:
+    """Median seconds of one target forward of n new tokens over a KV cache of `context` tokens, as the
+    engines run it (python -m specviz profile; specviz/profile.py measures it)."""
+    device: str
+    dtype: str
+    attention: str
+    context: int
+    reps: int
+    tokens: list[int]
+    seconds: list[float]         # made monotone: a forward of fewer tokens never costs more (noise removed)
+    raw_seconds: list[float]     # the medians as measured
+
+    def time(self, n: float) -> float:
+        """Seconds for a forward of n tokens: linear between measured sizes, linear beyond the largest
+        (past a few dozen tokens a forward is compute-bound and grows in proportion)."""
+        xs, ys = self.tokens, self.seconds
+        if n <= xs[0]:
+            return ys[0]
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if n <= x1:
+                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+        slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), ys[-1] / xs[-1]) if len(xs) > 1 else ys[-1]
+        return ys[-1] + slope * (n - xs[-1])
+
+    def ratio(self, n: float) -> float:
+        """T(n)/T(1): what verifying n tokens costs in one-token steps."""
+        return self.time(n) / self.time(1)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def profiled_speedup(alpha: float, gamma: int, c: float, profile: CostProfile) -> float:
+    """Leviathan's prediction with the measured verification cost: E[tokens per step] / (γc + T(γ+1)/T(1)).
+    With a flat T (verification as cheap as one step) it is Leviathan's formula."""
+    return expected_tokens_per_step(alpha, gamma) / (gamma * c + profile.ratio(gamma + 1))
+
+
+def best_gamma(alpha: float, c: float, profile: CostProfile, gammas=range(1, 17)) -> int:
+    """The γ with the highest profiled_speedup."""
+    return max(gammas, key=lambda g: profiled_speedup(alpha, g, c, profile))
+
+
+@dataclass(frozen=True)
 class Comparison:
     """One prompt, two engines, same settings: what the app's summary and the bench rows report."""
     ar: RunSummary
@@ -97,7 +141,8 @@ class Comparison:
     speedup: Optional[float]            # AR seconds / method seconds (same tokens)
     cost_ratio: Optional[float]
     mean_gamma: Optional[float]
-    predicted_speedup: Optional[float]  # Leviathan prediction at the measured α, mean γ and c
+    predicted_speedup: Optional[float]  # Leviathan prediction at the measured α, mean γ and c (and T(γ+1)/T(1)
+                                        # from the verify profile when there is one)
     identical: Optional[bool]           # greedy: token ids equal; None when sampling
     first_divergence: Optional[int]     # index of the first differing token, if any
 
@@ -115,7 +160,8 @@ def first_divergence(a: list[int], b: list[int]) -> Optional[int]:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def compare(ar_events: list[StepEvent], spec_events: list[StepEvent], method: str, greedy: bool) -> Comparison:
+def compare(ar_events: list[StepEvent], spec_events: list[StepEvent], method: str, greedy: bool,
+            profile: Optional[CostProfile] = None) -> Comparison:
     ar = summarize("ar", ar_events)
     spec = summarize(method, spec_events)
     ar_ids = [t.token_id for e in ar_events for t in e.emitted]
@@ -129,7 +175,8 @@ def compare(ar_events: list[StepEvent], spec_events: list[StepEvent], method: st
     mean_gamma = sum(gammas) / len(gammas) if gammas else None
     predicted = None
     if spec.alpha is not None and c is not None and mean_gamma:
-        predicted = predicted_speedup(spec.alpha, round(mean_gamma), c)
+        g = round(mean_gamma)
+        predicted = profiled_speedup(spec.alpha, g, c, profile) if profile else predicted_speedup(spec.alpha, g, c)
     div = first_divergence(ar_ids, spec_ids) if greedy else None
     identical = (div is None) if greedy else None
     return Comparison(ar, spec, speedup, c, mean_gamma, predicted, identical, div)

@@ -282,7 +282,10 @@ def to_html(report: dict) -> str:
         "<h2>2 · Correct?</h2>",
         f"<h3>Greedy identity against AR</h3><p>{_ok(g['identical_all'], 'identical on every prompt', 'differs')}: "
         f"each prompt decoded greedily by plain AR and by the speculative engine must give the same tokens in "
-        f"{env['dtype']}.{ties} At a divergence the target's top-2 logit gap tells a numerical near-tie from a bug.</p>",
+        f"{env['dtype']}.{ties} At a divergence the target's top-2 logit gap tells a numerical near-tie from a bug. "
+        f"Verification against one-token decoding: the largest |Δlogit| over the {g['judged_positions']} positions "
+        f"both computed is <b>{g['verify_logit_max_abs_diff']:.3g}</b> (guarantee here: {escape(str(g['guarantee']))}; "
+        f"0 means bit for bit).</p>",
         _greedy(g),
         "<h3>Exact sampling on the real pair</h3>", _fidelity(fid, fig),
         "<h3>Synthetic p/q suite</h3>", _synthetic(report["synthetic"]),

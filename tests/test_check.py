@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from specviz import check, metrics, stats
+from specviz import check, metrics, profile, stats
 from specviz.cli import main
 from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.speculative import Proposal
@@ -177,7 +177,9 @@ def test_check_cli_reports_on_real_pair(target, tmp_path, capsys, which):
     assert (d["fidelity"]["given"] is not None) == (which == ["--method", "eagle"])  # EAGLE's first step is the prefill
     assert d["fidelity"]["with_drafts"] > 0
     assert d["compatibility"]["draft_tokenizer"] == (which[0] == "--draft")
-    assert len(d["payoff"]["profile"]["tokens"]) == 7 and d["payoff"]["batch_curve"]
+    assert d["payoff"]["profile"]["tokens"] == list(profile.SIZES) and d["payoff"]["batch_curve"]
+    assert d["greedy"]["verify_logit_max_abs_diff"] < 1e-3 and d["greedy"]["judged_positions"] >= 16
+    assert d["greedy"]["guarantee"] == "identical in practice" and d["environment"]["dtype"] == "float32"
     html = out_html.read_text()
     assert d["verdict"] in html.replace("&#x27;", "'") and "Plotly.newPlot" in html and "plotly.js v" in html
     assert not re.search(r"<script[^>]+src=", html)  # self-contained: plotly.js is inlined, nothing is fetched

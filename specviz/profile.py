@@ -1,0 +1,117 @@
+"""What a target forward of k tokens costs, and what each drafter's step costs: `python -m specviz profile`.
+
+T(k) is measured through the engines' own CachedLM (the same head, attention and padding as a run), so
+T(1) is the one-token step as AR runs it. The check's cost profile, the app's prediction and the choice of
+γ all read this one measurement.
+"""
+from __future__ import annotations
+
+import statistics
+import threading
+import weakref
+from typing import Callable, Optional
+
+import torch
+
+from specviz import metrics
+from specviz.cache import CachedLM, clock
+from specviz.config import DecodeConfig
+from specviz.metrics import CostProfile
+from specviz.models import LoadedModel
+
+SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)   # tokens per target forward
+CONTEXT = 128                                    # tokens already in the KV cache
+REPS = 5                                         # timed forwards per size (median), after one warm-up
+COST_PROMPT = "Explain how a refrigerator keeps food cold, step by step."
+COST_METHODS = ("vanilla", "eagle", "medusa", "layerskip", "draft")
+
+
+@torch.inference_mode()
+def verify_profile(target: LoadedModel, sizes=SIZES, context: int = CONTEXT, reps: int = REPS,
+                   tick: Optional[Callable[[int], None]] = None) -> CostProfile:
+    """Median seconds of a forward of k new tokens (and their logits) over `context` cached tokens."""
+    lm = CachedLM.of(target)
+    prefix = [(7 * i + 11) % target.vocab_size for i in range(context)]
+    lm.logits(prefix)
+    seconds = []
+    for done, k in enumerate(sizes, 1):
+        extra = [(13 * j + 5) % target.vocab_size for j in range(k)]
+        times = []
+        for rep in range(reps + 1):  # the first is a warm-up
+            t0 = clock(target.device)
+            lm.logits(prefix, extra, keep=k)
+            t1 = clock(target.device)
+            lm.rollback(context)
+            if rep:
+                times.append(t1 - t0)
+        seconds.append(statistics.median(times))
+        if tick:
+            tick(done)
+    monotone = [min(seconds[i:]) for i in range(len(seconds))]
+    return CostProfile(str(target.device), str(target.dtype).replace("torch.", ""), target.attention, context, reps,
+                       list(sizes), monotone, seconds)
+
+
+APP_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 17)   # up to γ + 1 for γ <= 16: what the app's prediction reads
+_profiles: "weakref.WeakKeyDictionary[torch.nn.Module, CostProfile]" = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def profile_of(target: LoadedModel, measure: bool = True) -> Optional[CostProfile]:
+    """The verify profile of a loaded target, measured once (2 repeats per size) and kept with the model;
+    None when not measured yet and measure=False."""
+    with _lock:
+        if target.model not in _profiles and measure:
+            _profiles[target.model] = verify_profile(target, APP_SIZES, reps=2)
+        return _profiles.get(target.model)
+
+
+def drafter_cost(target: LoadedModel, method: str, draft: Optional[str] = None, max_new_tokens: int = 48) -> dict:
+    """c for one method: seconds per draft forward / seconds per AR step, from a greedy run of each on one
+    built-in prompt (the engines' own timers), with the α that run measured."""
+    from specviz import engines
+
+    ids = target.encode_prompt(COST_PROMPT)
+    cfg = DecodeConfig(method=method, max_new_tokens=max_new_tokens)
+    engine = engines.build(method, target, draft) if draft else engines.build(method, target)
+    ar = engines.build("ar", target)
+    for e in (ar, engine):  # first-call allocations are not billed
+        engines.generate(e, ids, cfg.with_(max_new_tokens=4, method=e.method))
+    ar_events = engines.generate(ar, ids, cfg.with_(method="ar")).events
+    spec_events = engines.generate(engine, ids, cfg).events
+    cmp = metrics.compare(ar_events, spec_events, method, True)
+    return {"method": method, "c": cmp.cost_ratio, "alpha": cmp.spec.alpha, "tau": cmp.spec.tau,
+            "draft_forwards": cmp.spec.draft_forwards, "ar_step_ms": 1000 * cmp.ar.seconds / max(cmp.ar.steps, 1)}
+
+
+def drafter_costs(target: LoadedModel, methods=COST_METHODS, draft: Optional[str] = None) -> list[dict]:
+    """drafter_cost for every method that has a drafter for this target (the shipped ones, the int8 copy)."""
+    from specviz.config import ConfigError
+    from specviz.models import ModelError
+
+    out = []
+    for method in methods:
+        try:
+            out.append(drafter_cost(target, method, draft if method == "vanilla" else None))
+        except (ConfigError, ModelError) as exc:  # no drafter shipped for this target
+            out.append({"method": method, "c": None, "skipped": str(exc)})
+    return out
+
+
+def format_profile(profile: CostProfile) -> str:
+    lines = [f"verify profile: {profile.device}, {profile.dtype}, attention {profile.attention}, "
+             f"{profile.context} tokens cached, median of {profile.reps}",
+             "| k | T(k) ms | T(k)/T(1) |", "|---|---|---|"]
+    for k, raw in zip(profile.tokens, profile.raw_seconds):
+        lines.append(f"| {k} | {1000 * raw:.1f} | {raw / profile.raw_seconds[0]:.2f} |")
+    return "\n".join(lines)
+
+
+def format_costs(costs: list[dict]) -> str:
+    f = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    lines = ["| method | c (draft forward / AR step) | α (γ=4, one prompt) | best γ here | predicted speedup at it |",
+             "|---|---|---|---|---|"]
+    for row in costs:
+        lines.append(f"| {row['method']} | {f(row.get('c'), '.3f')} | {f(row.get('alpha'), '.2f')} | "
+                     f"{f(row.get('best_gamma'), 'd')} | {f(row.get('predicted_speedup'), '.2f')}× |")
+    return "\n".join(lines)

@@ -1,0 +1,119 @@
+"""Bitwise-lossless verification on the real default target in bf16 on CPU (row-wise attention, padding where
+the one-row kernels differ): a verified position's logits equal one-token decoding's bit for bit, for chains of
+k = 1..16 and for the shipped Medusa and EAGLE trees. The same chain verified with stock sdpa attention must
+differ, so these tests can fail."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specviz import check, drafters, engines, models, profile
+from specviz.cache import CachedLM
+from specviz.config import DecodeConfig
+from specviz.engines import SHIPPED
+from specviz.trees import Tree
+
+PROMPT = "Explain why the sky is blue, in three sentences."
+
+
+@pytest.fixture(scope="module")
+def path(target_bf16) -> tuple[list[int], list[int]]:
+    """The prompt's ids and 16 greedy tokens after it (a real continuation)."""
+    ids = target_bf16.encode_prompt(PROMPT)
+    return ids, engines.generate(engines.build("ar", target_bf16), ids, DecodeConfig(method="ar", max_new_tokens=16)).token_ids
+
+
+def one_token_rows(target: models.LoadedModel, ids: list[int], continuation: list[int]) -> torch.Tensor:
+    """Plain decoding: the prompt's forward, then one token per forward. Row j predicts continuation[j]."""
+    lm = CachedLM.of(target)
+    rows = [lm.logits(ids)[0]]
+    for j in range(len(continuation) - 1):
+        rows.append(lm.logits(ids + continuation[:j + 1])[0])
+    return torch.stack(rows)  # (n, V)
+
+
+def chain_rows(target: models.LoadedModel, ids: list[int], continuation: list[int], k: int) -> torch.Tensor:
+    """Verification as the chain loop runs it: the prompt's forward, then chunks of k + 1 tokens (the last
+    committed token plus k drafts) in one forward each; only the accepted-path rows are kept."""
+    lm = CachedLM.of(target)
+    rows = [lm.logits(ids)[0]]
+    done = 0
+    while done < len(continuation) - 1:
+        chunk = continuation[done:done + k + 1]
+        logits = lm.logits(ids + continuation[:done], chunk, keep=len(chunk))
+        rows.extend(logits[:len(continuation) - 1 - done])
+        done += len(chunk)
+    return torch.stack(rows[:len(continuation)])
+
+
+def test_the_bf16_cpu_engine_is_bitwise(target_bf16):
+    assert target_bf16.attention == "rowwise" and target_bf16.bitwise and target_bf16.guarantee == "bitwise"
+    assert target_bf16.pad_one_row == (models.native_bf16() or models.one_row_differs(target_bf16.model, torch.bfloat16))
+
+
+@pytest.fixture(scope="module")
+def reference(target_bf16, path) -> torch.Tensor:
+    return one_token_rows(target_bf16, *path)
+
+
+@pytest.mark.parametrize("k", list(range(1, 17)))
+def test_chain_verification_equals_one_token_decoding_bitwise(target_bf16, path, reference, k):
+    ids, continuation = path
+    assert float((chain_rows(target_bf16, ids, continuation, k) - reference).abs().max()) == 0.0
+
+
+def test_sdpa_verification_is_not_bitwise(target_bf16, path):
+    """The control: the same chains through stock sdpa (no row-wise attention, no padding) differ."""
+    ids, continuation = path
+    sdpa = models.get(target_bf16.name, target_bf16.device, torch.bfloat16, attention="sdpa")
+    reference = one_token_rows(sdpa, ids, continuation)
+    worst = max(float((chain_rows(sdpa, ids, continuation, k) - reference).abs().max()) for k in (3, 4, 15))
+    assert worst > 0.0
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_shipped_tree_verification_equals_one_token_decoding_bitwise(target_bf16, path, kind):
+    """Every node of the shipped tree, verified in one forward with the tree mask, has the logits one-token
+    decoding computes after the same path."""
+    ids, continuation = path
+    tree = Tree.from_choices(drafters.load(SHIPPED / f"smollm2-135m-{kind}", target_bf16).cfg.tree)
+    context = ids + continuation[:5]
+    node_tokens = [continuation[5 + tree.depths[i] - 1] if tree.ranks[i] == 0 else (977 * (i + 3)) % target_bf16.vocab_size
+                   for i in range(tree.size)]  # the top rank follows the real continuation, the others are other tokens
+    lm = CachedLM.of(target_bf16)
+    lm.logits(context[:-1])
+    rows = lm.tree_logits(context, tree, node_tokens)  # (1 + n, V)
+    worst = 0.0
+    for i in range(-1, tree.size):  # -1: the root's own row
+        branch, node = [], i
+        while node >= 0:
+            branch.insert(0, node_tokens[node])
+            node = tree.parents[node]
+        reference = CachedLM.of(target_bf16)
+        reference.logits(context[:-1])
+        logits = reference.logits(context)[0]  # the root, as a one-token step
+        for j in range(len(branch)):
+            logits = reference.logits(context + branch[:j + 1])[0]
+        worst = max(worst, float((rows[i + 1] - logits).abs().max()))
+    assert tree.size >= 8 and worst == 0.0
+
+
+@pytest.mark.parametrize("method", ["vanilla", "pld", "eagle", "medusa", "draft"])
+def test_engines_verify_bitwise(target_bf16, method):
+    """The check's figure on real runs: the largest |Δlogit| between each verification row on the committed
+    path and one-token decoding is 0 (int8 copy, prompt lookup, the trained drafters as chains)."""
+    engine = engines.build(method, target_bf16, chain=True)
+    ids = target_bf16.encode_prompt("Write a short poem about the sea, then explain its rhyme scheme.")
+    run = engine.start(ids, DecodeConfig(method=method, max_new_tokens=40))
+    run.target.trace = []
+    while run.finish_reason is None:
+        engine.cycle(run)
+    diff, judged = check.verify_logit_diff(target_bf16, ids, run.tokens[len(ids):], run.target.trace)
+    assert judged >= 40 and diff == 0.0
+
+
+def test_verify_profile_and_costs(tiny_target):
+    prof = profile.verify_profile(tiny_target, sizes=(1, 2, 4), context=8, reps=2)
+    assert prof.tokens == [1, 2, 4] and len(prof.raw_seconds) == 3 and prof.ratio(1) == 1.0
+    assert prof.seconds == sorted(prof.seconds) and all(s > 0 for s in prof.raw_seconds)
+    assert prof.dtype == "float32" and prof.attention == tiny_target.attention
