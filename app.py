@@ -217,7 +217,7 @@ def warm_up(on_zero_gpu: bool = False) -> None:
     """Load this machine's default pair once (and the embedded target the trained drafters are tied to), then
     run a few tokens so the first click answers at once. On ZeroGPU no GPU is attached outside the wrapped
     handlers: the models load (each worker inherits them) and nothing runs."""
-    from specviz import models
+    from specviz import models, profile
 
     pair = hardware.default_pair()
     if pair.note:
@@ -229,7 +229,10 @@ def warm_up(on_zero_gpu: bool = False) -> None:
         models.get(DEFAULT_TARGET)
     if not on_zero_gpu:
         race_result(DEFAULT_PROMPT, make_config(max_new_tokens=16), pair.draft, pair.target)  # kernels picked
-    print(f"specviz: models ready on {hardware.describe(target.device, target.dtype)}", flush=True)
+        prof = profile.profile_of(target)  # the verify profile the summary's prediction reads
+        print("specviz: verify cost T(k)/T(1): " + ", ".join(f"k={k} {prof.ratio(k):.2f}" for k in (2, 5, 8, 17)), flush=True)
+    print(f"specviz: models ready on {hardware.describe(target.device, target.dtype)} ({target.guarantee} verification)",
+          flush=True)
 
 
 def main() -> None:

@@ -107,6 +107,7 @@ class Snapshot:
     decode: Optional[Callable[[list[int]], str]] = None
     started: float = field(default_factory=time.perf_counter)
     hardware: str = ""          # hardware.describe(): the device and dtype the lanes ran on
+    profiled: bool = False      # the prediction used the target's measured verify profile (specviz/profile.py)
 
     def title(self, lane: str) -> str:
         return LANE_TITLES[lane].format(method=self.cfg.method)
@@ -165,6 +166,7 @@ def race_stream(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT,
     first, 'loading' snapshot)."""
     from specviz import hardware
     from specviz.models import ModelError
+    from specviz.profile import profile_of
     from specviz.session import prepare  # torch and the engines load on first use, not at import
 
     snap = Snapshot(cfg, draft)
@@ -195,7 +197,9 @@ def race_stream(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT,
         lane.clock = tick.clock
         lane.done = tick.event.finish_reason is not None
         yield snap
-    snap.comparison = compare(snap.lanes["ar"].events, snap.lanes["spec"].events, cfg.method, cfg.greedy)
+    snap.comparison = compare(snap.lanes["ar"].events, snap.lanes["spec"].events, cfg.method, cfg.greedy,
+                              profile_of(prepared.target, measure=False))
+    snap.profiled = profile_of(prepared.target, measure=False) is not None
     snap.phase = "done"
     yield snap
 
@@ -271,7 +275,8 @@ def summary_html(snap: Snapshot) -> str:
     cards = [
         ("speedup (measured)", _num(c.speedup, "×{:.2f}"), "AR seconds per token / speculative seconds per token"),
         ("predicted speedup", _num(c.predicted_speedup, "×{:.2f}"),
-         f"Leviathan et al. (2023) at the measured α, γ = {_num(c.mean_gamma, '{:.1f}')}, c"),
+         f"Leviathan et al. (2023) at the measured α, γ = {_num(c.mean_gamma, '{:.1f}')}, c"
+         + (", and this machine's verify cost T(γ+1)/T(1)" if snap.profiled else "")),
         ("acceptance rate α", _num(c.spec.alpha), f"{c.spec.accepted} of {c.spec.drafted} drafted tokens kept"),
         ("τ", _num(c.spec.tau), TAU_LABEL),
         ("cost ratio c", _num(c.cost_ratio, "{:.3f}"), "seconds of one draft forward / one AR target forward"),
