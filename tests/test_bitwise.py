@@ -117,3 +117,33 @@ def test_verify_profile_and_costs(tiny_target):
     assert prof.tokens == [1, 2, 4] and len(prof.raw_seconds) == 3 and prof.ratio(1) == 1.0
     assert prof.seconds == sorted(prof.seconds) and all(s > 0 for s in prof.raw_seconds)
     assert prof.dtype == "float32" and prof.attention == tiny_target.attention
+
+
+def test_row_kernel_is_row_invariant_and_accurate():
+    """specviz/kernels.py: each output row has the same bits whatever the other rows, and matches an fp32
+    matmul of the same bf16 values to bf16 rounding."""
+    from specviz import kernels
+
+    if not kernels.available():
+        pytest.skip("no C compiler or no AVX2/FMA here: the stock torch kernels run")
+    generator = torch.Generator().manual_seed(0)
+    weight = (torch.randn(1000, 72, generator=generator) * 0.1).bfloat16()  # K = 72: the scalar tail runs too
+    x = torch.randn(17, 72, generator=generator).bfloat16()
+    out = kernels.linear(x, weight)  # (17, 1000): passes of 8, 8 and 1 rows
+    assert out.dtype == torch.bfloat16 and out.shape == (17, 1000)
+    for m in (1, 2, 5, 8, 9, 16):
+        assert torch.equal(kernels.linear(x[:m], weight), out[:m])
+    assert all(torch.equal(kernels.linear(x[i:i + 1], weight)[0], out[i]) for i in range(17))
+    exact = torch.nn.functional.linear(x.float(), weight.float())
+    assert torch.allclose(out.float(), exact, rtol=1e-2, atol=1e-2)
+
+
+def test_row_kernel_serves_the_bf16_target_where_bf16_is_emulated(target_bf16):
+    from specviz import kernels
+
+    expected = models.uses_row_kernel(target_bf16.device, torch.bfloat16)
+    assert (target_bf16.matmul == "specviz row kernel") == expected
+    if expected:
+        assert not target_bf16.pad_one_row  # row-invariant by construction: no padding row needed
+        copy = models.int8_copy(target_bf16).model  # the int8 copy quantizes plain Linear modules
+        assert not any(isinstance(m, kernels.RowLinear) for m in copy.modules())
