@@ -8,6 +8,11 @@ ENV PYTHONUNBUFFERED=1 \
     SPECVIZ_PUBLIC=1 \
     HF_HOME=/home/app/.cache/huggingface
 
+# a C compiler for specviz/kernels.py (the bf16 row kernel, built at first use; without it torch's kernels run)
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev libgomp1 \
+ && rm -rf /var/lib/apt/lists/*
+
 RUN useradd --create-home --uid 1000 app
 WORKDIR /home/app/specviz
 

@@ -45,12 +45,14 @@ def test_synthetic_suite_passes_and_its_control_is_flagged():
 
 
 def test_batch_model_reduces_to_leviathan_on_a_flat_profile():
-    flat = check.CostProfile("cpu", 0, 1, [1, 64], [0.01, 0.01], [0.01, 0.01])
+    flat = check.CostProfile("cpu", "float32", "sdpa", 0, 1, [1, 64], [0.01, 0.01], [0.01, 0.01])
     for alpha, gamma, c in [(0.8, 4, 0.1), (0.5, 2, 0.3)]:
         assert abs(check.speedup_at(alpha, gamma, c, 1, flat) - metrics.predicted_speedup(alpha, gamma, c)) < 1e-12
-    linear = check.CostProfile("cpu", 0, 1, [1, 2, 4], [0.01, 0.02, 0.04], [0.01, 0.02, 0.04])  # compute-bound: cost ∝ tokens
+    linear = check.CostProfile("cpu", "float32", "sdpa", 0, 1, [1, 2, 4], [0.01, 0.02, 0.04], [0.01, 0.02, 0.04])  # cost ∝ tokens
     assert check.speedup_at(0.8, 4, 0.0, 1, linear) == pytest.approx(metrics.expected_tokens_per_step(0.8, 4) / 5)
     assert linear.time(8) == pytest.approx(0.08)  # linear beyond the largest size
+    assert linear.ratio(4) == pytest.approx(4.0) and metrics.best_gamma(0.8, 0.0, linear, range(1, 5)) == 1
+    assert metrics.profiled_speedup(0.8, 4, 0.1, flat) == pytest.approx(metrics.predicted_speedup(0.8, 4, 0.1))
 
 
 # ── compatibility and the verdict on tiny models ────────────────────────────────────────────────────
