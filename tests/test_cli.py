@@ -89,3 +89,14 @@ def test_bench_json_on_real_target(target, tmp_path, capsys):
         assert {"method", "prompts", "new_tokens", "tok_per_s", "ar_tok_per_s", "speedup", "alpha", "tau",
                 "identical_all"} <= set(s)
         assert s["identical_all"] is True, s
+
+
+def test_profile_command(target, tmp_path, capsys):
+    out = tmp_path / "profile.json"
+    code = main(["profile", "--sizes", "1,2,4", "--reps", "1", "--no-drafters", "--device", "cpu", "--json", str(out)])
+    text = capsys.readouterr().out
+    d = json.loads(out.read_text())
+    assert code == 0 and "| k | T(k) ms | T(k)/T(1) |" in text and f"verification: {target.guarantee}" in text
+    assert d["profile"]["tokens"] == [1, 2, 4] and d["ratios"]["1"] == 1.0 and d["guarantee"] == target.guarantee
+    assert main(["profile", "--sizes", "0"]) == 2
+    assert "sizes=0 is out of range" in capsys.readouterr().err
