@@ -15,6 +15,7 @@ the stock torch kernels run (a Space's image without gcc, say); nothing else cha
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import subprocess
@@ -93,18 +94,20 @@ _tried = False
 _lock = threading.Lock()
 
 
-def _cpu_has_avx2_fma() -> bool:
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags from /proc/cpuinfo (x86 "flags", Arm "Features"); empty where unreadable."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    flags = next((line for line in text.splitlines() if line.startswith("flags")), "").split()
-    return "avx2" in flags and "fma" in flags
+        return frozenset()
+    line = next((l for l in text.splitlines() if l.startswith(("flags", "Features"))), "")
+    return frozenset(line.partition(":")[2].split())
 
 
 def _build() -> ctypes.CDLL | None:
     """Compile SOURCE once per source version into ~/.cache/specviz (or a temp folder) and load it."""
-    if not _cpu_has_avx2_fma():
+    if not {"avx2", "fma"} <= cpu_flags():
         return None
     digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
     folder = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specviz"

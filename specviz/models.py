@@ -108,18 +108,9 @@ def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((l for l in text.splitlines() if l.startswith(("flags", "Features"))), "")
-    return set(line.partition(":")[2].split())
-
-
 def native_bf16() -> bool:
     """Whether this CPU computes bf16 natively: AVX512-BF16 or AMX-BF16 (x86), BF16 (Arm)."""
-    return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
+    return bool(kernels.cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def cpu_bf16() -> str | None:
@@ -134,9 +125,8 @@ def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 on GPU and on CPUs with a vector bf16 path; fp32 on other CPUs.
 
     Decode steps are bound by streaming the weights, and bf16 halves them. Measured on the default target,
-    one-token AR in bf16 against fp32: 1.7x on an AVX512-BF16 Xeon (native), 1.7-1.8x on an AVX2 EPYC
-    (emulated). Emulated bf16 matmuls cost about one row per row, so there verifying k tokens costs more
-    (python -m specviz profile shows T(k)); fp32 is slower at every k there too."""
+    one-token AR in bf16 against fp32: 1.7x on an AVX512-BF16 Xeon (native), 1.5x on an AVX2 EPYC (emulated,
+    with specviz/kernels.py's row kernel; python -m specviz profile shows T(k) for both dtypes)."""
     if device.type == "cuda" or cpu_bf16():
         return torch.bfloat16
     return torch.float32
@@ -398,10 +388,7 @@ def _smoothable(model: torch.nn.Module) -> bool:
 
 def _cpu_has_vnni() -> bool:
     """AVX512-VNNI: fbgemm's u8 x s8 products then accumulate straight into int32 (no int16 saturation)."""
-    try:
-        return "avx512_vnni" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    return "avx512_vnni" in kernels.cpu_flags()
 
 
 class _DynamicLinear8bit(torch.ao.nn.quantized.dynamic.Linear):

@@ -66,33 +66,37 @@ def profile_of(target: LoadedModel, measure: bool = True) -> Optional[CostProfil
         return _profiles.get(target.model)
 
 
-def drafter_cost(target: LoadedModel, method: str, draft: Optional[str] = None, max_new_tokens: int = 48) -> dict:
-    """c for one method: seconds per draft forward / seconds per AR step, from a greedy run of each on one
-    built-in prompt (the engines' own timers), with the α that run measured."""
+def drafter_cost(target: LoadedModel, method: str, ar_events: list, draft: Optional[str] = None,
+                 max_new_tokens: int = 48) -> dict:
+    """c for one method: seconds per draft forward / seconds per AR step (AR's events on the same prompt and
+    settings given), from a greedy run on one built-in prompt (the engines' own timers), with its α."""
     from specviz import engines
 
     ids = target.encode_prompt(COST_PROMPT)
     cfg = DecodeConfig(method=method, max_new_tokens=max_new_tokens)
     engine = engines.build(method, target, draft) if draft else engines.build(method, target)
-    ar = engines.build("ar", target)
-    for e in (ar, engine):  # first-call allocations are not billed
-        engines.generate(e, ids, cfg.with_(max_new_tokens=4, method=e.method))
-    ar_events = engines.generate(ar, ids, cfg.with_(method="ar")).events
-    spec_events = engines.generate(engine, ids, cfg).events
-    cmp = metrics.compare(ar_events, spec_events, method, True)
+    engines.generate(engine, ids, cfg.with_(max_new_tokens=4))  # first-call allocations are not billed
+    cmp = metrics.compare(ar_events, engines.generate(engine, ids, cfg).events, method, True)
     return {"method": method, "c": cmp.cost_ratio, "alpha": cmp.spec.alpha, "tau": cmp.spec.tau,
             "draft_forwards": cmp.spec.draft_forwards, "ar_step_ms": 1000 * cmp.ar.seconds / max(cmp.ar.steps, 1)}
 
 
-def drafter_costs(target: LoadedModel, methods=COST_METHODS, draft: Optional[str] = None) -> list[dict]:
-    """drafter_cost for every method that has a drafter for this target (the shipped ones, the int8 copy)."""
+def drafter_costs(target: LoadedModel, methods=COST_METHODS, draft: Optional[str] = None,
+                  max_new_tokens: int = 48) -> list[dict]:
+    """drafter_cost for every method that has a drafter for this target (the shipped ones, the int8 copy),
+    against one timed AR run."""
+    from specviz import engines
     from specviz.config import ConfigError
     from specviz.models import ModelError
 
+    ids = target.encode_prompt(COST_PROMPT)
+    ar, cfg = engines.build("ar", target), DecodeConfig(method="ar", max_new_tokens=max_new_tokens)
+    engines.generate(ar, ids, cfg.with_(max_new_tokens=4))  # warm-up, not timed
+    ar_events = engines.generate(ar, ids, cfg).events
     out = []
     for method in methods:
         try:
-            out.append(drafter_cost(target, method, draft if method == "vanilla" else None))
+            out.append(drafter_cost(target, method, ar_events, draft if method == "vanilla" else None, max_new_tokens))
         except (ConfigError, ModelError) as exc:  # no drafter shipped for this target
             out.append({"method": method, "c": None, "skipped": str(exc)})
     return out
