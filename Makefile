@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test gpu-check bench drafters clean
+.PHONY: setup demo test gpu-check bench data drafters clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,13 @@ gpu-check:
 bench: setup
 	$(BIN)/python -m specviz bench --prompts ../shared/data/spec_bench/question.jsonl --method vanilla pld \
 		--draft int8 --limit 24 --max-new-tokens 128 --compare-hf --json out/bench.json
+
+# self-distillation data from the shared prompt set (../shared/data/prompts): the target answers every prompt
+# greedily, 256 prompts a chunk, into assets/distill/prompts/ with a manifest; resumable (finished chunks are
+# kept), so rerun it after an interruption. CPU: many hours; DISTILL_ARGS adds e.g. --chunks 8
+data: setup
+	$(BIN)/python -m specviz distill --prompts ../shared/data/prompts/train_prompts.jsonl.gz \
+		--out assets/distill/prompts $(DISTILL_ARGS)
 
 # the shipped drafters for smollm2-135m, from the committed self-distillation ids (CPU: about 90 minutes)
 drafters: setup

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from specviz.config import (CHECK_METHODS, DEFAULT_TARGET, GAMMA_MAX, METHODS, TRAINED_METHODS, ConfigError, DecodeConfig,
                             parse_gamma)
+from specviz.distill import CHUNK_SIZE as DISTILL_CHUNK, DEFAULT_BATCH as DISTILL_BATCH, DEFAULT_DTYPE as DISTILL_DTYPE
 from specviz.hardware import GPU_DRAFT, GPU_TARGET
 from specviz.train import TrainOptions
 
@@ -446,6 +447,23 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--tree-size", default=str(TRAIN_DEFAULTS.tree_size), help="medusa: nodes in the candidate tree (default %(default)s)")
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     t.add_argument("--seed", default="0")
+    d = sub.add_parser("distill", help="self-distillation data: the target answers a prompt file greedily, in resumable chunks")
+    d.add_argument("--prompts", default=None, help="JSONL(.gz) of id, category, prompt (default: the shared prompt set, "
+                   "../shared/data/prompts/train_prompts.jsonl.gz)")
+    d.add_argument("--out", default=None, help="folder of chunk-NNNNN.jsonl.gz files and manifest.json (default "
+                   "assets/distill/prompts)")
+    d.add_argument("--chunks", default=None, help="stop once the first N chunks of the file are done (default: all)")
+    d.add_argument("--max-tokens", default=None, help="stop once finished chunks hold at least M answer tokens")
+    d.add_argument("--batch-size", default=str(DISTILL_BATCH), help="prompts per generate call (default %(default)s)")
+    d.add_argument("--chunk-size", default=str(DISTILL_CHUNK), help="prompts per chunk file (default %(default)s)")
+    d.add_argument("--max-new-tokens", default="256", help="answer length cap (default %(default)s)")
+    d.add_argument("--target", default=DEFAULT_TARGET, help="model spec (default %(default)s)")
+    d.add_argument("--dtype", default=DISTILL_DTYPE, help="float32 or bfloat16 (default %(default)s: the fastest batched "
+                   "generation measured on an AVX2 CPU)")
+    d.add_argument("--threads", default="0", help="torch threads, 0 = torch's default (one per core); 1 runs best "
+                   "beside other jobs on the same cores (default %(default)s)")
+    d.add_argument("--attention", default="sdpa", help="sdpa or eager (batched generation needs a padding mask; "
+                   "default %(default)s)")
     return p
 
 
@@ -491,6 +509,45 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_distill(args) -> int:
+    """Answer a prompt file with the target, greedily, in resumable chunks (specviz/distill.py)."""
+    import time
+
+    import torch
+
+    from specviz import distill, models
+
+    chunks = None if args.chunks is None else _int_arg("chunks", args.chunks, 1, 10**6)
+    max_tokens = None if args.max_tokens is None else _int_arg("max-tokens", args.max_tokens, 1, 10**10)
+    batch = _int_arg("batch-size", args.batch_size, 1, 1024)
+    chunk_size = _int_arg("chunk-size", args.chunk_size, 1, 10**6)
+    max_new = _int_arg("max-new-tokens", args.max_new_tokens, 1, 2048)
+    threads = _int_arg("threads", args.threads, 0, 1024)
+    if args.attention not in ("sdpa", "eager"):
+        raise InputError(f"attention={args.attention!r} is not usable for batched generation: use sdpa or eager")
+    device = torch.device("cpu")
+    dtype = models.parse_dtype(args.dtype, device)
+    if threads:
+        torch.set_num_threads(threads)
+    prompts = Path(args.prompts) if args.prompts else distill.SHARED_PROMPTS
+    out = Path(args.out) if args.out else distill.PROMPTS_OUT
+    try:
+        distill.read_prompt_rows(prompts)  # a bad file fails before the model loads
+        source = models.resolve(args.target)
+        t0 = time.perf_counter()
+        target = models.get(args.target, device, dtype, attention=args.attention)
+        print(f"loaded {args.target} ({source.gguf_file or source.location}) in {dtype}, attention {target.attention}, "
+              f"{target.matmul} matmuls, {torch.get_num_threads()} threads, in {time.perf_counter() - t0:.0f} s", flush=True)
+        settings = {"target": args.target, "gguf_file": source.gguf_file, "dtype": str(dtype).replace("torch.", ""),
+                    "attention": target.attention, "max_new_tokens": max_new, "greedy": True, "chunk_size": chunk_size,
+                    "matmul": target.matmul, "threads": torch.get_num_threads(), "probe": distill.PROBE}
+        distill.generate_chunks(target, prompts, out, settings, batch_size=batch, chunks=chunks, max_tokens=max_tokens,
+                                log=lambda line: print(line, flush=True))
+    except distill.DistillError as exc:
+        raise InputError(str(exc)) from None
+    return 0
+
+
 def cmd_profile(args) -> int:
     from specviz import hardware, metrics, profile
 
@@ -532,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         return {"generate": cmd_generate, "bench": cmd_bench, "check": cmd_check, "profile": cmd_profile,
-                "train": cmd_train}[args.command](args)
+                "train": cmd_train, "distill": cmd_distill}[args.command](args)
     except (ConfigError, ModelError, InputError) as exc:
         print(f"specviz: error: {exc}", file=sys.stderr)
         return 2

@@ -10,9 +10,12 @@ Generation is resumable: finished examples are appended to a JSONL file, and a r
 from __future__ import annotations
 
 import gzip
+import hashlib
 import itertools
 import json
+import os
 import random
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -249,3 +252,309 @@ def split(examples: list[dict], held_out: float = 0.05) -> tuple[list[dict], lis
 def sequences(examples: list[dict]) -> Iterator[list[int]]:
     for e in examples:
         yield list(e["prompt_ids"]) + list(e["answer_ids"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Self-distillation at scale: the shared prompt set, answered in chunks (resumable, with a manifest)
+#
+# The prompt file (../shared/data/prompts/train_prompts.jsonl.gz, 40,724 prompts from permissively licensed
+# public sets; attribution in LICENSES/) is cut into chunks of CHUNK_SIZE prompts in file order. Chunk c is
+# written once complete as OUT/chunk-0000c.jsonl.gz, one line per example {"id", "category", "prompt_ids",
+# "answer_ids"} in file order, and OUT/manifest.json is rewritten after every chunk with its sha256, counts and
+# timing. A rerun skips the chunks whose file matches the manifest's sha256 and regenerates the others, so a
+# killed (or SIGSTOPped) run loses at most the chunk in progress.
+# ---------------------------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_PROMPTS = REPO.parent / "shared" / "data" / "prompts" / "train_prompts.jsonl.gz"
+PROMPTS_OUT = REPO / "assets" / "distill" / "prompts"
+CHUNK_SIZE = 256
+# The configuration `python -m specviz distill` uses by default: the fastest batched greedy generation measured
+# on this project's 2-core AVX2 machine (PROBE; recorded in the manifest).
+DEFAULT_DTYPE, DEFAULT_BATCH = "float32", 32
+PROBE = {"note": "to be measured"}
+MANIFEST = "manifest.json"
+# what makes two runs' chunks interchangeable: a rerun with other values is refused (use another --out)
+SETTINGS_KEYS = ("target", "gguf_file", "dtype", "attention", "max_new_tokens", "greedy", "chunk_size",
+                 "prompts_sha256")
+
+
+class DistillError(ValueError):
+    """A prompt file or output folder that cannot be used; the message is one line."""
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_prompt_rows(path: str | Path) -> list[dict]:
+    """The rows of a JSONL prompt file (gzipped when it ends in .gz), in file order: {"id", "category",
+    "prompt"}. A row without an id gets its line number; without a category, "-"."""
+    path = Path(path)
+    if not path.is_file():
+        raise DistillError(f"prompt file {str(path)!r} does not exist")
+    opener = gzip.open if path.suffix == ".gz" else open
+    rows = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError:
+                    raise DistillError(f"{path}:{n} is not valid JSON") from None
+                prompt = obj.get("prompt") if isinstance(obj, dict) else None
+                if not isinstance(prompt, str) or not prompt.strip():
+                    raise DistillError(f"{path}:{n} has no 'prompt' text")
+                rows.append({"id": str(obj.get("id", n)), "category": str(obj.get("category", "-")), "prompt": prompt})
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DistillError(f"prompt file {str(path)!r} cannot be read: {type(exc).__name__}") from None
+    if not rows:
+        raise DistillError(f"prompt file {str(path)!r} holds no prompts")
+    return rows
+
+
+def chunk_file(index: int) -> str:
+    return f"chunk-{index:05d}.jsonl.gz"
+
+
+def write_gzip_lines(path: Path, rows: list[dict]) -> None:
+    """Compact JSON lines, gzip level 9 with no name or time in the header (same rows, same bytes), written to
+    a temporary file first and moved into place, so a chunk file is either complete or absent."""
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as f:
+        for r in rows:
+            f.write((json.dumps(r, separators=(",", ":")) + "\n").encode("utf-8"))
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_manifest(out_dir: str | Path) -> dict | None:
+    path = Path(out_dir) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        raise DistillError(f"{path} is not valid JSON: fix or remove it") from None
+
+
+def verified_chunks(out_dir: str | Path, manifest: dict | None) -> dict[int, dict]:
+    """The manifest's chunk entries whose file exists with the recorded sha256, by chunk index."""
+    good = {}
+    for entry in (manifest or {}).get("chunks", []):
+        path = Path(out_dir) / entry["file"]
+        if path.is_file() and sha256_file(path) == entry["sha256"]:
+            good[int(entry["index"])] = entry
+    return good
+
+
+def read_chunks(out_dir: str | Path = PROMPTS_OUT, verify: bool = True) -> list[dict]:
+    """The examples of every finished chunk in order, each with "i", its line in the prompt file (what
+    split() keys on). verify: only chunks whose sha256 matches the manifest."""
+    manifest = read_manifest(out_dir)
+    if manifest is None:
+        return []
+    size = int(manifest["chunk_size"])
+    entries = verified_chunks(out_dir, manifest) if verify else {int(e["index"]): e for e in manifest["chunks"]}
+    examples = []
+    for index in sorted(entries):
+        for n, row in enumerate(read_examples(Path(out_dir) / entries[index]["file"])):
+            examples.append({"i": index * size + n, **row})
+    return examples
+
+
+@torch.inference_mode()
+def answer_batch(target, prompt_ids: list[list[int]], max_new_tokens: int, pad: int) -> list[list[int]]:
+    """Greedy answers to a batch of encoded prompts, each cut after its first end-of-sequence token (kept) or
+    at max_new_tokens.
+
+    Like model.generate on the left-padded batch, but a row that has finished leaves the batch (its KV cache
+    rows are dropped), so the batch does not keep computing padding for its shortest answers while the longest
+    one runs on: on the shared prompts a batch's answers range from a few tokens to the cap.
+    """
+    from transformers import DynamicCache
+
+    eos = target.eos_ids
+    width = max(len(e) for e in prompt_ids)
+    dev = target.device
+    ids = torch.tensor([[pad] * (width - len(e)) + e for e in prompt_ids], device=dev)            # (B, W)
+    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in prompt_ids], device=dev)  # (B, W)
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)                                                # (B, W)
+    cache = DynamicCache(config=target.model.config)
+    logits = target.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                          use_cache=True, logits_to_keep=1).logits[:, -1]                       # (B, V)
+    answers: list[list[int]] = [[] for _ in prompt_ids]
+    alive = list(range(len(prompt_ids)))   # batch row -> prompt index
+    last = positions[:, -1]                # (B,) position of each row's latest token
+    while True:
+        tokens = logits.argmax(-1)         # (B,)
+        keep = []
+        for row, (i, t) in enumerate(zip(alive, tokens.tolist())):
+            answers[i].append(int(t))
+            if t not in eos and len(answers[i]) < max_new_tokens:
+                keep.append(row)
+        if not keep:
+            return answers
+        if len(keep) < len(alive):         # finished rows leave the batch
+            index = torch.tensor(keep, device=dev)
+            cache.batch_select_indices(index)
+            mask, last, tokens = mask[index], last[index], tokens[index]
+            alive = [alive[row] for row in keep]
+        mask = torch.cat([mask, mask.new_ones(len(alive), 1)], dim=1)
+        last = last + 1
+        logits = target.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=last[:, None],
+                              cache=cache, use_cache=True).logits[:, -1]
+
+
+@torch.inference_mode()
+def answer_batch_generate(target, prompt_ids: list[list[int]], max_new_tokens: int, pad: int) -> list[list[int]]:
+    """answer_batch through transformers' model.generate (the reference: rows run until the longest is done)."""
+    eos = target.eos_ids
+    width = max(len(e) for e in prompt_ids)
+    ids = torch.tensor([[pad] * (width - len(e)) + e for e in prompt_ids], device=target.device)
+    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in prompt_ids], device=target.device)
+    out = target.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                                pad_token_id=pad, eos_token_id=sorted(eos))
+    answers = []
+    for row in out[:, width:].tolist():
+        answer = []
+        for t in row:
+            answer.append(int(t))
+            if t in eos:
+                break
+        answers.append(answer)
+    return answers
+
+
+def answer_chunk(target, rows: list[dict], max_new_tokens: int, batch_size: int,
+                 progress: Callable[[int, int], None] | None = None) -> list[dict]:
+    """The examples of one chunk, in the rows' order. Prompts are batched by token length (short with short)
+    so batches carry little padding. progress(done prompts, answer tokens) after each batch."""
+    pad = getattr(target.tokenizer, "pad_token_id", None)
+    pad = pad if pad is not None else min(target.eos_ids)
+    encoded = [target.encode_prompt(r["prompt"]) for r in rows]
+    order = sorted(range(len(rows)), key=lambda i: (len(encoded[i]), i))
+    answers: dict[int, list[int]] = {}
+    tokens = 0
+    for start in range(0, len(order), batch_size):
+        part = order[start:start + batch_size]
+        for i, answer in zip(part, answer_batch(target, [encoded[i] for i in part], max_new_tokens, pad)):
+            answers[i] = answer
+            tokens += len(answer)
+        if progress:
+            progress(len(answers), tokens)
+    return [{"id": r["id"], "category": r["category"], "prompt_ids": encoded[i], "answer_ids": answers[i]}
+            for i, r in enumerate(rows)]
+
+
+def _totals(manifest: dict) -> None:
+    """Recompute the manifest's totals and per-category counts from its chunk entries."""
+    chunks = manifest["chunks"]
+    prompt_tokens = sum(c["prompt_tokens"] for c in chunks)
+    answer_tokens = sum(c["answer_tokens"] for c in chunks)
+    size = sum(c["bytes"] for c in chunks)
+    seconds = sum(c["seconds"] for c in chunks)
+    manifest["totals"] = {
+        "chunks": len(chunks), "prompts": sum(c["prompts"] for c in chunks), "prompt_tokens": prompt_tokens,
+        "answer_tokens": answer_tokens, "hit_max_new_tokens": sum(c["hit_max_new_tokens"] for c in chunks),
+        "bytes": size, "bytes_per_token": round(size / (prompt_tokens + answer_tokens), 4) if chunks else None,
+        "bytes_per_answer_token": round(size / answer_tokens, 4) if answer_tokens else None,
+        "seconds": round(seconds, 1), "answer_tok_per_s": round(answer_tokens / seconds, 2) if seconds else None,
+    }
+    categories: dict[str, dict] = {}
+    for c in chunks:
+        for name, counts in c["categories"].items():
+            into = categories.setdefault(name, {"prompts": 0, "answer_tokens": 0})
+            into["prompts"] += counts["prompts"]
+            into["answer_tokens"] += counts["answer_tokens"]
+    manifest["categories"] = dict(sorted(categories.items()))
+
+
+def generate_chunks(target, prompts_path: str | Path, out_dir: str | Path, settings: dict, batch_size: int = 32,
+                    chunks: int | None = None, max_tokens: int | None = None,
+                    log: Callable[[str], None] = print) -> dict:
+    """Answer the prompt file chunk by chunk into out_dir (see the comment above); returns the manifest.
+
+    settings: what the data depends on (SETTINGS_KEYS but the prompt file's sha256, which is computed here),
+    plus anything else worth recording (e.g. the probe that chose the configuration). chunks: stop after the
+    first N chunks of the file are done; max_tokens: stop once finished chunks hold at least M answer tokens.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = read_prompt_rows(prompts_path)
+    size = int(settings["chunk_size"])
+    wanted = {**settings, "prompts_sha256": sha256_file(prompts_path)}
+    manifest = read_manifest(out_dir)
+    if manifest is not None:
+        differ = [k for k in SETTINGS_KEYS if manifest.get(k) != wanted.get(k)]
+        if differ:
+            k = differ[0]
+            raise DistillError(f"{out_dir / MANIFEST} was made with {k}={manifest.get(k)!r}, not {wanted.get(k)!r}: "
+                               "use the same settings or another --out")
+    else:
+        manifest = {"format": 1, **{k: wanted[k] for k in SETTINGS_KEYS}, "prompts_file": Path(prompts_path).name,
+                    "prompts_total": len(rows), "chunks": []}
+    manifest.update({k: v for k, v in wanted.items() if k not in SETTINGS_KEYS})  # latest run's extras
+    manifest["batch_size"] = batch_size
+    done = verified_chunks(out_dir, manifest)
+    for entry in manifest["chunks"]:
+        if int(entry["index"]) not in done:
+            log(f"chunk {entry['index']}: {entry['file']} is missing or its sha256 differs from the manifest: redoing it")
+    manifest["chunks"] = [done[i] for i in sorted(done)]
+    _totals(manifest)
+    write_json(out_dir / MANIFEST, manifest)
+    n_chunks = (len(rows) + size - 1) // size
+    last = n_chunks if chunks is None else min(chunks, n_chunks)
+    log(f"{len(rows)} prompts in {n_chunks} chunks of {size}; {len(done)} chunks already done "
+        f"({manifest['totals']['answer_tokens']} answer tokens)")
+    for index in range(last):
+        if max_tokens is not None and manifest["totals"]["answer_tokens"] >= max_tokens:
+            log(f"stopping: {manifest['totals']['answer_tokens']} answer tokens >= --max-tokens {max_tokens}")
+            break
+        if index in done:
+            continue
+        part = rows[index * size:(index + 1) * size]
+        t0, c0 = time.perf_counter(), time.process_time()
+
+        def progress(n: int, tokens: int) -> None:
+            seconds = time.perf_counter() - t0
+            log(f"  chunk {index}: {n}/{len(part)} prompts, {tokens} tokens, {seconds:.0f} s, {tokens / seconds:.1f} tok/s")
+
+        examples = answer_chunk(target, part, int(settings["max_new_tokens"]), batch_size, progress)
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        path = out_dir / chunk_file(index)
+        write_gzip_lines(path, examples)
+        answer_tokens = sum(len(e["answer_ids"]) for e in examples)
+        prompt_tokens = sum(len(e["prompt_ids"]) for e in examples)
+        categories: dict[str, dict] = {}
+        for e in examples:
+            into = categories.setdefault(e["category"], {"prompts": 0, "answer_tokens": 0})
+            into["prompts"] += 1
+            into["answer_tokens"] += len(e["answer_ids"])
+        entry = {"index": index, "file": path.name, "prompts": len(examples), "first_id": examples[0]["id"],
+                 "prompt_tokens": prompt_tokens, "answer_tokens": answer_tokens,
+                 "hit_max_new_tokens": sum(len(e["answer_ids"]) >= int(settings["max_new_tokens"])
+                                           and e["answer_ids"][-1] not in target.eos_ids for e in examples),
+                 "bytes": path.stat().st_size, "sha256": sha256_file(path), "seconds": round(seconds, 1),
+                 "cpu_seconds": round(cpu, 1), "tok_per_s": round(answer_tokens / seconds, 2),
+                 "batch_size": batch_size, "threads": torch.get_num_threads(),
+                 "categories": dict(sorted(categories.items()))}
+        manifest["chunks"] = sorted([*manifest["chunks"], entry], key=lambda e: e["index"])
+        _totals(manifest)
+        write_json(out_dir / MANIFEST, manifest)
+        t = manifest["totals"]
+        log(f"chunk {index} of {n_chunks} done: {len(examples)} prompts, {answer_tokens} answer tokens in {seconds:.0f} s "
+            f"= {answer_tokens / seconds:.1f} tok/s, {entry['bytes'] / (prompt_tokens + answer_tokens):.2f} bytes/token; "
+            f"total {t['chunks']} chunks, {t['prompts']} prompts, {t['answer_tokens']} answer tokens, {t['bytes']} bytes")
+    return manifest
