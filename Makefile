@@ -35,10 +35,11 @@ bench: setup
 
 # self-distillation data from the shared prompt set (../shared/data/prompts): the target answers every prompt
 # greedily, 256 prompts a chunk, into assets/distill/prompts/ with a manifest; resumable (finished chunks are
-# kept), so rerun it after an interruption. CPU: many hours; DISTILL_ARGS adds e.g. --chunks 8
+# kept), so rerun it after an interruption. One thread: the cores are shared with other jobs (see PROBE in
+# specviz/distill.py). CPU: ~20-25 answer tokens/s per core, so days; DISTILL_ARGS adds e.g. --chunks 8
 data: setup
 	$(BIN)/python -m specviz distill --prompts ../shared/data/prompts/train_prompts.jsonl.gz \
-		--out assets/distill/prompts $(DISTILL_ARGS)
+		--out assets/distill/prompts --threads 1 $(DISTILL_ARGS)
 
 # the shipped drafters for smollm2-135m, from the committed self-distillation ids (CPU: about 90 minutes)
 drafters: setup

@@ -270,9 +270,29 @@ SHARED_PROMPTS = REPO.parent / "shared" / "data" / "prompts" / "train_prompts.js
 PROMPTS_OUT = REPO / "assets" / "distill" / "prompts"
 CHUNK_SIZE = 256
 # The configuration `python -m specviz distill` uses by default: the fastest batched greedy generation measured
-# on this project's 2-core AVX2 machine (PROBE; recorded in the manifest).
+# on this project's 2-core AVX2 machine (PROBE, recorded in the manifest). bf16 loses there: without native
+# bf16 torch emulates its matmuls row by row, and the row kernel (specviz/kernels.py) is built for few rows.
 DEFAULT_DTYPE, DEFAULT_BATCH = "float32", 32
-PROBE = {"note": "to be measured"}
+PROBE = {
+    "machine": "AMD EPYC (AVX2, no native bf16), 2 cores shared with other jobs; torch 2.13 CPU",
+    "workload": "smollm2-135m, attention sdpa, greedy; answer tokens (cut at EOS) per second",
+    "results": [
+        {"dtype": "float32", "matmul": "torch", "threads": 2, "batch": 8, "loop": "generate", "prompts": 8,
+         "max_new_tokens": 32, "tok_per_s_wall": 4.5, "note": "the other core busy with tests"},
+        {"dtype": "bfloat16", "matmul": "torch", "threads": 2, "batch": 8, "loop": "generate", "prompts": 8,
+         "max_new_tokens": 32, "tok_per_s_wall": 2.3, "note": "the other core busy with tests"},
+        {"dtype": "bfloat16", "matmul": "specviz row kernel", "threads": 2, "batch": 8, "loop": "generate",
+         "prompts": 8, "max_new_tokens": 32, "tok_per_s_wall": 1.0, "note": "the other core busy with tests"},
+        {"dtype": "float32", "matmul": "torch", "threads": 2, "batch": 32, "loop": "generate", "prompts": 32,
+         "max_new_tokens": 32, "tok_per_s_wall": 5.2, "note": "the other core busy with tests"},
+        {"dtype": "float32", "matmul": "torch", "threads": 1, "batch": 32, "loop": "generate", "prompts": 32,
+         "max_new_tokens": 128, "tok_per_s_cpu": 18.5},
+        {"dtype": "float32", "matmul": "torch", "threads": 1, "batch": 32, "loop": "finished rows leave",
+         "prompts": 32, "max_new_tokens": 128, "tok_per_s_cpu": 20.5},
+    ],
+    "choice": "float32, sdpa, batch 32, finished rows leave the batch, 1 thread (two threads stall each other "
+              "while another job holds a core: a 32x576x1536 matmul ran at 23 GFLOP/s on 1 thread, 9 on 2)",
+}
 MANIFEST = "manifest.json"
 # what makes two runs' chunks interchangeable: a rerun with other values is refused (use another --out)
 SETTINGS_KEYS = ("target", "gguf_file", "dtype", "attention", "max_new_tokens", "greedy", "chunk_size",
