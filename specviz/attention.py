@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from specviz import kernels
+
 NAME = "rowwise"
 
 
@@ -33,6 +35,10 @@ def rowwise_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     b, h, q_len, d = query.shape
     h_kv = key.shape[1]
     scale = scaling if scaling is not None else d ** -0.5
+    if kernels.can_attend(query, key):  # the same computation in one C call for all rows and heads
+        index, offsets = visible_index(attention_mask, q_len, key.shape[2])
+        out = kernels.attend(query[0].transpose(0, 1).float(), key[0], value[0], index, offsets, scale)
+        return out.to(query.dtype).unsqueeze(0), None
     q32 = query.float().reshape(b, h_kv, h // h_kv, q_len, d)  # query head j*g + i reads key/value head j
     k32, v32 = key.float(), value.float()                       # (b, h_kv, kv, d)
     rows = []
@@ -62,6 +68,29 @@ def visible_keys(mask: torch.Tensor | None, q_len: int, kv_len: int) -> list:
             rows.append(n if n and int(index[-1]) == n - 1 else index)
         mask._visible_rows = rows
     return rows
+
+
+def visible_index(mask: torch.Tensor | None, q_len: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """visible_keys as flat int32 cache positions and int64 row offsets (row i: index[offsets[i]:offsets[i+1]]),
+    kept on the mask tensor (or per shape for the causal case), as every layer asks again."""
+    cached = getattr(mask, "_visible_index", None) if mask is not None else _causal_index.get((q_len, kv_len))
+    if cached is not None:
+        return cached
+    parts = [torch.arange(seen, dtype=torch.int32) if isinstance(seen, int) else seen.to(torch.int32)
+             for seen in visible_keys(mask, q_len, kv_len)]
+    offsets = torch.zeros(len(parts) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor([len(p) for p in parts], dtype=torch.int64).cumsum(0)
+    cached = (torch.cat(parts).contiguous(), offsets)
+    if mask is not None:
+        mask._visible_index = cached
+    else:
+        if len(_causal_index) > 64:
+            _causal_index.clear()
+        _causal_index[(q_len, kv_len)] = cached
+    return cached
+
+
+_causal_index: dict = {}
 
 
 def register() -> None:

@@ -41,9 +41,24 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-#define PASS(R) static void pass##R(const float *x, const uint16_t *w, float *y, long K, long N, long n0, long n1) { \
+/* fp32 -> bf16, round to nearest even (torch's rounding), NaN -> 0x7fc0 */
+static inline uint16_t to_bf16(float f) {
+    uint32_t b;
+    __builtin_memcpy(&b, &f, 4);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+#define PF 4
+
+/* pass R: output columns n0 .. n1-1 for R activation rows. y[r][n] = sum over k of w[n][k] * x[r][k]: one
+   fp32 accumulator over k in blocks of 8, then its scalar tail, whatever R, so a row's bits never depend
+   on the other rows. Each weight row is prefetched PF rows ahead (measured: a fifth off a one-row step). */
+#define PASS(R) static void pass##R(const float *x, const uint16_t *w, uint16_t *y, long K, long N, long n0, long n1) { \
     for (long n = n0; n < n1; ++n) {                                                   \
         const uint16_t *wr = w + n * K;                                                \
+        for (long b = 0; b < K * 2; b += 64)                                           \
+            _mm_prefetch((const char *)(wr + PF * K) + b, _MM_HINT_T0);                \
         __m256 acc[R];                                                                 \
         for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();                      \
         long k = 0;                                                                    \
@@ -59,32 +74,86 @@ static inline float hsum(__m256 v) {
                 __builtin_memcpy(&wf, &bits, 4);                                       \
                 s = __builtin_fmaf(wf, x[r * K + j], s);                               \
             }                                                                          \
-            y[r * N + n] = s;                                                          \
+            y[r * N + n] = to_bf16(s);                                                 \
         }                                                                              \
     }                                                                                  \
 }
 PASS(1) PASS(2) PASS(3) PASS(4) PASS(5) PASS(6) PASS(7) PASS(8)
 
-/* y (M, N) fp32 = x (M, K) fp32 . w (N, K) bf16 ^T, output columns split over `threads` OpenMP threads */
-void linear_bf16(const float *x, const uint16_t *w, float *y, long M, long K, long N, int threads) {
-    for (long m0 = 0; m0 < M; m0 += 8) {
-        long rows = M - m0 < 8 ? M - m0 : 8;
-        const float *xs = x + m0 * K;
-        float *ys = y + m0 * N;
-        #pragma omp parallel for num_threads(threads) schedule(static)
-        for (long t = 0; t < threads; ++t) {
-            long n0 = N * t / threads, n1 = N * (t + 1) / threads;
-            switch (rows) {
-                case 1: pass1(xs, w, ys, K, N, n0, n1); break;
-                case 2: pass2(xs, w, ys, K, N, n0, n1); break;
-                case 3: pass3(xs, w, ys, K, N, n0, n1); break;
-                case 4: pass4(xs, w, ys, K, N, n0, n1); break;
-                case 5: pass5(xs, w, ys, K, N, n0, n1); break;
-                case 6: pass6(xs, w, ys, K, N, n0, n1); break;
-                case 7: pass7(xs, w, ys, K, N, n0, n1); break;
-                default: pass8(xs, w, ys, K, N, n0, n1); break;
+/* y (M, N) bf16 = x (M, K) bf16 . w (N, K) bf16 ^T, accumulated in fp32, output columns split over `threads`
+   OpenMP threads. Columns go in blocks of 16 weight rows; each block serves every pass of up to 8
+   activation rows while it is in cache, so more than 8 rows still stream the weights from memory once. */
+void linear_bf16(const uint16_t *xb, const uint16_t *w, uint16_t *y, long M, long K, long N, int threads) {
+    float *x = (float *)__builtin_malloc(M * K * sizeof(float));
+    for (long i = 0; i < M * K; ++i) {
+        uint32_t bits = ((uint32_t)xb[i]) << 16;
+        __builtin_memcpy(x + i, &bits, 4);
+    }
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long t = 0; t < threads; ++t) {
+        long n0 = N * t / threads, n1 = N * (t + 1) / threads;
+        for (long b0 = n0; b0 < n1; b0 += 16) {
+            long b1 = b0 + 16 < n1 ? b0 + 16 : n1;
+            for (long m0 = 0; m0 < M; m0 += 8) {
+                const float *xs = x + m0 * K;
+                uint16_t *ys = y + m0 * N;
+                switch (M - m0 < 8 ? M - m0 : 8) {
+                    case 1: pass1(xs, w, ys, K, N, b0, b1); break;
+                    case 2: pass2(xs, w, ys, K, N, b0, b1); break;
+                    case 3: pass3(xs, w, ys, K, N, b0, b1); break;
+                    case 4: pass4(xs, w, ys, K, N, b0, b1); break;
+                    case 5: pass5(xs, w, ys, K, N, b0, b1); break;
+                    case 6: pass6(xs, w, ys, K, N, b0, b1); break;
+                    case 7: pass7(xs, w, ys, K, N, b0, b1); break;
+                    default: pass8(xs, w, ys, K, N, b0, b1); break;
+                }
             }
         }
+    }
+    __builtin_free(x);
+}
+
+/* Row-wise attention over a bf16 KV cache. q (R, H, D) fp32 query rows; k, v: one sequence's cache, key/value
+   head j at k + j*hs, position p at + p*D. Row r sees the cache positions idx[off[r] .. off[r+1]), in order.
+   Query head h reads key/value head h / (H / KVH). out (R, H, D) fp32 = softmax(q . K^T * scale) . V.
+   Each (row, head) is one thread's fixed sequence of operations, so its bits never depend on R. D % 8 == 0. */
+void attend_bf16(const float *q, const uint16_t *k, const uint16_t *v, float *out, const int32_t *idx,
+                 const int64_t *off, long R, long H, long KVH, long D, long hs, float scale, int threads) {
+    long g = H / KVH, maxn = 1;
+    for (long r = 0; r < R; ++r) if (off[r + 1] - off[r] > maxn) maxn = off[r + 1] - off[r];
+    #pragma omp parallel num_threads(threads)
+    {
+        float *s = (float *)__builtin_malloc(maxn * sizeof(float));
+        __m256 acc[32];
+        #pragma omp for schedule(static)
+        for (long t = 0; t < R * H; ++t) {
+            long r = t / H, h = t % H, n = off[r + 1] - off[r];
+            const float *qr = q + t * D;
+            const uint16_t *kh = k + (h / g) * hs, *vh = v + (h / g) * hs;
+            const int32_t *ix = idx + off[r];
+            float m = -__builtin_inff();
+            for (long j = 0; j < n; ++j) {
+                const uint16_t *kr = kh + (long)ix[j] * D;
+                __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();  /* two chains: D/8 FMAs in flight */
+                for (long d = 0; d < D; d += 16) {
+                    a = _mm256_fmadd_ps(load_bf16(kr + d), _mm256_loadu_ps(qr + d), a);
+                    if (d + 8 < D) b = _mm256_fmadd_ps(load_bf16(kr + d + 8), _mm256_loadu_ps(qr + d + 8), b);
+                }
+                s[j] = hsum(_mm256_add_ps(a, b)) * scale;
+                if (s[j] > m) m = s[j];
+            }
+            float sum = 0.f;
+            for (long j = 0; j < n; ++j) { s[j] = __builtin_expf(s[j] - m); sum += s[j]; }
+            for (long d = 0; d < D / 8; ++d) acc[d] = _mm256_setzero_ps();
+            for (long j = 0; j < n; ++j) {
+                const uint16_t *vr = vh + (long)ix[j] * D;
+                __m256 p = _mm256_set1_ps(s[j]);
+                for (long d = 0; d < D / 8; ++d) acc[d] = _mm256_fmadd_ps(p, load_bf16(vr + 8 * d), acc[d]);
+            }
+            __m256 inv = _mm256_set1_ps(1.f / sum);
+            for (long d = 0; d < D / 8; ++d) _mm256_storeu_ps(out + t * D + 8 * d, _mm256_mul_ps(acc[d], inv));
+        }
+        __builtin_free(s);
     }
 }
 """
@@ -123,7 +192,7 @@ def _build() -> ctypes.CDLL | None:
         tmp = folder / f"linear_bf16-{digest}.{os.getpid()}.so"
         cc = os.environ.get("CC", "cc")
         try:
-            subprocess.run([cc, "-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared", str(src), "-o", str(tmp)],
+            subprocess.run([cc, "-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared", str(src), "-o", str(tmp), "-lm"],
                            check=True, capture_output=True, timeout=120)
         except (OSError, subprocess.SubprocessError):
             return None
@@ -135,6 +204,8 @@ def _build() -> ctypes.CDLL | None:
     handle.linear_bf16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
                                    ctypes.c_long, ctypes.c_int]
     handle.linear_bf16.restype = None
+    handle.attend_bf16.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_long] * 5 + [ctypes.c_float, ctypes.c_int]
+    handle.attend_bf16.restype = None
     return handle
 
 
@@ -150,13 +221,39 @@ def available() -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x (..., K) bf16 · weight (N, K) bf16 ^T -> (..., N) bf16, each row computed on its own."""
-    rows = x.reshape(-1, x.shape[-1]).float().contiguous()  # (M, K)
-    weight = weight.contiguous()
-    out = torch.empty(rows.shape[0], weight.shape[0], dtype=torch.float32)  # (M, N)
-    _lib.linear_bf16(rows.data_ptr(), weight.data_ptr(), out.data_ptr(), rows.shape[0], rows.shape[1],
-                     weight.shape[0], torch.get_num_threads())
-    return out.to(torch.bfloat16).reshape(*x.shape[:-1], weight.shape[0])
+    """x (..., K) bf16 · weight (N, K) bf16 ^T -> (..., N) bf16, each row computed on its own in fp32 and
+    rounded once (the same rounding as torch's .to(bfloat16)). `weight` must be contiguous."""
+    if x.dtype != torch.bfloat16 or not x.is_contiguous():
+        x = x.to(torch.bfloat16).contiguous()
+    n, k = weight.shape
+    out = x.new_empty(x.shape[:-1] + (n,))
+    _lib.linear_bf16(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // k, k, n, torch.get_num_threads())
+    return out
+
+
+ATTEND_PARALLEL = 1 << 13  # (visible keys summed over rows) x heads from which attention uses every thread
+
+
+def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor,
+           scale: float) -> torch.Tensor:
+    """query (q, h, d) fp32; key, value (h_kv, kv, d) bf16 with rows of d contiguous; row i attends over the
+    cache positions index[offsets[i]:offsets[i + 1]] (int32, int64). Returns (q, h, d) fp32."""
+    q_len, h, d = query.shape
+    if key.stride(-1) != 1 or key.stride(-2) != d or value.stride() != key.stride():
+        key, value = key.contiguous(), value.contiguous()
+    query = query.contiguous()
+    out = torch.empty_like(query)
+    # a step's rows are microseconds of work: one thread, no fork/join (threads never change the bits)
+    threads = torch.get_num_threads() if index.numel() * h >= ATTEND_PARALLEL else 1
+    _lib.attend_bf16(query.data_ptr(), key.data_ptr(), value.data_ptr(), out.data_ptr(), index.data_ptr(),
+                     offsets.data_ptr(), q_len, h, key.shape[0], d, key.stride(0), scale, threads)
+    return out
+
+
+def can_attend(query: torch.Tensor, key: torch.Tensor) -> bool:
+    """Whether `attend` takes this call: one sequence, a bf16 cache on CPU, head size a multiple of 8 (≤ 256)."""
+    return (query.device.type == "cpu" and query.shape[0] == 1 and key.dtype == torch.bfloat16
+            and query.shape[-1] % 8 == 0 and query.shape[-1] <= 256 and available())
 
 
 class RowLinear(torch.nn.Module):
@@ -164,7 +261,9 @@ class RowLinear(torch.nn.Module):
 
     def __init__(self, linear_module: torch.nn.Linear):
         super().__init__()
-        self.weight = linear_module.weight
+        self.weight = linear_module.weight  # contiguous: a freshly loaded (N, K) parameter
+        if not self.weight.is_contiguous():
+            self.weight.data = self.weight.data.contiguous()
         self.in_features, self.out_features = linear_module.in_features, linear_module.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -127,8 +127,8 @@ def test_row_kernel_is_row_invariant_and_accurate():
     if not kernels.available():
         pytest.skip("no C compiler or no AVX2/FMA here: the stock torch kernels run")
     generator = torch.Generator().manual_seed(0)
-    weight = (torch.randn(1000, 72, generator=generator) * 0.1).bfloat16()  # K = 72: the scalar tail runs too
-    x = torch.randn(17, 72, generator=generator).bfloat16()
+    weight = (torch.randn(1000, 75, generator=generator) * 0.1).bfloat16()  # K = 75: the scalar tail runs too
+    x = torch.randn(17, 75, generator=generator).bfloat16()
     out = kernels.linear(x, weight)  # (17, 1000): passes of 8, 8 and 1 rows
     assert out.dtype == torch.bfloat16 and out.shape == (17, 1000)
     for m in (1, 2, 5, 8, 9, 16):
@@ -136,6 +136,47 @@ def test_row_kernel_is_row_invariant_and_accurate():
     assert all(torch.equal(kernels.linear(x[i:i + 1], weight)[0], out[i]) for i in range(17))
     exact = torch.nn.functional.linear(x.float(), weight.float())
     assert torch.allclose(out.float(), exact, rtol=1e-2, atol=1e-2)
+
+
+def test_kernels_compile_where_the_cpu_has_avx2_and_a_compiler():
+    """A kernel that fails to compile falls back to torch silently at run time; here it must not."""
+    import shutil
+
+    from specviz import kernels
+
+    if not {"avx2", "fma"} <= kernels.cpu_flags() or shutil.which("cc") is None:
+        pytest.skip("no AVX2/FMA or no C compiler here")
+    assert kernels.available()
+
+
+def test_attention_kernel_is_row_invariant_and_accurate():
+    """specviz/kernels.py's row-wise attention: a row's bits are the same alone or among others (a chain and a
+    tree-like mask), and match the torch row-by-row computation to fp32 rounding."""
+    from specviz import attention, kernels
+
+    if not kernels.available():
+        pytest.skip("no C compiler or no AVX2/FMA here: the stock torch kernels run")
+    generator = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim, length, rows = 9, 3, 64, 300, 16
+    q = torch.randn(1, heads, rows, dim, generator=generator).bfloat16()
+    k = torch.randn(1, kv_heads, length, dim, generator=generator).bfloat16()
+    v = torch.randn(1, kv_heads, length, dim, generator=generator).bfloat16()
+    mask = torch.ones(1, 1, rows, length, dtype=torch.bool)
+    mask[0, 0] = torch.arange(length)[None, :] <= (length - rows + torch.arange(rows))[:, None]
+    mask[0, 0, 5:, length - rows + 2] = False  # a branch the later rows do not see, as in a tree
+    assert kernels.can_attend(q, k)
+    out, _ = attention.rowwise_attention(None, q, k, v, mask)  # 16 rows x 9 heads: above ATTEND_PARALLEL, threaded
+    for i in range(rows):
+        alone, _ = attention.rowwise_attention(None, q[:, :, i:i + 1], k, v, mask[:, :, i:i + 1].clone())
+        assert torch.equal(alone[0, 0], out[0, i]), i
+    reference = []
+    for i, seen in enumerate(attention.visible_keys(mask.clone(), rows, length)):
+        keys = torch.arange(seen) if isinstance(seen, int) else seen
+        kk = k[0].float().repeat_interleave(heads // kv_heads, 0)[:, keys]  # (h, n, d)
+        vv = v[0].float().repeat_interleave(heads // kv_heads, 0)[:, keys]
+        p = torch.softmax(q[0, :, i].float()[:, None] @ kk.transpose(1, 2) * dim ** -0.5, dim=-1)
+        reference.append((p @ vv)[:, 0])
+    assert torch.allclose(out[0].float(), torch.stack(reference).bfloat16().float(), atol=1e-2, rtol=1e-2)
 
 
 def test_row_kernel_serves_the_bf16_target_where_bf16_is_emulated(target_bf16):
