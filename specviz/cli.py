@@ -536,9 +536,10 @@ def cmd_distill(args) -> int:
         source = models.resolve(args.target)
         t0 = time.perf_counter()
         target = models.get(args.target, device, dtype, attention=args.attention)
-        print(f"loaded {args.target} ({source.gguf_file or source.location}) in {dtype}, attention {target.attention}, "
+        dtype_name = str(dtype).replace("torch.", "")
+        print(f"loaded {args.target} ({source.gguf_file or source.location}) in {dtype_name}, attention {target.attention}, "
               f"{target.matmul} matmuls, {torch.get_num_threads()} threads, in {time.perf_counter() - t0:.0f} s", flush=True)
-        settings = {"target": args.target, "gguf_file": source.gguf_file, "dtype": str(dtype).replace("torch.", ""),
+        settings = {"target": args.target, "gguf_file": source.gguf_file, "dtype": dtype_name,
                     "attention": target.attention, "max_new_tokens": max_new, "greedy": True, "chunk_size": chunk_size,
                     "matmul": target.matmul, "threads": torch.get_num_threads(), "probe": distill.PROBE}
         distill.generate_chunks(target, prompts, out, settings, batch_size=batch, chunks=chunks, max_tokens=max_tokens,

@@ -117,12 +117,21 @@ def test_distill_cli_bad_prompt_file(tmp_path, capsys):
     assert "bad.jsonl:1 is not valid JSON" in capsys.readouterr().err
 
 
-def test_answer_batch_matches_generate(tiny):
-    """Rows leaving the batch when they finish change nothing: the same greedy answers as model.generate."""
-    prompts = [[1, 2, 3], [5, 9, 12, 40, 41, 7, 8], [60], [33, 34, 35, 36], [2, 2, 2, 2, 2, 2, 2, 2, 2, 2]]
+def test_answer_batch_matches_generate():
+    """Rows leaving the batch when they finish change nothing: the same greedy answers as model.generate on
+    each prompt alone, whatever the batch size."""
+    tiny = tiny_model(0, eos=46)  # a token these prompts' answers reach early or never
+    prompts = [[1, 2, 3], [5, 9, 12, 40, 41, 7, 8], [60], [33, 34, 35, 36], [2, 2, 2, 2, 2, 2, 2, 2, 2, 2],
+               [17, 18], [44, 45, 46, 47, 48, 49], [9], [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [62, 61]]
     for n in (1, 6, 20):
-        assert distill.answer_batch(tiny, prompts, n, pad=0) == distill.answer_batch_generate(tiny, prompts, n, pad=0)
-    assert distill.answer_batch(tiny, prompts[1:2], 20, pad=0) == distill.answer_batch(tiny, prompts, 20, pad=0)[1:2]
+        alone = [distill.answer_batch_generate(tiny, [p], n, pad=0)[0] for p in prompts]
+        assert distill.answer_batch_generate(tiny, prompts, n, pad=0) == alone
+        assert distill.answer_batch(tiny, prompts, n, pad=0) == alone
+        rows = [{"id": str(i), "category": "-", "prompt": " ".join(map(str, p))} for i, p in enumerate(prompts)]
+        for batch in (1, 3, 4):
+            assert [e["answer_ids"] for e in distill.answer_chunk(tiny, rows, n, batch)] == alone
+        if n == 20:
+            assert any(len(a) < 6 for a in alone) and any(len(a) == 20 for a in alone)  # both kinds of ending
 
 
 def test_distill_cli_on_real_target(tmp_path, capsys):
