@@ -11,8 +11,10 @@ Here every row i runs the one-query computation one-token decoding runs: one que
 in cache order (a chain's prefix, a tree node's context plus its ancestors), no mask, in fp32. Its result
 then depends only on the row and those keys, whatever else is in the forward. Registered with
 transformers' AttentionInterface as "rowwise", so the stock model runs it (attn_implementation="rowwise");
-no modeling code is forked. The cost is a few small ops per row and layer (about 1 ms per row on the
-default target; torch's one-query bf16 sdpa took 5 ms per row on an AVX2 CPU).
+no modeling code is forked. Where the C kernels run (specviz/kernels.py: a bf16 cache on CPU with AVX2),
+one C call per layer computes every (row, head) on its own: each is one fixed sequence of operations, so
+its bits never depend on the other rows (measured over the default target's 30 layers: 2.3, 6.8 and 10.4
+ms for 1, 5 and 16 rows). Elsewhere the torch ops below run, row by row.
 """
 from __future__ import annotations
 

@@ -220,6 +220,14 @@ def available() -> bool:
         return _lib is not None
 
 
+def threads() -> int:
+    """The kernels' OpenMP threads: SPECVIZ_KERNEL_THREADS, else torch's. Their threads spin briefly at each
+    call's end, so where another busy process shares the cores, one thread measures faster (2 cores: 23 ms
+    for the target's linears alone, 58-185 ms with a busy neighbour, 29 ms with one thread)."""
+    value = os.environ.get("SPECVIZ_KERNEL_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else torch.get_num_threads()
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x (..., K) bf16 · weight (N, K) bf16 ^T -> (..., N) bf16, each row computed on its own in fp32 and
     rounded once (the same rounding as torch's .to(bfloat16)). `weight` must be contiguous."""
@@ -227,7 +235,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         x = x.to(torch.bfloat16).contiguous()
     n, k = weight.shape
     out = x.new_empty(x.shape[:-1] + (n,))
-    _lib.linear_bf16(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // k, k, n, torch.get_num_threads())
+    _lib.linear_bf16(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // k, k, n, threads())
     return out
 
 
@@ -244,9 +252,9 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, index: t
     query = query.contiguous()
     out = torch.empty_like(query)
     # a step's rows are microseconds of work: one thread, no fork/join (threads never change the bits)
-    threads = torch.get_num_threads() if index.numel() * h >= ATTEND_PARALLEL else 1
+    count = threads() if index.numel() * h >= ATTEND_PARALLEL else 1
     _lib.attend_bf16(query.data_ptr(), key.data_ptr(), value.data_ptr(), out.data_ptr(), index.data_ptr(),
-                     offsets.data_ptr(), q_len, h, key.shape[0], d, key.stride(0), scale, threads)
+                     offsets.data_ptr(), q_len, h, key.shape[0], d, key.stride(0), scale, count)
     return out
 
 

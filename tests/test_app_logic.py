@@ -37,7 +37,7 @@ def test_throttle_never_repeats_the_final_item():
 
 
 def snapshot(ar, spec, cfg=None):
-    snap = logic.Snapshot(cfg or DecodeConfig(), "int8", phase="done")
+    snap = logic.Snapshot(cfg or DecodeConfig(method="vanilla"), "int8", phase="done")
     for name, events in (("ar", ar), ("spec", spec)):
         lane = snap.lanes[name]
         lane.events = list(events)
