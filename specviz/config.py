@@ -27,8 +27,8 @@ Gamma = Union[int, str]  # 1..GAMMA_MAX or "auto"
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    method: str = "pld"              # the fastest measured on a 2-core CPU (README, Performance); "ar" | "vanilla" (a draft model) | "pld" (prompt lookup) | "eagle" | "medusa" | "layerskip" | "draft"
-    gamma: Gamma = 2                 # drafted tokens per step, or "auto" (adaptive); 2: pld's best measured (README)
+    method: str = "vanilla"          # "ar" | "vanilla" (a draft model) | "pld" (prompt lookup) | "eagle" | "medusa" | "layerskip" | "draft"
+    gamma: Gamma = 4                 # drafted tokens per step, or "auto" (adaptive)
     temperature: float = 0.0         # 0 = greedy; > 0 = exact speculative sampling
     top_k: int = 0                   # 0 = off; else keep the k most likely tokens
     top_p: float = 1.0               # nucleus mass in (0, 1]; 1 = off
