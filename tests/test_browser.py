@@ -84,6 +84,7 @@ def test_stop_cancels_promptly_and_the_app_keeps_serving(app_url, browser):
     set_number(page, "max-new-tokens", 8)
     page.locator("#run").click()
     page.wait_for_selector("#pane-spec .sv-pane-box[data-state=done]", timeout=60_000)
+    page.wait_for_selector("#pane-ar .sv-pane-box[data-state=done]", timeout=60_000)  # speculation may finish first
     assert page.locator("#pane-ar [data-verdict=plain]").count() == 8
     page.close()
 
