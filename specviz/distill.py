@@ -187,25 +187,13 @@ def generate_answers(target, prompts: list[str], out_path: Path, max_new_tokens:
     done = {row["i"] for row in read_examples(out_path)} if out_path.exists() else set()
     todo = [i for i in range(len(prompts)) if i not in done]
     todo.sort(key=lambda i: len(prompts[i]))  # similar lengths batch with little padding
-    pad = getattr(target.tokenizer, "pad_token_id", None)
-    pad = pad if pad is not None else min(target.eos_ids)
-    eos = target.eos_ids
+    pad = pad_id(target)
     n_tokens = 0
     for start in range(0, len(todo), batch_size):
         chunk = todo[start:start + batch_size]
         encoded = [target.encode_prompt(prompts[i]) for i in chunk]
-        width = max(len(e) for e in encoded)
-        ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded], device=target.device)
-        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded], device=target.device)
-        out = target.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                    do_sample=False, pad_token_id=pad)
         with open(out_path, "a", encoding="utf-8") as f:
-            for i, e, row in zip(chunk, encoded, out[:, width:].tolist()):
-                answer = []
-                for t in row:
-                    answer.append(int(t))
-                    if t in eos:
-                        break
+            for i, e, answer in zip(chunk, encoded, answer_batch_generate(target, encoded, max_new_tokens, pad)):
                 n_tokens += len(answer)
                 f.write(json.dumps({"i": i, "prompt_ids": e, "answer_ids": answer}) + "\n")
         if progress:
@@ -409,6 +397,20 @@ def read_chunks(out_dir: str | Path = PROMPTS_OUT, verify: bool = True) -> list[
     return examples
 
 
+def pad_id(target) -> int:
+    """The token left padding uses: the tokenizer's pad token, else an end-of-sequence token."""
+    pad = getattr(target.tokenizer, "pad_token_id", None)
+    return pad if pad is not None else min(target.eos_ids)
+
+
+def left_padded(prompt_ids: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's ids, left-padded to the longest prompt, and its attention mask (0 = padding): (B, W) each."""
+    width = max(len(e) for e in prompt_ids)
+    ids = torch.tensor([[pad] * (width - len(e)) + e for e in prompt_ids], device=device)
+    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in prompt_ids], device=device)
+    return ids, mask
+
+
 @torch.inference_mode()
 def answer_batch(target, prompt_ids: list[list[int]], max_new_tokens: int, pad: int) -> list[list[int]]:
     """Greedy answers to a batch of encoded prompts, each cut after its first end-of-sequence token (kept) or
@@ -421,10 +423,8 @@ def answer_batch(target, prompt_ids: list[list[int]], max_new_tokens: int, pad: 
     from transformers import DynamicCache
 
     eos = target.eos_ids
-    width = max(len(e) for e in prompt_ids)
     dev = target.device
-    ids = torch.tensor([[pad] * (width - len(e)) + e for e in prompt_ids], device=dev)            # (B, W)
-    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in prompt_ids], device=dev)  # (B, W)
+    ids, mask = left_padded(prompt_ids, pad, dev)                                                 # (B, W)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)                                                # (B, W)
     cache = DynamicCache(config=target.model.config)
     logits = target.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
@@ -456,9 +456,8 @@ def answer_batch(target, prompt_ids: list[list[int]], max_new_tokens: int, pad: 
 def answer_batch_generate(target, prompt_ids: list[list[int]], max_new_tokens: int, pad: int) -> list[list[int]]:
     """answer_batch through transformers' model.generate (the reference: rows run until the longest is done)."""
     eos = target.eos_ids
-    width = max(len(e) for e in prompt_ids)
-    ids = torch.tensor([[pad] * (width - len(e)) + e for e in prompt_ids], device=target.device)
-    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in prompt_ids], device=target.device)
+    ids, mask = left_padded(prompt_ids, pad, target.device)
+    width = ids.shape[1]
     out = target.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                                 pad_token_id=pad, eos_token_id=sorted(eos))
     answers = []
@@ -476,8 +475,7 @@ def answer_chunk(target, rows: list[dict], max_new_tokens: int, batch_size: int,
                  progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """The examples of one chunk, in the rows' order. Prompts are batched by token length (short with short)
     so batches carry little padding. progress(done prompts, answer tokens) after each batch."""
-    pad = getattr(target.tokenizer, "pad_token_id", None)
-    pad = pad if pad is not None else min(target.eos_ids)
+    pad = pad_id(target)
     encoded = [target.encode_prompt(r["prompt"]) for r in rows]
     order = sorted(range(len(rows)), key=lambda i: (len(encoded[i]), i))
     answers: dict[int, list[int]] = {}
