@@ -61,13 +61,16 @@ class CachedLM:
     @torch.inference_mode()
     def logits(self, tokens: list[int], extra: list[int] = (), keep: int = 1, features: bool = False):
         """Feed the unseen part of tokens + extra; return the last `keep` positions' logits (keep, V), float32 on CPU.
-        With features=True also return the final-norm hidden state of every fed position (n, d): what
-        feature-reading drafters (EAGLE, Medusa) draft from."""
+        With features also return every fed position's features: True, the final-norm hidden state (n, d), what
+        EAGLE-1 and Medusa draft from; a tuple of hidden-state indices, those states side by side (n, len * d),
+        what EAGLE-3 fuses."""
         new = (list(tokens) + list(extra))[self.seen:]
         assert new, "nothing to feed: the cache already holds every token"
         pad = self.pad_one_row and len(new) == 1
         input_ids = torch.tensor([new + new[-1:] * pad], dtype=torch.long, device=self.device)  # (1, n [+ 1])
-        hidden = self.decoder(input_ids=input_ids, cache=self.cache, use_cache=True).last_hidden_state[0]  # (n [+1], d)
+        out = self.decoder(input_ids=input_ids, cache=self.cache, use_cache=True,
+                           output_hidden_states=isinstance(features, tuple))
+        hidden = out.last_hidden_state[0]  # (n [+1], d)
         if pad:
             crop_to(self.cache, self.seen + 1)
             hidden = hidden[:1]
@@ -75,7 +78,7 @@ class CachedLM:
         if self.trace is not None:
             self.trace.append(Traced(self.seen, new, logits))
         self.seen += len(new)
-        return (logits, hidden) if features else logits
+        return (logits, fused(out, features, len(new)) if isinstance(features, tuple) else hidden) if features else logits
 
     @torch.inference_mode()
     def tree_logits(self, tokens: list[int], tree, node_tokens: list[int], features: bool = False):
@@ -89,11 +92,12 @@ class CachedLM:
         position_ids, mask = tree_inputs(len(tokens), n_fed, tree, self.model.config._attn_implementation,
                                          next(self.model.parameters()).dtype)
         input_ids = torch.tensor([list(tokens[self.seen:]) + list(node_tokens)], dtype=torch.long, device=self.device)
-        hidden = self.decoder(input_ids=input_ids, attention_mask=mask.to(self.device), position_ids=position_ids.to(self.device),
-                              cache=self.cache, use_cache=True).last_hidden_state[0]  # (n_fed + n, d)
+        out = self.decoder(input_ids=input_ids, attention_mask=mask.to(self.device), position_ids=position_ids.to(self.device),
+                           cache=self.cache, use_cache=True, output_hidden_states=isinstance(features, tuple))
+        hidden = out.last_hidden_state[0]  # (n_fed + n, d)
         self.seen += input_ids.shape[1]
         logits = lm_head(self.model, hidden[n_fed - 1:]).float().cpu()  # (1 + n, V)
-        return (logits, hidden) if features else logits
+        return (logits, fused(out, features, len(hidden)) if isinstance(features, tuple) else hidden) if features else logits
 
     def keep_path(self, n_committed: int, path: list[int]) -> None:
         """After a tree forward: keep the committed context and the accepted path's nodes, drop the rest."""
@@ -105,6 +109,12 @@ class CachedLM:
         if n_valid < self.seen:
             crop_to(self.cache, n_valid)
             self.seen = n_valid
+
+
+def fused(out, layers: tuple, n: int) -> torch.Tensor:
+    """The hidden states `layers` (indices into transformers' hidden_states: 0 = embeddings, i = after i layers)
+    of the first n rows, side by side: (n, len(layers) * d)."""
+    return torch.cat([out.hidden_states[i][0, :n] for i in layers], -1)
 
 
 def lm_head(model: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:

@@ -432,7 +432,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--target", default=DEFAULT_TARGET, help="model spec (default %(default)s)")
     t.add_argument("--data", nargs="+", default=None, help="one or more files: your own prompts (JSONL with 'prompt', "
                    "or one a line), which the target answers, and/or self-distillation ids (JSONL(.gz) of prompt_ids and "
-                   "answer_ids, used as they are) (default: the committed self-distillation data)")
+                   "answer_ids, used as they are), and/or folders written by `distill` (default: the committed self-distillation data)")
     t.add_argument("--out", required=True, help="working folder: data, features, checkpoints; the drafter lands in OUT/drafter")
     t.add_argument("--steps", default=str(TRAIN_DEFAULTS.steps), help="optimizer steps (default %(default)s)")
     t.add_argument("--epochs", default=None, help="instead of --steps: passes over the training tokens")
@@ -440,6 +440,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", default=str(TRAIN_DEFAULTS.lr), help="peak learning rate (default %(default)s)")
     t.add_argument("--draft-vocab", default=str(TRAIN_DEFAULTS.draft_vocab),
                    help="compressed draft vocabulary: the N most frequent tokens; 0 = full (default %(default)s)")
+    t.add_argument("--features", default=TRAIN_DEFAULTS.features, choices=("fused", "final"),
+                   help="eagle: fused = the target's hidden states after a low, a middle and a high layer (EAGLE-3); "
+                   "final = its last hidden state only (EAGLE-1) (default %(default)s)")
     t.add_argument("--heads", default=str(TRAIN_DEFAULTS.medusa_heads), help="medusa heads (default %(default)s)")
     t.add_argument("--exit-layer", default=str(TRAIN_DEFAULTS.exit_layer), help="layerskip: draft after this many target layers (default %(default)s)")
     t.add_argument("--draft-layers", default=",".join(map(str, TRAIN_DEFAULTS.draft_layers)),
@@ -490,9 +493,9 @@ def cmd_train(args) -> int:
     from specviz import train
 
     for f in args.data or []:
-        if not Path(f).is_file():
-            raise InputError(f"data file {f!r} does not exist: give a JSONL or text file of prompts, or a JSONL(.gz) "
-                             "of self-distillation ids")
+        if not Path(f).is_file() and not (Path(f) / "manifest.json").is_file():
+            raise InputError(f"data file {f!r} does not exist: give a JSONL or text file of prompts, a JSONL(.gz) "
+                             "of self-distillation ids, or a folder written by `distill`")
     try:
         lr = float(args.lr)
     except ValueError:
@@ -502,7 +505,7 @@ def cmd_train(args) -> int:
     opts = train.TrainOptions(
         kind=args.kind, out=Path(args.out), target=args.target, data=tuple(args.data) if args.data else None,
         steps=_int_arg("steps", args.steps, 1, 10**6), batch_tokens=_int_arg("batch-tokens", args.batch_tokens, 64, 10**6),
-        lr=lr, draft_vocab=_int_arg("draft-vocab", args.draft_vocab, 0, 10**7), medusa_heads=_int_arg("heads", args.heads, 1, 8),
+        lr=lr, draft_vocab=_int_arg("draft-vocab", args.draft_vocab, 0, 10**7), features=args.features, medusa_heads=_int_arg("heads", args.heads, 1, 8),
         tree_size=_int_arg("tree-size", args.tree_size, 1, 64), exit_layer=_int_arg("exit-layer", args.exit_layer, 1, 256),
         draft_layers=_layers_arg(args.draft_layers), resume=args.resume, seed=_int_arg("seed", args.seed, 0, 2**31), epochs=None if args.epochs is None else _int_arg("epochs", args.epochs, 1, 1000))
     train.train(opts)

@@ -44,6 +44,9 @@ class DrafterConfig:
     rms_norm_eps: float = 1e-5
     input_norm: bool = True        # EAGLE-1 checkpoints have no input norm on their one layer
     fc_bias: bool = True
+    feature_layers: list = field(default_factory=list)  # EAGLE-3: the target hidden states it fuses (indices into
+                                   # transformers' hidden_states: 0 = embeddings, i = after i layers); [] = EAGLE-1
+    own_lm_head: bool = False      # EAGLE-3 checkpoints carry their own LM head over the draft vocabulary
     # medusa
     medusa_heads: int = 0
     own_lm_heads: bool = False     # Medusa-1 checkpoints carry one LM head per head
@@ -88,13 +91,14 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: DrafterConfig):
+    def __init__(self, cfg: DrafterConfig, in_features: int | None = None):
         super().__init__()
         d, self.h, self.kv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
         self.hd, self.theta = d // self.h, cfg.rope_theta
-        self.q_proj = nn.Linear(d, self.h * self.hd, bias=False)
-        self.k_proj = nn.Linear(d, self.kv * self.hd, bias=False)
-        self.v_proj = nn.Linear(d, self.kv * self.hd, bias=False)
+        n_in = in_features or d
+        self.q_proj = nn.Linear(n_in, self.h * self.hd, bias=False)
+        self.k_proj = nn.Linear(n_in, self.kv * self.hd, bias=False)
+        self.v_proj = nn.Linear(n_in, self.kv * self.hd, bias=False)
         self.o_proj = nn.Linear(self.h * self.hd, d, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, past: tuple | None, mask: torch.Tensor | None = None):
@@ -147,7 +151,8 @@ class DecoderLayer(nn.Module):
 
 
 class Eagle(nn.Module):
-    """next feature = layer(fc([embedding of the next token, this feature]))."""
+    """EAGLE-1: next feature = layer(fc([embedding of the next token, this feature])); the feature is the
+    target's final-norm hidden state, which the LM head reads as it is."""
 
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -155,9 +160,64 @@ class Eagle(nn.Module):
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.fc_bias)
         self.layers = nn.ModuleList([DecoderLayer(cfg)])
 
+    def lift(self, target_feats: torch.Tensor) -> torch.Tensor:
+        """The target's features as the drafter's input (B, T, d): EAGLE-1 reads them as they are."""
+        return target_feats
+
+    def readout(self, h: torch.Tensor) -> torch.Tensor:
+        """What the LM head reads from the drafter's output: EAGLE-1 predicts the final-norm feature itself."""
+        return h
+
     def forward(self, feats: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, past=None, mask=None):
-        """feats, embeds (B, T, d) → predicted next features (B, T, d) and the new (keys, values)."""
+        """feats (lifted), embeds (B, T, d) → predicted next features (B, T, d) and the new (keys, values)."""
         return self.layers[0](self.fc(torch.cat([embeds, feats], -1)), positions, past, mask)
+
+
+class Eagle3Layer(nn.Module):
+    """EAGLE-3's one layer (`midlayer`): attention reads [norm(embedding), norm(hidden)] (2d wide); the residual
+    stream is the hidden state, then an MLP as in a Llama layer."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        d = cfg.hidden_size
+        self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, in_features=2 * d)
+        self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+        self.mlp = MLP(d, cfg.intermediate_size)
+
+    def forward(self, embeds, hidden, positions, past, mask=None):
+        a, present = self.self_attn(torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], -1),
+                                    positions, past, mask)
+        x = hidden + a
+        return x + self.mlp(self.post_attention_layernorm(x)), present
+
+
+class Eagle3(nn.Module):
+    """EAGLE-3: `fc` fuses the target's hidden states from a low, a middle and a high layer into one (d); the
+    layer turns (that, the next token's embedding) into the next hidden state, which drafts the following
+    token through `norm` and the LM head and is itself the input of the next draft step (no fc there)."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.hidden_size
+        self.fc = nn.Linear(len(cfg.feature_layers) * d, d, bias=False)
+        self.midlayer = Eagle3Layer(cfg)
+        self.norm = RMSNorm(d, cfg.rms_norm_eps)
+        if cfg.own_lm_head:
+            self.lm_head = nn.Linear(d, cfg.draft_vocab or cfg.vocab_size, bias=False)
+
+    def lift(self, target_feats: torch.Tensor) -> torch.Tensor:
+        """The target's fused features (B, T, len(feature_layers) * d) as the drafter's input (B, T, d)."""
+        return self.fc(target_feats)
+
+    def readout(self, h: torch.Tensor) -> torch.Tensor:
+        return self.norm(h)
+
+    def forward(self, feats: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, past=None, mask=None):
+        """feats (lifted, or the previous step's output), embeds (B, T, d) → next hidden (B, T, d), (keys, values)."""
+        return self.midlayer(embeds, feats, positions, past, mask)
 
 
 class ResBlock(nn.Module):
@@ -241,7 +301,20 @@ class Drafter:
         self.final_norm = target_model.get_decoder().norm  # layerskip exits through the target's own norm
         weight = target_model.get_output_embeddings().weight
         self.vocab_ids = vocab_ids  # (N,) or None for the full vocabulary
-        self.head_weight = weight if vocab_ids is None else weight[vocab_ids].detach().clone()  # (N, d)
+        if getattr(module, "lm_head", None) is not None:  # a published EAGLE-3 drafter's own head over its vocabulary
+            self.head_weight = module.lm_head.weight
+        else:
+            self.head_weight = weight if vocab_ids is None else weight[vocab_ids].detach().clone()  # (N, d)
+
+    @property
+    def features(self):
+        """What the drafter reads from each target forward (CachedLM.logits' `features`): True for the final-norm
+        hidden state, or the hidden-state indices EAGLE-3 fuses."""
+        return tuple(self.cfg.feature_layers) or True
+
+    @property
+    def feature_size(self) -> int:
+        return self.cfg.hidden_size * max(1, len(self.cfg.feature_layers))
 
     @property
     def kind(self) -> str:
@@ -250,6 +323,8 @@ class Drafter:
     def logits(self, feats: torch.Tensor, head: int | None = None) -> torch.Tensor:
         """Draft logits over the draft vocabulary (..., N)."""
         rows = feats.reshape(-1, feats.shape[-1])  # (r, d): a head on 2-D rows never copies its weight
+        if self.cfg.kind == "eagle":
+            rows = self.module.readout(rows)
         if head is not None and self.cfg.own_lm_heads:
             out = self.module.heads[head][1](rows)
         else:
@@ -279,7 +354,7 @@ class Drafter:
 
 def build_module(cfg: DrafterConfig) -> nn.Module:
     if cfg.kind == "eagle":
-        return Eagle(cfg)
+        return Eagle3(cfg) if cfg.feature_layers else Eagle(cfg)
     if cfg.kind == "medusa":
         return Medusa(cfg)
     if cfg.kind == "layerskip":
@@ -362,7 +437,9 @@ def read_layout(folder: Path, target) -> tuple[DrafterConfig, dict[str, torch.Te
     state = load_state_dict(_weights_file(folder, ("model.safetensors", "pytorch_model.bin")))
     if "fc.weight" not in state:
         raise DrafterError(f"drafter folder {str(folder)!r} is in no known layout: expected specviz's, Medusa-1's "
-                           "(medusa_num_heads) or EAGLE-1's (fc.weight, layers.0.*)")
+                           "(medusa_num_heads), EAGLE-1's (fc.weight, layers.0.*) or EAGLE-3's (fc.weight, midlayer.*)")
+    if any(k.startswith("midlayer.") for k in state):
+        return _eagle3_layout(folder, raw, state, target)
     state = {k: v for k, v in state.items() if k.startswith(("fc.", "layers.0."))}  # the target supplies embeddings
     cfg = DrafterConfig.for_target("eagle", target.name, mc, input_norm="layers.0.input_layernorm.weight" in state,
                                    fc_bias="fc.bias" in state)
@@ -371,6 +448,41 @@ def read_layout(folder: Path, target) -> tuple[DrafterConfig, dict[str, torch.Te
             setattr(cfg, key, raw[key])
     cfg.rope_theta = float(raw.get("rope_theta", cfg.rope_theta))
     return cfg, state
+
+
+def eagle3_layers(n_layers: int) -> list[int]:
+    """EAGLE-3's fused hidden states: after 2 layers, half of them, and all but 3 (as its reference code and
+    vLLM capture them: the input of layers 2, L // 2 and L - 3), kept within 0..L - 1 for shallow models (index L
+    would be transformers' final-norm state)."""
+    return [min(max(i, 0), n_layers - 1) for i in (2, n_layers // 2, n_layers - 3)]
+
+
+def _eagle3_layout(folder: Path, raw: dict, state: dict, target) -> tuple[DrafterConfig, dict[str, torch.Tensor]]:
+    """A published EAGLE-3 checkpoint: fc over three concatenated target features, `midlayer`, `norm`, its own
+    `lm_head` over a draft vocabulary, and `d2t` (draft id -> target id offset; `t2d` is its inverse, a mask)."""
+    mc = target.model.config
+    d = int(raw.get("hidden_size", mc.hidden_size))
+    layers = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or eagle3_layers(mc.num_hidden_layers)
+    if state["fc.weight"].shape[1] != len(layers) * d:
+        raise DrafterError(f"EAGLE-3 checkpoint {str(folder)!r}: fc reads {state['fc.weight'].shape[1]} features, "
+                           f"not {len(layers)} target layers of {d}")
+    if not all(0 <= int(i) < mc.num_hidden_layers for i in layers):
+        raise DrafterError(f"EAGLE-3 checkpoint {str(folder)!r} fuses hidden states {list(layers)}: the target "
+                           f"{target.name} has {mc.num_hidden_layers} layers (use indices 0..{mc.num_hidden_layers - 1})")
+    head = state.get("lm_head.weight")
+    n_draft = int(head.shape[0]) if head is not None else int(raw.get("draft_vocab_size", mc.vocab_size))
+    cfg = DrafterConfig.for_target("eagle", target.name, mc, 0 if n_draft == mc.vocab_size else n_draft,
+                                   feature_layers=[int(i) for i in layers], own_lm_head=head is not None)
+    for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "rms_norm_eps"):
+        if key in raw:
+            setattr(cfg, key, raw[key])
+    cfg.rope_theta = float(raw.get("rope_theta", cfg.rope_theta))
+    out = {k: v for k, v in state.items() if k.startswith(("fc.", "midlayer.", "norm.", "lm_head."))}
+    if cfg.draft_vocab:
+        if "d2t" not in state:
+            raise DrafterError(f"EAGLE-3 checkpoint {str(folder)!r} has a {n_draft}-token head but no d2t map")
+        out["vocab_ids"] = torch.arange(n_draft) + state["d2t"].long()  # target id = draft id + d2t[draft id]
+    return cfg, out
 
 
 def load(folder: str | Path, target) -> Drafter:
@@ -408,5 +520,7 @@ def describe(cfg: DrafterConfig) -> str:
     if cfg.kind == "draft":
         return (f"a distilled draft model of {len(cfg.draft_layers)} decoder layers (started from the target's layers "
                 f"{cfg.draft_layers}) sharing the target's embeddings and LM head, {vocab}")
+    if cfg.feature_layers:
+        return f"EAGLE-3, one decoder layer over the target's hidden states after layers {cfg.feature_layers}, {vocab}"
     return f"EAGLE, one decoder layer, {vocab}"
 

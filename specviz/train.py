@@ -40,6 +40,7 @@ class TrainOptions:
     batch_tokens: int = 4096
     lr: float = 1e-3
     draft_vocab: int = 8192            # 0 = full vocabulary
+    features: str = "fused"            # eagle: "fused" (EAGLE-3: a low, a middle and a high layer) or "final" (EAGLE-1)
     medusa_heads: int = 4
     tree_size: int = 16                # medusa: nodes in the candidate tree
     exit_layer: int = 10               # layerskip: draft from the hidden state after this many layers
@@ -55,11 +56,16 @@ def examples_for(opts: TrainOptions, target, log) -> list[dict]:
     """Stage 1: the self-distillation examples (prompt ids + the target's answer ids)."""
     files = data_files(opts)
     if not files and opts.target == DEFAULT_TARGET and DEFAULT_DATA.is_file():
-        log(f"data: {DEFAULT_DATA.relative_to(ASSETS.parent)} (committed self-distillation ids)")
-        return distill.read_examples(DEFAULT_DATA)
+        chunks = distill.read_chunks(distill.PROMPTS_OUT)
+        log(f"data: {DEFAULT_DATA.relative_to(ASSETS.parent)} and {len(chunks)} answers in "
+            f"{distill.PROMPTS_OUT.relative_to(ASSETS.parent)} (committed self-distillation ids)")
+        return distill.read_examples(DEFAULT_DATA) + chunks
     examples, prompts = [], [] if files else distill.default_prompts()
     for f in files:  # generated examples are used as they are; prompts are answered by the target below
-        if distill.is_example_file(f):
+        if Path(f).is_dir():
+            examples += distill.read_chunks(f)
+            log(f"data: {f} (self-distillation chunks)")
+        elif distill.is_example_file(f):
             examples += distill.read_examples(f)
             log(f"data: {f} (self-distillation ids)")
         else:
@@ -90,12 +96,15 @@ def data_files(opts: TrainOptions) -> list[str]:
 
 
 @torch.inference_mode()
-def features_for(examples: list[dict], target, path: Path, log) -> tuple[torch.Tensor, list[list[int]]]:
-    """Stage 2: the target's final-norm hidden states of every sequence, (total, d) fp16, cached at path."""
+def features_for(examples: list[dict], target, path: Path, log, layers: tuple = ()) -> tuple[torch.Tensor, list[list[int]]]:
+    """Stage 2: the target's final-norm hidden states of every sequence, (total, d) fp16, cached at path; with
+    `layers` (EAGLE-3), those hidden states after them: (total, d + len(layers) * d), [final | fused]."""
+    from specviz.cache import fused
+
     seqs = list(distill.sequences(examples))
     if path.is_file():
         saved = torch.load(path, weights_only=True)
-        if saved["n"] == len(seqs):
+        if saved["n"] == len(seqs) and tuple(saved.get("layers", ())) == tuple(layers):
             log(f"features: reusing {path}")
             return saved["features"], seqs
     from tqdm import tqdm
@@ -103,11 +112,14 @@ def features_for(examples: list[dict], target, path: Path, log) -> tuple[torch.T
     decoder = target.model.get_decoder()
     chunks = []
     for seq in tqdm(seqs, desc="features", unit="seq"):
-        ids = torch.tensor([seq], device=target.device)
-        chunks.append(decoder(input_ids=ids).last_hidden_state[0].to(torch.float16).cpu())
+        out = decoder(input_ids=torch.tensor([seq], device=target.device), output_hidden_states=bool(layers))
+        rows = out.last_hidden_state[0]
+        if layers:
+            rows = torch.cat([rows, fused(out, tuple(layers), len(seq))], -1)
+        chunks.append(rows.to(torch.float16).cpu())
     feats = torch.cat(chunks)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"n": len(seqs), "features": feats}, path)
+    torch.save({"n": len(seqs), "layers": list(layers), "features": feats}, path)
     return feats, seqs
 
 
@@ -185,13 +197,17 @@ def unroll_mask(t: int, step: int) -> torch.Tensor:
 
 
 def eagle_loss(module, head, embed, ids, feats, valid, noise: float, unroll: int = 3):
-    """Predict the feature at t+1 from (feature at t, token t+1): regression plus the target's soft labels.
-    Then `unroll - 1` more steps from the drafter's own guesses, with the attention it will have at drafting
-    time, so later draft positions are trained for too."""
+    """Predict the feature at t+1 from (feature at t, token t+1): the target's soft labels, plus (EAGLE-1)
+    regression onto its feature. Then `unroll - 1` more steps from the drafter's own guesses, with the attention
+    it will have at drafting time, so later draft positions are trained for too (EAGLE-3's training-time test).
+    EAGLE-3's `feats` hold [final | fused] side by side: it reads the fused ones, its labels come from the final."""
+    d = module.cfg.hidden_size
+    eagle3 = bool(module.cfg.feature_layers)
     t = feats.shape[1] - 1
-    f_in = feats[:, :-1]
+    feats, f_in = (feats[..., :d], feats[:, :-1, d:]) if eagle3 else (feats, feats[:, :-1])
     if noise:
         f_in = f_in + (torch.rand_like(f_in) - 0.5) * 2 * noise
+    f_in = module.lift(f_in)
     loss, stats, keys, values = 0.0, {}, None, None
     for step in range(unroll):
         if step >= t:
@@ -201,15 +217,21 @@ def eagle_loss(module, head, embed, ids, feats, valid, noise: float, unroll: int
         mask = None if step == 0 else unroll_mask(t, step)
         pred, (k, v) = module(f_in, emb, positions, None if step == 0 else (keys, values), mask)
         keys, values = k, v  # every step's keys stay visible to the next (see unroll_mask)
-        true = torch.nn.functional.pad(feats[:, 1 + step:], (0, 0, 0, step))
-        m = torch.nn.functional.pad(valid[:, 1 + step:], (0, step)).float()
-        reg = (F.smooth_l1_loss(pred, true, reduction="none").mean(-1) * m).sum() / m.sum().clamp_min(1)
+        m = torch.nn.functional.pad(valid[:, 1 + step:], (0, step))  # (B, t) the positions scored
+        if not m.any():
+            break
+        true = torch.nn.functional.pad(feats[:, 1 + step:], (0, 0, 0, step))[m]  # (r, d): only scored rows meet the head
         with torch.no_grad():
             t_logits = true @ head.T
-        p_logits = pred @ head.T
-        kl = soft_kl(p_logits, t_logits, m)
-        loss = loss + (reg + 0.1 * kl) * (0.8 ** step)
-        stats[f"top1_{step + 1}"] = float(((p_logits.detach().argmax(-1) == t_logits.argmax(-1)).float() * m).sum() / m.sum().clamp_min(1))
+        p_logits = module.readout(pred[m]) @ head.T
+        ones = torch.ones(len(true))
+        kl = soft_kl(p_logits, t_logits, ones)
+        if eagle3:  # its output is a hidden state of its own, not the target's feature: labels only
+            loss = loss + kl * (0.8 ** step)
+        else:
+            reg = F.smooth_l1_loss(pred[m], true)
+            loss = loss + (reg + 0.1 * kl) * (0.8 ** step)
+        stats[f"top1_{step + 1}"] = float((p_logits.detach().argmax(-1) == t_logits.argmax(-1)).float().mean())
         f_in = pred  # the next step drafts from this step's guesses
     return loss, stats
 
@@ -302,18 +324,21 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
                                     f"{opts.target}: use indices 0..{n_layers - 1}")
     examples = examples_for(opts, target, log)
     train_ex, held_out = distill.split(examples)
-    feats, seqs = features_for(train_ex, target, opts.out / "features.pt", log)
+    layers = tuple(drafters.eagle3_layers(n_layers)) if opts.kind == "eagle" and opts.features == "fused" else ()
+    feats, seqs = features_for(train_ex, target, opts.out / "features.pt", log, layers)
     if opts.kind == "layerskip":  # the exit adapter reads the early hidden state, the labels come from the last
         feats = torch.cat([feats, exit_features_for(train_ex, target, opts.exit_layer, opts.out / "exit_features.pt", log)], -1)
     vocab_ids = drafters.frequent_vocab(seqs, target.vocab_size, opts.draft_vocab) if opts.draft_vocab else None
     extra = {"medusa": {"medusa_heads": opts.medusa_heads}, "layerskip": {"exit_layer": opts.exit_layer},
-             "draft": {"draft_layers": list(opts.draft_layers)}}.get(opts.kind, {})
+             "draft": {"draft_layers": list(opts.draft_layers)}, "eagle": {"feature_layers": list(layers)}}.get(opts.kind, {})
     cfg = drafters.DrafterConfig.for_target(opts.kind, opts.target, target.model.config, opts.draft_vocab, **extra)
     module = (drafters.DraftLM.from_target(cfg, target.model) if opts.kind == "draft" else drafters.build_module(cfg)).train()
+    if layers:  # EAGLE-3 reads its output through its own norm and the target's head: start from the target's norm
+        module.norm.weight.data.copy_(target.model.get_decoder().norm.weight.data)
     weight = target.model.get_output_embeddings().weight.detach()
     head = weight if vocab_ids is None else weight[vocab_ids]
     embed = target.model.get_input_embeddings()
-    noise = 0.1 * float(feats[:4096].float().pow(2).mean().sqrt()) if opts.kind == "eagle" else 0.0
+    noise = 0.1 * float(feats[:4096].float().pow(2).mean().sqrt()) if opts.kind == "eagle" and not layers else 0.0
     optim = torch.optim.AdamW(module.parameters(), lr=opts.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optim, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, opts.steps)))))
@@ -332,7 +357,7 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
         log(f"resumed from {ckpt_path} at step {step}")
     loss_fn = {"eagle": eagle_loss, "medusa": medusa_loss, "draft": draft_loss,
                "layerskip": functools.partial(layerskip_loss, norm=target.model.get_decoder().norm)}[opts.kind]
-    held_feats, held_seqs = features_for(held_out, target, opts.out / "held_out_features.pt", log)
+    held_feats, held_seqs = features_for(held_out, target, opts.out / "held_out_features.pt", log, layers)
     if opts.kind == "layerskip":
         held_feats = torch.cat([held_feats, exit_features_for(held_out, target, opts.exit_layer,
                                                               opts.out / "held_out_exit_features.pt", log)], -1)
@@ -380,6 +405,7 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
         module.load_state_dict(best[1])
     cfg.training = {"data": "self-distillation: " + (" + ".join(data_files(opts)) or "the project's default prompts") + f", {len(train_ex)} sequences, "
                     f"{sum(map(len, seqs))} tokens", "steps": opts.steps, "batch_tokens": opts.batch_tokens,
+                    "draft_vocab_coverage_held_out": coverage(vocab_ids, held_out),
                     "train_seconds": round(seconds), "hardware": f"{platform.machine()} CPU, {torch.get_num_threads()} threads",
                     "torch": torch.__version__}
     if opts.kind == "medusa":
@@ -394,6 +420,14 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     cfg.training["held_out"] = held
     drafters.save(final, module, cfg, vocab_ids, card(cfg, opts))
     return TrainResult(final, losses, held)
+
+
+def coverage(vocab_ids: torch.Tensor | None, examples: list[dict]) -> float:
+    """The share of answer tokens the draft vocabulary holds (1.0 for the full vocabulary)."""
+    answers = [t for e in examples for t in e["answer_ids"]]
+    if vocab_ids is None or not answers:
+        return 1.0
+    return round(float(torch.isin(torch.tensor(answers), vocab_ids.cpu()).float().mean()), 4)
 
 
 def measure(folder: Path, target, held_out: list[dict], log, max_new_tokens: int = 64) -> dict:
@@ -420,6 +454,7 @@ def card(cfg: drafters.DrafterConfig, opts: TrainOptions) -> str:
     t = cfg.training
     lines = [f"# {cfg.kind} drafter for {cfg.target}", "", drafters.describe(cfg) + ".", "",
              f"Reproduce: `python -m specviz train {cfg.kind} --out {opts.out} --steps {opts.steps}"
+             + (" --features final" if cfg.kind == "eagle" and not cfg.feature_layers else "")
              + "".join(f" --data {f}" if i == 0 else f" {f}" for i, f in enumerate(data_files(opts))) + "`"
              + (" (`make drafters` runs this for every shipped drafter)" if opts.target == DEFAULT_TARGET and all(
                  Path(f).resolve().is_relative_to(ASSETS) for f in data_files(opts)) else ""),

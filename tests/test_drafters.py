@@ -321,3 +321,70 @@ def test_step_through_takes_the_shipped_chain_drafters(target, kind):
     assert views and session.finished
     ar = engines.generate(engines.build("ar", target), target.encode_prompt("Name three colours."), cfg)
     assert session.token_ids == ar.token_ids
+
+
+def test_fused_features_are_the_hidden_states_of_those_layers(tiny_target):
+    """CachedLM.logits with a tuple of layers returns those hidden states of every fed position, side by side
+    (what EAGLE-3 reads), the same as one full forward computes, and none for a padding row."""
+    from specviz.cache import CachedLM
+
+    lm = CachedLM(tiny_target.model, tiny_target.device, pad_one_row=True)
+    seq = [5, 9, 11, 13, 2, 7]
+    _, first = lm.logits(seq[:4], features=(1, 0))
+    _, second = lm.logits(seq[:5], features=(1, 0))  # one token: padded, the padding row's states dropped
+    assert first.shape == (4, 64) and second.shape == (1, 64)
+    full = tiny_target.model.get_decoder()(input_ids=torch.tensor([seq[:5]]), output_hidden_states=True).hidden_states
+    expected = torch.cat([full[1][0], full[0][0]], -1)
+    assert torch.allclose(torch.cat([first, second]), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("compressed", [False, True])
+def test_eagle3_greedy_identity_tiny(tiny_target, tree, compressed):
+    """EAGLE-3 (fused features from two layers, its own norm) drafts chains and trees; greedy output is AR's."""
+    vocab_ids = torch.arange(0, 64, 2) if compressed else None
+    d = random_drafter(tiny_target, "eagle", vocab_ids, feature_layers=[1, 0, 1])
+    assert d.features == (1, 0, 1) and d.feature_size == 96
+    eng = engine_for(tiny_target, d, tree)
+    ar = engines.build("ar", tiny_target)
+    for prompt in ([1, 2, 3], [5, 9, 11, 13, 2]):
+        cfg = DecodeConfig(method="eagle", max_new_tokens=30)
+        run = engines.generate(eng, prompt, cfg)
+        assert run.token_ids == engines.generate(ar, prompt, cfg).token_ids
+
+
+def test_eagle3_layout_loads(tmp_path, tiny_target):
+    """A checkpoint in EAGLE-3's published layout: fc over three concatenated target features, midlayer.* (with
+    hidden_norm; attention 2d wide), norm, its own lm_head over a draft vocabulary, d2t/t2d maps, embed_tokens
+    (ignored). It drafts with exactly those weights: the head's row r scores target token r + d2t[r]."""
+    cfg = drafters.DrafterConfig.for_target("eagle", tiny_target.name, tiny_target.model.config, 16,
+                                            feature_layers=[1, 1, 0], own_lm_head=True)
+    torch.manual_seed(3)
+    ours = drafters.build_module(cfg)
+    state = {k: torch.randn_like(v) * 0.3 for k, v in ours.state_dict().items()}
+    assert state["midlayer.self_attn.q_proj.weight"].shape == (32, 64) and state["fc.weight"].shape == (32, 96)
+    draft_to_target = torch.arange(0, 64, 4)  # 16 draft tokens
+    state["d2t"] = draft_to_target - torch.arange(16)
+    state["t2d"] = torch.isin(torch.arange(64), draft_to_target)
+    state["embed_tokens.weight"] = torch.randn(64, 32)
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": 64, "rms_norm_eps": 1e-6, "draft_vocab_size": 16,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 1, 0]}}))
+    d = drafters.load(tmp_path, tiny_target)
+    assert d.kind == "eagle" and d.cfg.feature_layers == [1, 1, 0] and d.cfg.draft_vocab == 16
+    assert torch.equal(d.vocab_ids.cpu(), draft_to_target)
+    h = torch.randn(3, 32)
+    rms = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * state["norm.weight"]
+    assert torch.allclose(d.logits(h), rms @ state["lm_head.weight"].T, atol=1e-4)
+    ours.load_state_dict({k: v for k, v in state.items() if k in ours.state_dict()})
+    f, e = torch.randn(1, 4, 96), torch.randn(1, 4, 32)
+    assert torch.allclose(d.module(d.module.lift(f), e, torch.arange(4))[0], ours(ours.lift(f), e, torch.arange(4))[0],
+                          atol=1e-5)
+    cfg = DecodeConfig(method="eagle", max_new_tokens=20)
+    run = engines.generate(engine_for(tiny_target, d), [4, 5, 6], cfg)
+    assert run.token_ids == engines.generate(engines.build("ar", tiny_target), [4, 5, 6], cfg).token_ids
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 32, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 16, 29]}}))
+    with pytest.raises(drafters.DrafterError, match="has 2 layers"):
+        drafters.load(tmp_path, tiny_target)

@@ -1,7 +1,9 @@
 """EAGLE chain drafting: a one-layer drafter that extrapolates the target's features, token by token.
 
 The drafter's input at position i is (the target's feature at i, the token at i + 1); its output is the
-feature at i + 1, which the target's (compressed) LM head turns into the next draft token. After each
+feature at i + 1, which the target's (compressed) LM head turns into the next draft token. EAGLE-3 reads the
+target's hidden states from three layers, fused by its `fc` (Eagle3.lift); its output is read through its own
+norm (Eagle3.readout). After each
 verification the target's true features of the accepted positions replace the drafter's own guesses,
 so only true features are ever kept in the drafter's one-layer KV cache.
 """
@@ -23,13 +25,15 @@ class EagleDrafter:
 
 
 class FeatureHistory:
-    """A chain drafter session that reads the target's features: the chain loop hands it the final-norm
-    hidden states of every position the target fed, and rolls them back with the rejected drafts."""
+    """A chain drafter session that reads the target's features: the chain loop hands it the features
+    (`drafter.features`: final-norm hidden states, or EAGLE-3's fused ones) of every position the target fed,
+    and rolls them back with the rejected drafts."""
     needs_features = True
 
     def __init__(self, drafter: Drafter, vocab_size: int, eos_ids: frozenset[int]):
         self.d, self.vocab_size, self.eos_ids = drafter, vocab_size, eos_ids
-        self.feats = torch.empty(0, drafter.cfg.hidden_size)  # (n, d) the target's features of positions 0..n-1
+        self.features = drafter.features
+        self.feats = torch.empty(0, drafter.feature_size)  # (n, f) the target's features of positions 0..n-1
 
     def observe(self, hidden: torch.Tensor) -> None:
         """The target's features of the positions its last forward fed (they follow the ones held)."""
@@ -65,8 +69,9 @@ class EagleSession(FeatureHistory):
             return None
         device = self.d.head_weight.device
         ids = torch.tensor(tokens[self.kv_len + 1:m + 1], dtype=torch.long, device=device)
-        out, self.kv = self.d.module(self.feats[self.kv_len:m][None].to(device), self.d.embed(ids)[None],
-                                     torch.arange(self.kv_len, m, device=device), self.kv)
+        module = self.d.module
+        out, self.kv = module(module.lift(self.feats[self.kv_len:m][None].to(device)), self.d.embed(ids)[None],
+                              torch.arange(self.kv_len, m, device=device), self.kv)
         self.kv_len = m
         return out[0, -1]
 

@@ -108,7 +108,7 @@ class SpeculativeEngine:
         t1 = clock(device)
         k = len(proposal.token_ids)
         if getattr(run.drafts, "needs_features", False):  # EAGLE-style drafters read the target's features
-            logits, hidden = run.target.logits(tokens, proposal.token_ids, keep=k + 1, features=True)
+            logits, hidden = run.target.logits(tokens, proposal.token_ids, keep=k + 1, features=run.drafts.features)
             run.drafts.observe(hidden)
         else:
             logits = run.target.logits(tokens, proposal.token_ids, keep=k + 1)  # (k+1, V)

@@ -44,6 +44,8 @@ class TreeProposal:
 
 
 class ProposerState(Protocol):
+    features: bool | tuple  # what it reads from each target forward (CachedLM.logits' `features`)
+
     def observe(self, hidden: torch.Tensor) -> None:
         """The target's features of the positions its cache now holds beyond the previous ones."""
 
@@ -52,6 +54,8 @@ class ProposerState(Protocol):
 
 
 class MedusaState:
+    features = True  # the final-norm hidden state
+
     def __init__(self):
         self.feature: torch.Tensor | None = None
 
@@ -213,14 +217,14 @@ class TreeEngine:
         n_ctx = len(tokens)
         n_fed = n_ctx - run.target.seen
         if prop is None:  # the first step (the target's prefill), or no room left
-            logits, hidden = run.target.logits(tokens, keep=1, features=True)
+            logits, hidden = run.target.logits(tokens, keep=1, features=run.drafts.features)
             p = warp(logits[0, :vocab], cfg)
             nxt = pick(p, cfg.greedy, run.generator)
             path, candidates, nodes = [], [(nxt, Verdict.PLAIN, float(p[nxt]))], []
             kept = hidden
         else:
             tree, node_tokens = prop.tree, prop.node_tokens
-            logits, hidden = run.target.tree_logits(tokens, tree, node_tokens, features=True)  # (1 + n, V)
+            logits, hidden = run.target.tree_logits(tokens, tree, node_tokens, features=run.drafts.features)  # (1 + n, V)
             p_rows = warp(logits[:, :vocab], cfg)  # row 0: after the root; row i + 1: after node i
             if prop.q_chain is None:
                 path, nxt = greedy_walk(tree, node_tokens, p_rows.argmax(-1).tolist())
