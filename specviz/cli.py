@@ -205,6 +205,7 @@ def cmd_bench(args) -> int:
     built = {label: engines.build(m, target, _draft_for(args, m)) for label, (m, _) in methods.items()}
     ar = engines.build("ar", target)
     draft = models.load_draft(args.draft, target) if args.compare_hf else None
+    vocabs = {label: _draft_vocab(m, target, args) for label, (m, _) in methods.items()}
     refs = _reference_ars(target) if args.ar_reference else {}
     # warm-up (first-call allocations), not timed
     warm_ids = target.encode_prompt("Hello")
@@ -235,6 +236,8 @@ def cmd_bench(args) -> int:
                 "speedup": (ar_sum.seconds / ar_sum.new_tokens) / (seconds / n) if n and seconds and ar_sum.new_tokens else None,
                 "alpha": alpha, "tau": tau,
                 "identical_to_ar": (token_ids == ar_run.token_ids) if base.greedy else None,
+                # the share of AR's tokens a compressed draft vocabulary holds (the rest can never be drafted)
+                "draft_vocab_coverage": _coverage(vocabs.get(m), ar_run.token_ids),
             })
     summary = [_summarize_rows(m, [r for r in rows if r["method"] == m]) for m in dict.fromkeys(r["method"] for r in rows)]
     report = {
@@ -252,6 +255,23 @@ def cmd_bench(args) -> int:
     print(format_summary(summary))
     print(f"wrote {args.json}")
     return 0
+
+
+def _draft_vocab(method: str, target, args):
+    """A trained drafter's compressed vocabulary (its target ids), None for the full one and other methods."""
+    from specviz import drafters, engines
+
+    if method not in TRAINED_METHODS:
+        return None
+    return drafters.load(engines.drafter_folder(method, target, _draft_for(args, method)), target).vocab_ids
+
+
+def _coverage(vocab_ids, token_ids: list[int]):
+    import torch
+
+    if vocab_ids is None or not token_ids:
+        return None
+    return float(torch.isin(torch.tensor(token_ids), vocab_ids.cpu()).float().mean())
 
 
 def _reference_ars(target) -> dict:
@@ -286,6 +306,8 @@ def _summarize_rows(method: str, rows: list[dict]) -> dict:
         "alpha": (sum(a * n for a, _, n in alphas) / sum(n for *_, n in alphas)) if alphas else None,
         "tau": (sum(n for *_, n in alphas) / steps) if steps else None,
         "identical_all": None if None in identical else all(identical),
+        "draft_vocab_coverage": (sum(r["draft_vocab_coverage"] * r["ar_new_tokens"] for r in rows) / ar_tokens
+                                 if ar_tokens and all(r.get("draft_vocab_coverage") is not None for r in rows) else None),
     }
 
 

@@ -1,14 +1,15 @@
 """Trained drafters for a target: EAGLE (one decoder layer over the target's features), Medusa heads,
 LayerSkip's exit adapter and a distilled draft model (a few decoder layers of its own).
 
-All reuse the target's embeddings and LM head, so only a few million weights are theirs; EAGLE and
-Medusa read the target's last hidden state (after its final norm: the "feature" its LM head reads). The LM head can be
+All reuse the target's embeddings and LM head, so only a few million weights are theirs; EAGLE-1 and
+Medusa read the target's last hidden state (after its final norm: the "feature" its LM head reads), EAGLE-3 its
+hidden states after a low, a middle and a high layer, side by side. The LM head can be
 compressed to the N most frequent tokens (`vocab_ids`): on a 135M target the full head is a fifth of
 the weights and would dominate the drafting cost.
 
 Saved as a folder: `model.safetensors` (the drafter's own weights and `vocab_ids`), `config.json`, and a
-`README.md` model card. Parameter names follow the published EAGLE-1 and Medusa-1 layouts, so those
-checkpoints load too (see `load_published`).
+`README.md` model card. Parameter names follow the published EAGLE-1, EAGLE-3 and Medusa-1 layouts, so those
+checkpoints load too (see `read_layout`).
 """
 from __future__ import annotations
 
@@ -381,6 +382,28 @@ def choose_tree(accuracy: torch.Tensor, size: int) -> list[tuple[int, ...]]:
     return sorted(chosen, key=lambda p: (len(p), p))
 
 
+def path_value(accuracy: torch.Tensor, path: tuple[int, ...]) -> float:
+    """The chance a tree node is accepted: the product of accuracy[depth, rank] along its path."""
+    value = 1.0
+    for depth, rank in enumerate(path):
+        value *= float(accuracy[depth, rank])
+    return value
+
+
+def tree_for_cost(accuracy: torch.Tensor, ratio, level_cost: float, max_size: int = 32) -> tuple[list, float, float]:
+    """The tree (choose_tree of the best size) that commits the most tokens per unit of time: a step commits
+    1 + the sum of its nodes' values and costs ratio(1 + size) one-token steps to verify (the profile's T(k)/T(1))
+    plus level_cost per tree level drafted. Returns (tree, expected tokens per step, predicted speedup)."""
+    best = None
+    for size in range(1, max_size + 1):
+        tree = choose_tree(accuracy, size)
+        tokens = 1 + sum(path_value(accuracy, p) for p in tree)
+        speed = tokens / (ratio(1 + len(tree)) + level_cost * max(len(p) for p in tree))
+        if best is None or speed > best[2]:
+            best = (tree, tokens, speed)
+    return best
+
+
 def frequent_vocab(sequences, vocab_size: int, n: int) -> torch.Tensor:
     """The n most frequent token ids in the data, topped up with the lowest unseen ids (BPE merges come
     roughly in frequency order), sorted."""
@@ -413,7 +436,8 @@ def _weights_file(folder: Path, names: tuple[str, ...]) -> Path:
 
 def read_layout(folder: Path, target) -> tuple[DrafterConfig, dict[str, torch.Tensor]]:
     """The config and weights of a drafter folder in one of three layouts: ours (config.json with "kind"),
-    Medusa-1 (config.json with medusa_num_heads; medusa_lm_head.*) or EAGLE-1 (a llama config.json; weights
+    Medusa-1 (config.json with medusa_num_heads; medusa_lm_head.*), EAGLE-3 (fc over three features, midlayer.*,
+    lm_head, d2t) or EAGLE-1 (a llama config.json; weights
     with fc.weight and layers.0.*). Weights are read as safetensors or weights_only tensors, never code."""
     from specviz.weights import load_state_dict
 
@@ -486,7 +510,7 @@ def _eagle3_layout(folder: Path, raw: dict, state: dict, target) -> tuple[Drafte
 
 
 def load(folder: str | Path, target) -> Drafter:
-    """A drafter folder (ours, Medusa-1 or EAGLE-1 layout), bound to a loaded target (LoadedModel)."""
+    """A drafter folder (ours, Medusa-1, EAGLE-1 or EAGLE-3 layout), bound to a loaded target (LoadedModel)."""
     folder = Path(folder)
     cfg, state = read_layout(folder, target)
     if cfg.hidden_size != target.model.config.hidden_size or cfg.vocab_size != target.vocab_size:

@@ -22,11 +22,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specviz import distill, drafters
+from specviz import distill, drafters, metrics
 from specviz.config import DEFAULT_TARGET
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_DATA = ASSETS / "distill" / "smollm2-135m.jsonl.gz"
+PROFILE = ASSETS / "bench" / "profile-bf16.json"   # T(k) and drafter costs on 2 CPU cores, where the drafters ship
 
 
 @dataclass
@@ -196,7 +197,7 @@ def unroll_mask(t: int, step: int) -> torch.Tensor:
     return allowed
 
 
-def eagle_loss(module, head, embed, ids, feats, valid, noise: float, unroll: int = 3):
+def eagle_loss(module, head, embed, ids, feats, valid, noise: float, unroll: int = 3, ranks: int = 1):
     """Predict the feature at t+1 from (feature at t, token t+1): the target's soft labels, plus (EAGLE-1)
     regression onto its feature. Then `unroll - 1` more steps from the drafter's own guesses, with the attention
     it will have at drafting time, so later draft positions are trained for too (EAGLE-3's training-time test).
@@ -232,6 +233,9 @@ def eagle_loss(module, head, embed, ids, feats, valid, noise: float, unroll: int
             reg = F.smooth_l1_loss(pred[m], true)
             loss = loss + (reg + 0.1 * kl) * (0.8 ** step)
         stats[f"top1_{step + 1}"] = float((p_logits.detach().argmax(-1) == t_logits.argmax(-1)).float().mean())
+        if ranks > 1:  # how often the target's token is the drafter's rank-r candidate at this depth
+            hits = p_logits.detach().topk(ranks, -1).indices == t_logits.argmax(-1, keepdim=True)  # (r, ranks)
+            stats[f"ranks_{step + 1}"] = hits.float().mean(0).tolist()
         f_in = pred  # the next step drafts from this step's guesses
     return loss, stats
 
@@ -272,6 +276,24 @@ def head_accuracy(module, head: torch.Tensor, feats: torch.Tensor, seqs: list[li
             hits[k] += (top[k, lo:n] == target_next[lo + k + 1:, None]).float().sum(0)
             total[k] += n - lo
     return hits / total.clamp_min(1)
+
+
+@torch.no_grad()
+def eagle_depth_accuracy(module, head, embed, batch, depth: int = 6, ranks: int = 4) -> torch.Tensor:
+    """(depth, ranks): how often the drafter's rank-r candidate at draft depth k is the target's own next token,
+    the k - 1 tokens before it being right (drafted from its own features, as it drafts). Held-out answers."""
+    module.eval()
+    _, stats = eagle_loss(module, head, embed, *batch, 0.0, unroll=depth, ranks=ranks)
+    return torch.tensor([stats[f"ranks_{k}"] for k in range(1, depth + 1) if f"ranks_{k}" in stats])
+
+
+def profile_for(target_name: str) -> tuple[metrics.CostProfile, dict] | None:
+    """The committed verify profile and drafter costs of the default target in its default CPU dtype
+    (assets/bench/profile-bf16.json, `python -m specviz profile`), None for other targets."""
+    if target_name != DEFAULT_TARGET or not PROFILE.is_file():
+        return None
+    d = json.loads(PROFILE.read_text())
+    return metrics.CostProfile(**d["profile"]), {c["method"]: c.get("c") for c in d.get("costs", [])}
 
 
 @dataclass
@@ -413,6 +435,8 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
         cfg.tree = [list(p) for p in drafters.choose_tree(accuracy, opts.tree_size)]
         cfg.training["head_top1_held_out_answers"] = [round(float(a), 3) for a in accuracy[:, 0]]
         log("held-out top-1 accuracy by head: " + ", ".join(f"{float(a):.2f}" for a in accuracy[:, 0]))
+    if opts.kind == "eagle":
+        choose_eagle_tree(cfg, module, head, embed, held_batch, opts.target, log)
     final = opts.out / "drafter"
     drafters.save(final, module, cfg, vocab_ids, card(cfg, opts))
     log(f"saved {final} ({drafters.n_params(module) / 1e6:.2f} M parameters)")
@@ -420,6 +444,27 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     cfg.training["held_out"] = held
     drafters.save(final, module, cfg, vocab_ids, card(cfg, opts))
     return TrainResult(final, losses, held)
+
+
+def choose_eagle_tree(cfg, module, head, embed, held_batch, target_name: str, log) -> None:
+    """EAGLE's candidate tree from measurement: its per-depth, per-rank accuracy on held-out answers and the
+    target's verify profile T(k) (with the drafter's cost per level): the tree with the most expected tokens per
+    unit of time. Without a profile for the target it drafts a chain."""
+    accuracy = eagle_depth_accuracy(module, head, embed, held_batch)
+    module.train()
+    cfg.training["depth_rank_accuracy_held_out"] = [[round(float(a), 3) for a in row] for row in accuracy]
+    log("held-out accuracy by depth (rank 0..3): " + "; ".join(" ".join(f"{float(a):.2f}" for a in row) for row in accuracy))
+    found = profile_for(target_name)
+    if found is None or not len(accuracy):
+        return
+    profile, costs = found
+    level_cost = costs.get("eagle") or 0.1
+    tree, tokens, speed = drafters.tree_for_cost(accuracy, profile.ratio, level_cost)
+    cfg.tree = [list(p) for p in tree]
+    cfg.training["tree_choice"] = {"nodes": len(tree), "expected_tokens_per_step": round(tokens, 3),
+                                   "predicted_speedup": round(speed, 3), "draft_cost_per_level": round(level_cost, 3),
+                                   "profile": str(PROFILE.relative_to(ASSETS.parent))}
+    log(f"tree: {len(tree)} nodes, {tokens:.2f} expected tokens per step, predicted {speed:.2f}× AR")
 
 
 def coverage(vocab_ids: torch.Tensor | None, examples: list[dict]) -> float:

@@ -76,12 +76,14 @@ def test_bench_json_on_real_target(target, tmp_path, capsys):
     prompts.write_text('{"id": 1, "category": "qa", "prompt": "What is the boiling point of water?"}\n'
                        '{"id": 2, "category": "writing", "prompt": "Write a haiku about rain."}\n')
     out = tmp_path / "bench.json"
-    code = main(["bench", "--prompts", str(prompts), "--method", "vanilla", "pld", "--max-new-tokens", "12",
+    code = main(["bench", "--prompts", str(prompts), "--method", "vanilla", "pld", "eagle:1", "--max-new-tokens", "12",
                  "--compare-hf", "--json", str(out), "--device", "cpu", "--dtype", "float32"])
     assert code == 0
     report = json.loads(out.read_text())
     assert {"device", "dtype", "torch", "transformers", "rows", "summary"} <= set(report)
-    assert {r["method"] for r in report["rows"]} == {"vanilla", "pld", "hf-assisted"} and len(report["rows"]) == 6
+    assert {r["method"] for r in report["rows"]} == {"vanilla", "pld", "eagle:1", "hf-assisted"} and len(report["rows"]) == 8
+    coverage = {s["method"]: s["draft_vocab_coverage"] for s in report["summary"]}
+    assert 0.5 < coverage["eagle:1"] <= 1.0 and coverage["pld"] is None  # the shipped EAGLE's compressed vocabulary
     row_keys = {"id", "category", "method", "new_tokens", "seconds", "tok_per_s", "ar_seconds", "ar_tok_per_s",
                 "speedup", "alpha", "tau", "identical_to_ar"}
     assert all(row_keys <= set(r) for r in report["rows"])

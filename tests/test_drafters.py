@@ -190,6 +190,20 @@ def test_choose_tree_grows_from_the_root():
     assert all(p[:-1] in tree for p in tree if len(p) > 1)
 
 
+def test_tree_for_cost_follows_the_profile():
+    """The tree size trades expected tokens for verification cost: with flat verification (T(k) = T(1)) a bigger
+    tree pays; when each extra token costs a full step, a single node does; the expectation is the sum of path
+    products."""
+    acc = torch.tensor([[0.7, 0.15, 0.05], [0.6, 0.15, 0.05], [0.5, 0.1, 0.05], [0.5, 0.1, 0.05]])
+    flat, _, _ = drafters.tree_for_cost(acc, lambda n: 1.0, 0.0, max_size=12)
+    steep, tokens, speed = drafters.tree_for_cost(acc, lambda n: float(n), 0.0, max_size=12)
+    assert len(flat) == 12 and steep == [(0,)]
+    assert tokens == pytest.approx(1.7) and speed == pytest.approx(1.7 / 2)
+    assert drafters.path_value(acc, (0, 1)) == pytest.approx(0.7 * 0.15)
+    mid, _, _ = drafters.tree_for_cost(acc, lambda n: 1.0 + 0.05 * (n - 1), 0.1, max_size=12)
+    assert 1 < len(mid) < 12 and all(p[:-1] in mid for p in mid if len(p) > 1)
+
+
 @pytest.mark.parametrize("kind", ["eagle", "medusa", "layerskip", "draft"])
 def test_training_smoke(tmp_path, kind):
     """A few steps on tiny data: the target answers the prompts, features are cached, the loss falls,

@@ -21,7 +21,7 @@ def drafter_folder(method: str, target: LoadedModel, draft: str | None) -> Path:
     if draft and Path(draft).is_dir():
         return Path(draft)
     if draft and draft != DEFAULT_DRAFT and draft.count("/") == 1 and not draft.startswith((".", "/", "~")):
-        return _download(draft)  # a published drafter on the Hub (Medusa-1, EAGLE-1 or ours)
+        return _download(draft)  # a published drafter on the Hub (Medusa-1, EAGLE-1, EAGLE-3 or ours)
     if draft and draft != DEFAULT_DRAFT:
         raise ConfigError(f"drafter folder {draft!r} does not exist: give a folder written by python -m specviz train "
                           f"{method}, or omit --drafter for the shipped one")
@@ -39,7 +39,7 @@ def _download(repo_id: str) -> Path:
         return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.pt", "*.bin", "*.md"]))
     except Exception as exc:  # offline, unknown repo, gated: one line, whatever the cause
         raise ConfigError(f"drafter {repo_id!r} could not be downloaded ({type(exc).__name__}): give a local folder "
-                          "written by python -m specviz train, or a Hub id of a Medusa-1/EAGLE-1 drafter") from None
+                          "written by python -m specviz train, or a Hub id of a Medusa-1, EAGLE-1 or EAGLE-3 drafter") from None
 
 
 def build_trained(folder: str | Path, target: LoadedModel, chain: bool = False) -> Engine:
