@@ -111,14 +111,16 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
         yield (status_html(f"⚠ {message}", "error"), *([gr.skip()] * 9))
 
 
-def race_api(prompt: str = DEFAULT_PROMPT, method: str = DEFAULTS.method, draft: str = "",
+def race_api(prompt: str = DEFAULT_PROMPT, method: str = "", draft: str = "",
              gamma: str = str(DEFAULTS.gamma), temperature: float = DEFAULTS.temperature,
              top_p: float = DEFAULTS.top_p, max_new_tokens: int = DEFAULTS.max_new_tokens,
              seed: int = DEFAULTS.seed) -> dict:
     """Race plain AR against a speculative method on one prompt; returns both texts, the summary
     (metrics.Comparison.to_dict(): speedup, α, τ, cost ratio c, the Leviathan prediction, identity) and the
-    hardware. An empty draft is this machine's default (int8 on CPU, SmolLM2-135M beside the 1.7B on a GPU)."""
+    hardware. An empty method is this machine's default race (the app's), an empty draft its default draft (int8
+    on CPU, SmolLM2-135M beside the 1.7B on a GPU)."""
     try:
+        method = method or hardware.default_pair().method
         cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed)
         target, draft = hardware.default_pair().run_args(method, draft)
         return race_result(prompt, cfg, draft, target)
@@ -139,8 +141,8 @@ def show_tree(events, step):
 def build_ui() -> gr.Blocks:
     """The layout and its wiring; loads nothing (models load in main() or on the first run). On ZeroGPU the
     handlers that run models (race, check, step-through) are wrapped in spaces.GPU (specviz/zerogpu.py)."""
-    initial = empty_view(DEFAULTS.method)
     pair = hardware.default_pair()
+    initial = empty_view(pair.method)
     run_seconds = zerogpu.run_duration()  # one capped run: SPECVIZ_MAX_RUN_SECONDS plus the set-up
     with gr.Blocks(title="specviz: speculative decoding, live", analytics_enabled=False) as demo:
         gr.Markdown("# specviz — speculative decoding, live\n"
@@ -158,7 +160,7 @@ def build_ui() -> gr.Blocks:
                                 examples_per_page=len(rows))
                 with gr.Column(scale=2):
                     with gr.Row():
-                        method = gr.Dropdown(list(SPEC_METHODS), value=DEFAULTS.method, label="Method",
+                        method = gr.Dropdown(list(SPEC_METHODS), value=pair.method, label="Method",
                                              info="vanilla: draft model · pld: prompt lookup · eagle, medusa, layerskip, draft: trained drafters",
                                              elem_id="method")
                         draft = gr.Dropdown(app_tabs.choices_with_default(pair.draft, DRAFT_CHOICES), value=pair.draft,

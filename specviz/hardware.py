@@ -32,6 +32,7 @@ class Pair:
     target: str
     draft: str
     note: str = ""   # one line for the log when the pair is not the one this hardware would prefer
+    method: str = "vanilla"  # the app's default race: the fastest method measured with this pair on this hardware
 
     def target_for(self, method: str) -> str:
         """The target a method runs against: trained drafters stay tied to the target they were trained on."""
@@ -55,7 +56,9 @@ class Pair:
         return target, draft or self.draft_for(target)
 
 
-EMBEDDED_PAIR = Pair(DEFAULT_TARGET, DEFAULT_DRAFT)
+# The fastest shipped method on 2 CPU cores (README, Performance: 48 Spec-Bench questions, bf16, AR in the same run).
+CPU_METHOD = "vanilla"
+EMBEDDED_PAIR = Pair(DEFAULT_TARGET, DEFAULT_DRAFT, method=CPU_METHOD)
 GPU_PAIR = Pair(GPU_TARGET, GPU_DRAFT)
 HUB_UNREACHABLE = f"Hub unreachable: using the embedded pair {DEFAULT_TARGET} + {DEFAULT_DRAFT}"
 
@@ -66,7 +69,7 @@ def choose_pair(cuda: bool, hub_reachable: Callable[[], bool]) -> Pair:
         return EMBEDDED_PAIR
     if hub_reachable():
         return GPU_PAIR
-    return Pair(DEFAULT_TARGET, DEFAULT_DRAFT, HUB_UNREACHABLE)
+    return Pair(DEFAULT_TARGET, DEFAULT_DRAFT, HUB_UNREACHABLE, CPU_METHOD)
 
 
 def hub_reachable(repo_ids: Iterable[str] = (GPU_TARGET, GPU_DRAFT), timeout: float = HUB_TIMEOUT_S) -> bool:

@@ -210,6 +210,7 @@ def eagle_loss(module, head, embed, ids, feats, valid, noise: float, unroll: int
         f_in = f_in + (torch.rand_like(f_in) - 0.5) * 2 * noise
     f_in = module.lift(f_in)
     loss, stats, keys, values = 0.0, {}, None, None
+    alive = torch.ones(valid.shape[0], t, dtype=torch.bool)  # chains whose drafts so far were all the target's
     for step in range(unroll):
         if step >= t:
             break
@@ -233,9 +234,15 @@ def eagle_loss(module, head, embed, ids, feats, valid, noise: float, unroll: int
             reg = F.smooth_l1_loss(pred[m], true)
             loss = loss + (reg + 0.1 * kl) * (0.8 ** step)
         stats[f"top1_{step + 1}"] = float((p_logits.detach().argmax(-1) == t_logits.argmax(-1)).float().mean())
-        if ranks > 1:  # how often the target's token is the drafter's rank-r candidate at this depth
+        if ranks > 1:  # how often the target's token is the drafter's rank-r candidate at this depth, on the
+            # chains whose earlier drafts were all accepted (the only ones drafting reaches this depth on)
             hits = p_logits.detach().topk(ranks, -1).indices == t_logits.argmax(-1, keepdim=True)  # (r, ranks)
-            stats[f"ranks_{step + 1}"] = hits.float().mean(0).tolist()
+            live = alive[m]
+            if not live.any():
+                break
+            stats[f"ranks_{step + 1}"] = hits[live].float().mean(0).tolist()
+            alive = alive & m
+            alive[m] = live & hits[:, 0]
         f_in = pred  # the next step drafts from this step's guesses
     return loss, stats
 
@@ -280,8 +287,9 @@ def head_accuracy(module, head: torch.Tensor, feats: torch.Tensor, seqs: list[li
 
 @torch.no_grad()
 def eagle_depth_accuracy(module, head, embed, batch, depth: int = 6, ranks: int = 4) -> torch.Tensor:
-    """(depth, ranks): how often the drafter's rank-r candidate at draft depth k is the target's own next token,
-    the k - 1 tokens before it being right (drafted from its own features, as it drafts). Held-out answers."""
+    """(depth, ranks): how often the drafter's rank-r candidate at draft depth k is the target's own next token
+    where its top-1 drafts at depths 1..k - 1 were all right (drafted from its own features, as it drafts).
+    Held-out answers."""
     module.eval()
     _, stats = eagle_loss(module, head, embed, *batch, 0.0, unroll=depth, ranks=ranks)
     return torch.tensor([stats[f"ranks_{k}"] for k in range(1, depth + 1) if f"ranks_{k}" in stats])
@@ -425,7 +433,7 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     bar.close()
     if best[1] is not None:
         module.load_state_dict(best[1])
-    cfg.training = {"data": "self-distillation: " + (" + ".join(data_files(opts)) or "the project's default prompts") + f", {len(train_ex)} sequences, "
+    cfg.training = {"data": "self-distillation: " + (" + ".join(data_files(opts)) or ("the committed ids in assets/distill/" if opts.target == DEFAULT_TARGET else "the project's default prompts")) + f", {len(train_ex)} sequences, "
                     f"{sum(map(len, seqs))} tokens", "steps": opts.steps, "batch_tokens": opts.batch_tokens,
                     "draft_vocab_coverage_held_out": coverage(vocab_ids, held_out),
                     "train_seconds": round(seconds), "hardware": f"{platform.machine()} CPU, {torch.get_num_threads()} threads",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specviz.config import DecodeConfig
+from specviz import hardware
 
 gradio_client = pytest.importorskip("gradio_client")
 
@@ -29,7 +29,7 @@ def test_race_endpoint_greedy_matches_plain_decoding(client):
     assert s["ar"]["tau"] == 1.0 and s["spec"]["tau"] >= 1.0
     assert 0.0 <= s["spec"]["alpha"] <= 1.0
     assert s["speedup"] > 0 and s["predicted_speedup"] > 0 and s["cost_ratio"] > 0
-    assert out["config"]["method"] == DecodeConfig().method and out["config"]["max_new_tokens"] == N
+    assert out["config"]["method"] == hardware.default_pair().method and out["config"]["max_new_tokens"] == N
 
 
 def test_race_endpoint_prompt_lookup(client):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 
-from specviz.config import DecodeConfig
+from specviz import hardware
 from tests.browser_kit import ASSETS, set_number
 
 PROMPT = "Write a haiku about the sea."
@@ -31,7 +31,7 @@ def test_run_in_browser(app_url, browser):
     assert page.locator("#pane-spec [data-verdict=accepted]").count() > 0
     assert page.locator("#pane-ar [data-verdict=plain]").count() == N
     assert "identical to plain decoding" in page.locator("#summary").inner_text()
-    assert f"Speculative ({DecodeConfig().method})" in page.locator("#pane-spec").inner_text()  # the default method
+    assert f"Speculative ({hardware.default_pair().method})" in page.locator("#pane-spec").inner_text()  # the default method
     legend = page.locator("#legend")
     assert legend.is_visible()
     for verdict in ("accepted", "rejected", "discarded", "resampled", "bonus"):
