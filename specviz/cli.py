@@ -195,7 +195,7 @@ def cmd_bench(args) -> int:
     import transformers
     from tqdm import tqdm
 
-    from specviz import engines, hardware, metrics, models
+    from specviz import drafters, engines, hardware, metrics, models
 
     methods = _bench_methods(args.method or ["vanilla", "pld"])
     cfgs = {label: _config(args, m).with_(**({"gamma": parse_gamma(g)} if g else {})) for label, (m, g) in methods.items()}
@@ -237,7 +237,7 @@ def cmd_bench(args) -> int:
                 "alpha": alpha, "tau": tau,
                 "identical_to_ar": (token_ids == ar_run.token_ids) if base.greedy else None,
                 # the share of AR's tokens a compressed draft vocabulary holds (the rest can never be drafted)
-                "draft_vocab_coverage": _coverage(vocabs.get(m), ar_run.token_ids),
+                "draft_vocab_coverage": drafters.coverage(vocabs.get(m), ar_run.token_ids),
             })
     summary = [_summarize_rows(m, [r for r in rows if r["method"] == m]) for m in dict.fromkeys(r["method"] for r in rows)]
     report = {
@@ -264,14 +264,6 @@ def _draft_vocab(method: str, target, args):
     if method not in TRAINED_METHODS:
         return None
     return drafters.load(engines.drafter_folder(method, target, _draft_for(args, method)), target).vocab_ids
-
-
-def _coverage(vocab_ids, token_ids: list[int]):
-    import torch
-
-    if vocab_ids is None or not token_ids:
-        return None
-    return float(torch.isin(torch.tensor(token_ids), vocab_ids.cpu()).float().mean())
 
 
 def _reference_ars(target) -> dict:

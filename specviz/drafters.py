@@ -404,6 +404,14 @@ def tree_for_cost(accuracy: torch.Tensor, ratio, level_cost: float, max_size: in
     return best
 
 
+def coverage(vocab_ids: torch.Tensor | None, token_ids: list[int]) -> float | None:
+    """The share of token_ids a compressed draft vocabulary holds (the rest can never be drafted); None for the
+    full vocabulary or no tokens."""
+    if vocab_ids is None or not token_ids:
+        return None
+    return float(torch.isin(torch.tensor(token_ids), vocab_ids.cpu()).float().mean())
+
+
 def frequent_vocab(sequences, vocab_size: int, n: int) -> torch.Tensor:
     """The n most frequent token ids in the data, topped up with the lowest unseen ids (BPE merges come
     roughly in frequency order), sorted."""

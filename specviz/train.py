@@ -179,11 +179,11 @@ class Batches:
         return ids, feats, valid
 
 
-def soft_kl(pred_logits: torch.Tensor, target_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over masked positions of KL(target || pred), both over the draft vocabulary."""
+def soft_kl(pred_logits: torch.Tensor, target_logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean over masked positions (every row without a mask) of KL(target || pred), both over the draft vocabulary."""
     p = F.softmax(target_logits, -1)
     kl = (p * (F.log_softmax(target_logits, -1) - F.log_softmax(pred_logits, -1))).sum(-1)
-    return (kl * mask).sum() / mask.sum().clamp_min(1)
+    return kl.mean() if mask is None else (kl * mask).sum() / mask.sum().clamp_min(1)
 
 
 def unroll_mask(t: int, step: int) -> torch.Tensor:
@@ -226,8 +226,7 @@ def eagle_loss(module, head, embed, ids, feats, valid, noise: float, unroll: int
         with torch.no_grad():
             t_logits = true @ head.T
         p_logits = module.readout(pred[m]) @ head.T
-        ones = torch.ones(len(true))
-        kl = soft_kl(p_logits, t_logits, ones)
+        kl = soft_kl(p_logits, t_logits)
         if eagle3:  # its output is a hidden state of its own, not the target's feature: labels only
             loss = loss + kl * (0.8 ** step)
         else:
@@ -477,10 +476,8 @@ def choose_eagle_tree(cfg, module, head, embed, held_batch, target_name: str, lo
 
 def coverage(vocab_ids: torch.Tensor | None, examples: list[dict]) -> float:
     """The share of answer tokens the draft vocabulary holds (1.0 for the full vocabulary)."""
-    answers = [t for e in examples for t in e["answer_ids"]]
-    if vocab_ids is None or not answers:
-        return 1.0
-    return round(float(torch.isin(torch.tensor(answers), vocab_ids.cpu()).float().mean()), 4)
+    share = drafters.coverage(vocab_ids, [t for e in examples for t in e["answer_ids"]])
+    return 1.0 if share is None else round(share, 4)
 
 
 def measure(folder: Path, target, held_out: list[dict], log, max_new_tokens: int = 64) -> dict:
