@@ -35,11 +35,16 @@ bench: setup
 
 # self-distillation data from the shared prompt set (../shared/data/prompts): the target answers every prompt
 # greedily, 256 prompts a chunk, into assets/distill/prompts/ with a manifest; resumable (finished chunks are
-# kept), so rerun it after an interruption. One thread: the cores are shared with other jobs (see PROBE in
-# specviz/distill.py). CPU: ~20-25 answer tokens/s per core, so days; DISTILL_ARGS adds e.g. --chunks 8
+# kept), so rerun it after an interruption. DISTILL_WORKERS processes of one thread each (default: one per core)
+# share the folder, each claiming the next free chunk (see PROBE in specviz/distill.py for why one thread each).
+# CPU: ~40-50 answer tokens per CPU-second, so about 32 core-hours for the whole set; DISTILL_ARGS adds e.g.
+# --max-tokens 3000000
+DISTILL_WORKERS ?= $(shell nproc 2>/dev/null || echo 1)
 data: setup
-	$(BIN)/python -m specviz distill --prompts ../shared/data/prompts/train_prompts.jsonl.gz \
-		--out assets/distill/prompts --threads 1 $(DISTILL_ARGS)
+	for w in $$(seq $(DISTILL_WORKERS)); do \
+		$(BIN)/python -m specviz distill --prompts ../shared/data/prompts/train_prompts.jsonl.gz \
+			--out assets/distill/prompts --threads 1 $(DISTILL_ARGS) & \
+	done; wait
 
 # the shipped drafters for smollm2-135m, from the committed self-distillation ids (CPU: about 90 minutes). The
 # shipped EAGLE is EAGLE-1 on the original file; `train eagle` alone (EAGLE-3, all committed ids) is README's

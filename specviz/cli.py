@@ -478,7 +478,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--dtype", default=DISTILL_DTYPE, help="float32 or bfloat16 (default %(default)s: the fastest batched "
                    "generation measured on an AVX2 CPU)")
     d.add_argument("--threads", default="0", help="torch threads, 0 = torch's default (one per core); 1 runs best "
-                   "beside other jobs on the same cores (default %(default)s)")
+                   "beside other jobs on the same cores: start one such worker per core on the same --out, each "
+                   "claims the next free chunk (default %(default)s)")
     d.add_argument("--attention", default="sdpa", help="sdpa or eager (batched generation needs a padding mask; "
                    "default %(default)s)")
     return p

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import contextlib
 import itertools
 import json
 import os
 import random
+import socket
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -251,6 +253,11 @@ def sequences(examples: list[dict]) -> Iterator[list[int]]:
 # "answer_ids"} in file order, and OUT/manifest.json is rewritten after every chunk with its sha256, counts and
 # timing. A rerun skips the chunks whose file matches the manifest's sha256 and regenerates the others, so a
 # killed (or SIGSTOPped) run loses at most the chunk in progress.
+#
+# Several workers (processes, e.g. one per core with one thread each) can share one folder: a worker claims a
+# chunk by creating OUT/chunk-0000c.claim (exclusive create, holding its pid and host) and skips chunks that
+# another live worker has claimed; a claim whose process is gone is taken over. Every manifest update happens
+# under a lock on OUT/manifest.lock and merges into the manifest as it is on disk, so no worker's chunk is lost.
 # ---------------------------------------------------------------------------------------------------------
 
 REPO = Path(__file__).resolve().parent.parent
@@ -354,6 +361,69 @@ def write_gzip_lines(path: Path, rows: list[dict]) -> None:
         for r in rows:
             f.write((json.dumps(r, separators=(",", ":")) + "\n").encode("utf-8"))
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def manifest_lock(out_dir: Path) -> Iterator[None]:
+    """Exclusive access to OUT/manifest.json among the workers sharing the folder (flock; a no-op where the
+    platform has no fcntl, so one worker per folder there)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    with open(out_dir / "manifest.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def claim_file(index: int) -> str:
+    return f"chunk-{index:05d}.claim"
+
+
+def _claim_owner_alive(path: Path) -> bool:
+    """Whether the worker named in a claim file still runs (same host: its pid exists; another host's claim
+    counts as alive, it cannot be checked from here)."""
+    try:
+        owner = json.loads(path.read_text(encoding="utf-8"))
+        pid, host = int(owner["pid"]), str(owner["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # unreadable or half-written by a worker that died: stale
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim(out_dir: Path, index: int) -> bool:
+    """Claim chunk `index` for this process; False when another live worker holds it. A stale claim (its
+    process gone) is replaced."""
+    path = out_dir / claim_file(index)
+    mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            if _claim_owner_alive(path):
+                return False
+            path.unlink(missing_ok=True)  # stale: take it over
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(mine)
+        return True
+    return False
+
+
+def release(out_dir: Path, index: int) -> None:
+    (out_dir / claim_file(index)).unlink(missing_ok=True)
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -514,6 +584,37 @@ def _totals(manifest: dict) -> None:
     manifest["categories"] = dict(sorted(categories.items()))
 
 
+def _answer_one_chunk(target, rows: list[dict], index: int, size: int, settings: dict, batch_size: int,
+                      out_dir: Path, log: Callable[[str], None]) -> dict:
+    """Answer chunk `index`, write its file, and return its manifest entry."""
+    part = rows[index * size:(index + 1) * size]
+    t0, c0 = time.perf_counter(), time.process_time()
+
+    def progress(n: int, tokens: int) -> None:
+        seconds = time.perf_counter() - t0
+        log(f"  chunk {index}: {n}/{len(part)} prompts, {tokens} tokens, {seconds:.0f} s, {tokens / seconds:.1f} tok/s")
+
+    examples = answer_chunk(target, part, int(settings["max_new_tokens"]), batch_size, progress)
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    path = out_dir / chunk_file(index)
+    write_gzip_lines(path, examples)
+    answer_tokens = sum(len(e["answer_ids"]) for e in examples)
+    prompt_tokens = sum(len(e["prompt_ids"]) for e in examples)
+    categories: dict[str, dict] = {}
+    for e in examples:
+        into = categories.setdefault(e["category"], {"prompts": 0, "answer_tokens": 0})
+        into["prompts"] += 1
+        into["answer_tokens"] += len(e["answer_ids"])
+    return {"index": index, "file": path.name, "prompts": len(examples), "first_id": examples[0]["id"],
+            "prompt_tokens": prompt_tokens, "answer_tokens": answer_tokens,
+            "hit_max_new_tokens": sum(len(e["answer_ids"]) >= int(settings["max_new_tokens"])
+                                      and e["answer_ids"][-1] not in target.eos_ids for e in examples),
+            "bytes": path.stat().st_size, "sha256": sha256_file(path), "seconds": round(seconds, 1),
+            "cpu_seconds": round(cpu, 1), "tok_per_s": round(answer_tokens / seconds, 2),
+            "batch_size": batch_size, "threads": torch.get_num_threads(),
+            "categories": dict(sorted(categories.items()))}
+
+
 def generate_chunks(target, prompts_path: str | Path, out_dir: str | Path, settings: dict, batch_size: int = 32,
                     chunks: int | None = None, max_tokens: int | None = None,
                     log: Callable[[str], None] = print) -> dict:
@@ -528,66 +629,62 @@ def generate_chunks(target, prompts_path: str | Path, out_dir: str | Path, setti
     rows = read_prompt_rows(prompts_path)
     size = int(settings["chunk_size"])
     wanted = {**settings, "prompts_sha256": sha256_file(prompts_path)}
-    manifest = read_manifest(out_dir)
-    if manifest is not None:
-        differ = [k for k in SETTINGS_KEYS if manifest.get(k) != wanted.get(k)]
-        if differ:
-            k = differ[0]
-            raise DistillError(f"{out_dir / MANIFEST} was made with {k}={manifest.get(k)!r}, not {wanted.get(k)!r}: "
-                               "use the same settings or another --out")
-    else:
-        manifest = {"format": 1, **{k: wanted[k] for k in SETTINGS_KEYS}, "prompts_file": Path(prompts_path).name,
-                    "prompts_total": len(rows), "chunks": []}
-    manifest.update({k: v for k, v in wanted.items() if k not in SETTINGS_KEYS})  # latest run's extras
-    manifest["batch_size"] = batch_size
-    done = verified_chunks(out_dir, manifest)
-    for entry in manifest["chunks"]:
-        if int(entry["index"]) not in done:
-            log(f"chunk {entry['index']}: {entry['file']} is missing or its sha256 differs from the manifest: redoing it")
-    manifest["chunks"] = [done[i] for i in sorted(done)]
-    _totals(manifest)
-    write_json(out_dir / MANIFEST, manifest)
+
+    def current() -> dict:
+        """The manifest as on disk (call under the lock), checked against this run's settings, with only the
+        chunks whose files verify."""
+        manifest = read_manifest(out_dir)
+        if manifest is not None:
+            differ = [k for k in SETTINGS_KEYS if manifest.get(k) != wanted.get(k)]
+            if differ:
+                k = differ[0]
+                raise DistillError(f"{out_dir / MANIFEST} was made with {k}={manifest.get(k)!r}, not "
+                                   f"{wanted.get(k)!r}: use the same settings or another --out")
+        else:
+            manifest = {"format": 1, **{k: wanted[k] for k in SETTINGS_KEYS}, "prompts_file": Path(prompts_path).name,
+                        "prompts_total": len(rows), "chunks": []}
+        done = verified_chunks(out_dir, manifest)
+        for entry in manifest["chunks"]:
+            if int(entry["index"]) not in done:
+                log(f"chunk {entry['index']}: {entry['file']} is missing or its sha256 differs from the manifest: "
+                    "redoing it")
+        manifest["chunks"] = [done[i] for i in sorted(done)]
+        _totals(manifest)
+        return manifest
+
+    with manifest_lock(out_dir):
+        manifest = current()
+        manifest.update({k: v for k, v in wanted.items() if k not in SETTINGS_KEYS})  # latest run's extras
+        manifest["batch_size"] = batch_size
+        write_json(out_dir / MANIFEST, manifest)
     n_chunks = (len(rows) + size - 1) // size
     last = n_chunks if chunks is None else min(chunks, n_chunks)
-    log(f"{len(rows)} prompts in {n_chunks} chunks of {size}; {len(done)} chunks already done "
+    log(f"{len(rows)} prompts in {n_chunks} chunks of {size}; {len(manifest['chunks'])} chunks already done "
         f"({manifest['totals']['answer_tokens']} answer tokens)")
     for index in range(last):
-        if max_tokens is not None and manifest["totals"]["answer_tokens"] >= max_tokens:
-            log(f"stopping: {manifest['totals']['answer_tokens']} answer tokens >= --max-tokens {max_tokens}")
-            break
-        if index in done:
-            continue
-        part = rows[index * size:(index + 1) * size]
-        t0, c0 = time.perf_counter(), time.process_time()
-
-        def progress(n: int, tokens: int) -> None:
-            seconds = time.perf_counter() - t0
-            log(f"  chunk {index}: {n}/{len(part)} prompts, {tokens} tokens, {seconds:.0f} s, {tokens / seconds:.1f} tok/s")
-
-        examples = answer_chunk(target, part, int(settings["max_new_tokens"]), batch_size, progress)
-        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-        path = out_dir / chunk_file(index)
-        write_gzip_lines(path, examples)
-        answer_tokens = sum(len(e["answer_ids"]) for e in examples)
-        prompt_tokens = sum(len(e["prompt_ids"]) for e in examples)
-        categories: dict[str, dict] = {}
-        for e in examples:
-            into = categories.setdefault(e["category"], {"prompts": 0, "answer_tokens": 0})
-            into["prompts"] += 1
-            into["answer_tokens"] += len(e["answer_ids"])
-        entry = {"index": index, "file": path.name, "prompts": len(examples), "first_id": examples[0]["id"],
-                 "prompt_tokens": prompt_tokens, "answer_tokens": answer_tokens,
-                 "hit_max_new_tokens": sum(len(e["answer_ids"]) >= int(settings["max_new_tokens"])
-                                           and e["answer_ids"][-1] not in target.eos_ids for e in examples),
-                 "bytes": path.stat().st_size, "sha256": sha256_file(path), "seconds": round(seconds, 1),
-                 "cpu_seconds": round(cpu, 1), "tok_per_s": round(answer_tokens / seconds, 2),
-                 "batch_size": batch_size, "threads": torch.get_num_threads(),
-                 "categories": dict(sorted(categories.items()))}
-        manifest["chunks"] = sorted([*manifest["chunks"], entry], key=lambda e: e["index"])
-        _totals(manifest)
-        write_json(out_dir / MANIFEST, manifest)
+        with manifest_lock(out_dir):
+            manifest = read_manifest(out_dir) or manifest  # other workers' chunks count too
+            done = {int(e["index"]) for e in manifest["chunks"]}
+            if max_tokens is not None and manifest["totals"]["answer_tokens"] >= max_tokens:
+                log(f"stopping: {manifest['totals']['answer_tokens']} answer tokens >= --max-tokens {max_tokens}")
+                break
+            if index in done or not claim(out_dir, index):
+                continue
+        try:
+            entry = _answer_one_chunk(target, rows, index, size, settings, batch_size, out_dir, log)
+        except BaseException:
+            release(out_dir, index)
+            raise
+        with manifest_lock(out_dir):  # the claim goes only once the manifest lists the chunk
+            manifest = current()
+            manifest["chunks"] = sorted([*(e for e in manifest["chunks"] if e["index"] != index), entry],
+                                        key=lambda e: e["index"])
+            _totals(manifest)
+            write_json(out_dir / MANIFEST, manifest)
+            release(out_dir, index)
         t = manifest["totals"]
-        log(f"chunk {index} of {n_chunks} done: {len(examples)} prompts, {answer_tokens} answer tokens in {seconds:.0f} s "
-            f"= {answer_tokens / seconds:.1f} tok/s, {entry['bytes'] / (prompt_tokens + answer_tokens):.2f} bytes/token; "
-            f"total {t['chunks']} chunks, {t['prompts']} prompts, {t['answer_tokens']} answer tokens, {t['bytes']} bytes")
+        log(f"chunk {index} of {n_chunks} done: {entry['prompts']} prompts, {entry['answer_tokens']} answer tokens in "
+            f"{entry['seconds']:.0f} s = {entry['tok_per_s']:.1f} tok/s, {entry['bytes'] / (entry['prompt_tokens'] + entry['answer_tokens']):.2f} "
+            f"bytes/token; total {t['chunks']} chunks, {t['prompts']} prompts, {t['answer_tokens']} answer tokens, "
+            f"{t['bytes']} bytes")
     return manifest

@@ -154,3 +154,40 @@ def test_distill_cli_on_real_target(tmp_path, capsys):
     tokenizer = models.get("smollm2-135m", torch.device("cpu"), torch.bfloat16, attention="sdpa").tokenizer
     assert "haiku about rain" in tokenizer.decode(rows[1]["prompt_ids"])
     assert main(args) == 0 and "2 chunks already done" in capsys.readouterr().out
+
+
+def test_workers_share_a_folder(tmp_path, tiny):
+    """Two workers on one folder: each chunk is answered once, and the manifest holds every worker's chunks."""
+    import threading
+
+    prompts, out = prompt_file(tmp_path), tmp_path / "out"
+    settings = {**SETTINGS, "chunk_size": 1}
+    logs: list[list[str]] = [[], []]
+    workers = [threading.Thread(target=distill.generate_chunks, args=(tiny, prompts, out, settings),
+                                kwargs={"batch_size": 1, "log": logs[k].append}) for k in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    manifest = distill.read_manifest(out)
+    assert [c["index"] for c in manifest["chunks"]] == list(range(7)) and manifest["totals"]["prompts"] == 7
+    answered = [line.split()[1] for part in logs for line in part if " done: " in line]
+    assert sorted(answered, key=int) == [str(i) for i in range(7)]  # no chunk twice
+    assert not list(out.glob("*.claim"))  # claims released
+
+
+def test_live_claim_is_skipped_and_stale_claim_taken_over(tmp_path, tiny):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    prompts, out = prompt_file(tmp_path), tmp_path / "out"
+    out.mkdir()
+    host = socket.gethostname()
+    (out / "chunk-00001.claim").write_text(json.dumps({"pid": os.getpid(), "host": host}))  # a live worker
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (out / "chunk-00002.claim").write_text(json.dumps({"pid": int(gone.stdout), "host": host}))  # a dead one
+    manifest = distill.generate_chunks(tiny, prompts, out, SETTINGS, batch_size=3, log=lambda _: None)
+    assert [c["index"] for c in manifest["chunks"]] == [0, 2]
+    assert (out / "chunk-00001.claim").exists() and not (out / "chunk-00002.claim").exists()
