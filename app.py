@@ -69,8 +69,9 @@ A cheap *drafter* guesses the next γ tokens; the target then checks all γ gues
 (about the cost of producing a single token) and keeps the longest prefix it agrees with.
 
 - **Left pane, plain autoregressive:** one target forward pass per token — the baseline.
-- **Right pane, speculative:** the drafter is an *int8 copy* of the target (`vanilla`), a lookup of n-grams
-  already in the prompt and the answer (`pld`, prompt lookup decoding), an *EAGLE* drafter — one small layer
+- **Right pane, speculative:** the drafter is a lookup of n-grams already in the prompt and the answer (`pld`,
+  prompt lookup decoding: the default on a CPU, where it measured fastest), a separate draft model such as an
+  *int8 copy* of the target (`vanilla`), an *EAGLE* drafter — one small layer
   trained to continue the target's own hidden features (`eagle`), *Medusa* heads that propose a whole tree
   of candidates, which the target verifies in one pass (`medusa`; the tree panel draws it), or the target's own
   first layers with a trained early exit (`layerskip`), or a small *distilled draft model* of four layers
@@ -112,15 +113,17 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
 
 
 def race_api(prompt: str = DEFAULT_PROMPT, method: str = "", draft: str = "",
-             gamma: str = str(DEFAULTS.gamma), temperature: float = DEFAULTS.temperature,
+             gamma: str = "", temperature: float = DEFAULTS.temperature,
              top_p: float = DEFAULTS.top_p, max_new_tokens: int = DEFAULTS.max_new_tokens,
              seed: int = DEFAULTS.seed) -> dict:
     """Race plain AR against a speculative method on one prompt; returns both texts, the summary
     (metrics.Comparison.to_dict(): speedup, α, τ, cost ratio c, the Leviathan prediction, identity) and the
-    hardware. An empty method is this machine's default race (the app's), an empty draft its default draft (int8
-    on CPU, SmolLM2-135M beside the 1.7B on a GPU)."""
+    hardware. An empty method is this machine's default race (the app's), an empty γ that race's γ (for another
+    method, DecodeConfig's), an empty draft its default draft (int8 on CPU, SmolLM2-135M beside the 1.7B on a GPU)."""
     try:
-        method = method or hardware.default_pair().method
+        pair = hardware.default_pair()
+        method = method or pair.method
+        gamma = str(gamma).strip() or str(pair.gamma if method == pair.method else DEFAULTS.gamma)
         cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed)
         target, draft = hardware.default_pair().run_args(method, draft)
         return race_result(prompt, cfg, draft, target)
@@ -168,7 +171,7 @@ def build_ui() -> gr.Blocks:
                                             allow_custom_value=True, info="int8 copy, or a model sharing the vocabulary",
                                             elem_id="draft")
                         gamma = gr.Dropdown(["auto"] + [str(g) for g in range(1, GAMMA_MAX + 1)],
-                                            value=str(DEFAULTS.gamma), label="γ (drafted tokens per step)",
+                                            value=str(pair.gamma), label="γ (drafted tokens per step)",
                                             elem_id="gamma")
                     with gr.Row():
                         temperature = gr.Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05,

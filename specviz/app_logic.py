@@ -51,7 +51,7 @@ EXAMPLES: dict[str, list[str]] = {
         "What causes the seasons on Earth?",
     ],
 }
-DEFAULT_PROMPT = EXAMPLES["QA"][0]
+DEFAULT_PROMPT = EXAMPLES["writing"][0]  # the CPU's default race (prompt lookup) drafts from the prompt's own words
 LANE_TITLES = {"ar": "Plain autoregressive", "spec": "Speculative ({method})"}
 
 

@@ -106,3 +106,14 @@ def test_live_views_redraw_plots_about_once_a_second_and_in_full_at_the_end():
     assert [v.status != "" for v in views] == [True] * 7
     assert [v.alpha is not None for v in views] == [True, False, False, False, False, True, True]
     assert views[-1].final_events == [] and all(v.final_events is None for v in views[:-1])
+
+
+def test_app_examples_file_matches_the_app():
+    """assets/bench/app-examples.jsonl (what `bench --prompts` measures the default race on, README) is the app's own
+    example prompts, in order."""
+    import json
+    from pathlib import Path
+
+    rows = [json.loads(line) for line in (Path(__file__).parent.parent / "assets/bench/app-examples.jsonl").open()]
+    assert [(r["category"], r["prompt"]) for r in rows] == [(c, p) for c, ps in logic.EXAMPLES.items() for p in ps]
+    assert logic.DEFAULT_PROMPT in [r["prompt"] for r in rows]

@@ -35,7 +35,7 @@ class PromptLookupSession:
         q = torch.zeros(len(drafted), self.vocab_size)  # (γ', V) deterministic proposals: one-hot q
         if drafted:
             q[torch.arange(len(drafted)), torch.tensor(drafted)] = 1.0
-        return Proposal(drafted, q, 0)
+        return Proposal(drafted, q, 1)  # one draft step: its lookup (so c, its cost ratio, is measured too)
 
     def rollback(self, n_valid: int) -> None:
         pass  # stateless: it reads the committed tokens each step

@@ -22,7 +22,7 @@ from specviz.sampling import ChainResult, verify_chain, warp
 class Proposal:
     token_ids: list[int]          # (γ',) with γ' <= γ: a drafter may stop early
     q_draft: torch.Tensor         # (γ', V) the distributions the tokens were drawn from
-    forwards: int                 # drafter forward passes spent
+    forwards: int                 # drafter forward passes spent (a model-free drafter: 1, its lookup)
 
 
 class DraftSession(Protocol):
