@@ -461,7 +461,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--exit-layer", default=str(TRAIN_DEFAULTS.exit_layer), help="layerskip: draft after this many target layers (default %(default)s)")
     t.add_argument("--draft-layers", default=",".join(map(str, TRAIN_DEFAULTS.draft_layers)),
                    help="draft: the target layers its own layers start from, comma-separated (default %(default)s)")
-    t.add_argument("--tree-size", default=str(TRAIN_DEFAULTS.tree_size), help="medusa: nodes in the candidate tree (default %(default)s)")
+    t.add_argument("--tree-size", default=str(TRAIN_DEFAULTS.tree_size), help="medusa: nodes in the candidate tree; for the default target, at most this many, the size "
+                   "chosen from held-out accuracy and the committed verify profile (default %(default)s)")
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     t.add_argument("--seed", default="0")
     d = sub.add_parser("distill", help="self-distillation data: the target answers a prompt file greedily, in resumable chunks")

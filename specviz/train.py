@@ -441,7 +441,9 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
         accuracy = head_accuracy(module.eval(), head, held_feats, held_seqs, [len(e["prompt_ids"]) for e in held_out])
         cfg.tree = [list(p) for p in drafters.choose_tree(accuracy, opts.tree_size)]
         cfg.training["head_top1_held_out_answers"] = [round(float(a), 3) for a in accuracy[:, 0]]
+        cfg.training["head_rank_accuracy_held_out"] = [[round(float(a), 3) for a in row] for row in accuracy]
         log("held-out top-1 accuracy by head: " + ", ".join(f"{float(a):.2f}" for a in accuracy[:, 0]))
+        choose_tree_for_cost(cfg, accuracy, opts.target, "medusa", log, max_size=opts.tree_size)
     if opts.kind == "eagle":
         choose_eagle_tree(cfg, module, head, embed, held_batch, opts.target, log)
     final = opts.out / "drafter"
@@ -461,15 +463,24 @@ def choose_eagle_tree(cfg, module, head, embed, held_batch, target_name: str, lo
     module.train()
     cfg.training["depth_rank_accuracy_held_out"] = [[round(float(a), 3) for a in row] for row in accuracy]
     log("held-out accuracy by depth (rank 0..3): " + "; ".join(" ".join(f"{float(a):.2f}" for a in row) for row in accuracy))
+    choose_tree_for_cost(cfg, accuracy, target_name, "eagle", log)
+
+
+def choose_tree_for_cost(cfg, accuracy: torch.Tensor, target_name: str, kind: str, log, max_size: int = 32) -> None:
+    """cfg.tree := the tree with the most expected tokens per unit of time (drafters.tree_for_cost) from the
+    held-out accuracy[depth, rank] and the committed verify profile with the drafter's measured cost: per tree
+    level for EAGLE, once per step for Medusa. Without a profile for the target the tree stays as it is."""
     found = profile_for(target_name)
     if found is None or not len(accuracy):
         return
     profile, costs = found
-    level_cost = costs.get("eagle") or 0.1
-    tree, tokens, speed = drafters.tree_for_cost(accuracy, profile.ratio, level_cost)
+    cost = costs.get(kind) or 0.1
+    tree, tokens, speed = drafters.tree_for_cost(accuracy, profile.ratio, cost if kind == "eagle" else 0.0,
+                                                 max_size=max_size, step_cost=0.0 if kind == "eagle" else cost)
     cfg.tree = [list(p) for p in tree]
     cfg.training["tree_choice"] = {"nodes": len(tree), "expected_tokens_per_step": round(tokens, 3),
-                                   "predicted_speedup": round(speed, 3), "draft_cost_per_level": round(level_cost, 3),
+                                   "predicted_speedup": round(speed, 3),
+                                   ("draft_cost_per_level" if kind == "eagle" else "draft_cost_per_step"): round(cost, 3),
                                    "profile": str(PROFILE.relative_to(ASSETS.parent))}
     log(f"tree: {len(tree)} nodes, {tokens:.2f} expected tokens per step, predicted {speed:.2f}× AR")
 

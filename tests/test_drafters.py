@@ -202,6 +202,11 @@ def test_tree_for_cost_follows_the_profile():
     assert drafters.path_value(acc, (0, 1)) == pytest.approx(0.7 * 0.15)
     mid, _, _ = drafters.tree_for_cost(acc, lambda n: 1.0 + 0.05 * (n - 1), 0.1, max_size=12)
     assert 1 < len(mid) < 12 and all(p[:-1] in mid for p in mid if len(p) > 1)
+    # Medusa pays its heads once per step, whatever the depth: the same prediction, one fixed cost added
+    once, tokens, speed = drafters.tree_for_cost(acc, lambda n: float(n), 0.0, max_size=12, step_cost=0.5)
+    assert once == [(0,)] and speed == pytest.approx(1.7 / 2.5)
+    deep, _, _ = drafters.tree_for_cost(acc, lambda n: 1.0, 0.0, max_size=12, step_cost=0.5)
+    assert max(len(p) for p in deep) == 4  # no per-level cost: depth is free
 
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa", "layerskip", "draft"])
