@@ -118,17 +118,22 @@ def race_api(prompt: str = DEFAULT_PROMPT, method: str = "", draft: str = "",
              seed: int = DEFAULTS.seed) -> dict:
     """Race plain AR against a speculative method on one prompt; returns both texts, the summary
     (metrics.Comparison.to_dict(): speedup, α, τ, cost ratio c, the Leviathan prediction, identity) and the
-    hardware. An empty method is this machine's default race (the app's), an empty γ that race's γ (for another
-    method, DecodeConfig's), an empty draft its default draft (int8 on CPU, SmolLM2-135M beside the 1.7B on a GPU)."""
+    hardware. An empty method is this machine's default race (the app's), an empty γ the method's fastest γ measured
+    on this machine (hardware.Pair.gamma_for), an empty draft its default draft (int8 on CPU, SmolLM2-135M beside the 1.7B on a GPU)."""
     try:
         pair = hardware.default_pair()
         method = method or pair.method
-        gamma = str(gamma).strip() or str(pair.gamma if method == pair.method else DEFAULTS.gamma)
+        gamma = str(gamma).strip() or str(pair.gamma_for(method))
         cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed)
         target, draft = hardware.default_pair().run_args(method, draft)
         return race_result(prompt, cfg, draft, target)
     except Exception as exc:
         raise gr.Error(user_message(exc, Policy.from_env().public), print_exception=False) from None
+
+
+def default_gamma(method) -> str:
+    """The γ field follows the chosen method: its fastest γ measured on this machine (hardware.Pair.gamma_for)."""
+    return str(hardware.default_pair().gamma_for(str(method)))
 
 
 def show_tree(events, step):
@@ -172,6 +177,7 @@ def build_ui() -> gr.Blocks:
                                             elem_id="draft")
                         gamma = gr.Dropdown(["auto"] + [str(g) for g in range(1, GAMMA_MAX + 1)],
                                             value=str(pair.gamma), label="γ (drafted tokens per step)",
+                                            info="follows the method: its fastest γ measured here",
                                             elem_id="gamma")
                     with gr.Row():
                         temperature = gr.Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05,
@@ -209,6 +215,7 @@ def build_ui() -> gr.Blocks:
                          spec_events, tree_step],
                 concurrency_limit=1, concurrency_id=CONCURRENCY_ID, api_name="race_stream", show_progress="hidden")
             stop.click(None, cancels=[run_event])
+            method.input(default_gamma, inputs=[method], outputs=[gamma], api_visibility="private", show_progress="hidden")
             tree_step.input(show_tree, inputs=[spec_events, tree_step], outputs=[plot_tree], api_visibility="private",
                             show_progress="hidden")
             gr.api(zerogpu.gpu(race_api, run_seconds), api_name="race", concurrency_limit=1,

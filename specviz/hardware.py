@@ -33,7 +33,16 @@ class Pair:
     draft: str
     note: str = ""   # one line for the log when the pair is not the one this hardware would prefer
     method: str = "vanilla"  # the app's default race: the fastest method measured with this pair on this hardware
-    gamma: int = DecodeConfig.gamma  # and its γ
+    gammas: tuple[tuple[str, int], ...] = ()  # (method, γ): the fastest γ measured for it here; others: DecodeConfig's
+
+    def gamma_for(self, method: str) -> int:
+        """The default γ of `method` with this pair: the fastest measured, else DecodeConfig's."""
+        return dict(self.gammas).get(method, DecodeConfig.gamma)
+
+    @property
+    def gamma(self) -> int:
+        """The default race's γ."""
+        return self.gamma_for(self.method)
 
     def target_for(self, method: str) -> str:
         """The target a method runs against: trained drafters stay tied to the target they were trained on."""
@@ -57,12 +66,16 @@ class Pair:
         return target, draft or self.draft_for(target)
 
 
-# The fastest shipped method on 2 CPU cores, and its γ (README, Performance): prompt lookup, 1.19x AR on 48 Spec-Bench
-# questions and ahead in all 13 categories; γ = 2 measured best of 1-3 on 13 of them; on the app's 10 example prompts
-# (the race as the app runs it, one run each) pld:2 averaged 1.11x, eagle:1 1.06x and vanilla:4 (the int8 copy,
-# which costs about as much as the target here) 0.67x.
-CPU_METHOD, CPU_GAMMA = "pld", 2
-EMBEDDED_PAIR = Pair(DEFAULT_TARGET, DEFAULT_DRAFT, method=CPU_METHOD, gamma=CPU_GAMMA)
+# The fastest shipped method on 2 CPU cores (README, Performance): prompt lookup, 1.19x AR on 48 Spec-Bench questions
+# and ahead in all 13 categories; on the app's own 10 example prompts pld:2 ran 1.21x, eagle:1 1.13x and vanilla:4
+# (the int8 copy, which costs about as much as the target here) 0.69x (assets/bench/app-examples.json).
+CPU_METHOD = "pld"
+# The fastest γ measured per method there: prompt lookup 2 (best of 1-3 on 13 Spec-Bench questions); the trained chain
+# drafters 1 (draft:1 0.95x against draft:4 0.60x on 48 questions, assets/bench/trained-drafters-gamma.json; the
+# verify profile's best γ is 1 for eagle and layerskip too, assets/bench/profile-bf16.json). Medusa's γ caps its
+# tree's depth and vanilla was not measured faster at another γ: both keep DecodeConfig's.
+CPU_GAMMAS = (("pld", 2), ("eagle", 1), ("layerskip", 1), ("draft", 1))
+EMBEDDED_PAIR = Pair(DEFAULT_TARGET, DEFAULT_DRAFT, method=CPU_METHOD, gammas=CPU_GAMMAS)
 GPU_PAIR = Pair(GPU_TARGET, GPU_DRAFT)
 HUB_UNREACHABLE = f"Hub unreachable: using the embedded pair {DEFAULT_TARGET} + {DEFAULT_DRAFT}"
 
@@ -73,7 +86,7 @@ def choose_pair(cuda: bool, hub_reachable: Callable[[], bool]) -> Pair:
         return EMBEDDED_PAIR
     if hub_reachable():
         return GPU_PAIR
-    return Pair(DEFAULT_TARGET, DEFAULT_DRAFT, HUB_UNREACHABLE, CPU_METHOD, CPU_GAMMA)
+    return Pair(DEFAULT_TARGET, DEFAULT_DRAFT, HUB_UNREACHABLE, CPU_METHOD, CPU_GAMMAS)
 
 
 def hub_reachable(repo_ids: Iterable[str] = (GPU_TARGET, GPU_DRAFT), timeout: float = HUB_TIMEOUT_S) -> bool:

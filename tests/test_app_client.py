@@ -49,6 +49,7 @@ def test_race_endpoint_trained_drafters(client, method):
     s = out["summary"]
     assert s["identical"] is True and s["spec"]["method"] == method
     assert s["spec"]["tau"] > 1.2 and out["draft"] is None
+    assert out["config"]["gamma"] == hardware.default_pair().gamma_for(method)  # the method's measured γ
 
 
 @pytest.mark.parametrize("kwargs, needle", [

@@ -99,6 +99,8 @@ def test_medusa_tree_in_browser(app_url, browser):
     set_number(page, "max-new-tokens", N)
     page.locator("#method input").click()
     page.locator("[role=option]", has_text="medusa").first.click()
+    gamma = str(hardware.default_pair().gamma_for("medusa"))  # the γ field follows the method
+    page.wait_for_function(f"() => document.querySelector('#gamma input').value === '{gamma}'", timeout=10_000)
     page.locator("#run").click()
     page.wait_for_selector("#pane-spec .sv-pane-box[data-state=done]", timeout=180_000)
     page.wait_for_selector("#summary .sv-badge", timeout=60_000)

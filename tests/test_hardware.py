@@ -99,3 +99,14 @@ def test_cli_says_when_the_hub_is_unreachable(monkeypatch, capsys):
 def test_cli_defaults_on_a_cpu(monkeypatch):
     args = parsed(["generate", "--prompt", "x"], EMBEDDED_PAIR, monkeypatch)
     assert (args.target, args.draft) == ("smollm2-135m", "int8")
+
+
+def test_default_gamma_per_method_is_the_measured_one():
+    """On a CPU the default race is prompt lookup at γ 2 and the trained chain drafters default to γ 1 (README,
+    Performance); methods without a measured γ (vanilla, Medusa's tree depth) and the GPU pair keep DecodeConfig's."""
+    from specviz.config import DecodeConfig
+
+    assert (EMBEDDED_PAIR.method, EMBEDDED_PAIR.gamma) == ("pld", 2)
+    assert [EMBEDDED_PAIR.gamma_for(m) for m in ("eagle", "draft", "layerskip")] == [1, 1, 1]
+    assert EMBEDDED_PAIR.gamma_for("vanilla") == EMBEDDED_PAIR.gamma_for("medusa") == DecodeConfig.gamma
+    assert GPU_PAIR.gamma == GPU_PAIR.gamma_for("eagle") == DecodeConfig.gamma
