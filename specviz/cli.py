@@ -465,6 +465,13 @@ def parser() -> argparse.ArgumentParser:
                    "chosen from held-out accuracy and the committed verify profile (default %(default)s)")
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     t.add_argument("--seed", default="0")
+    tr = sub.add_parser("tree", help="re-choose a trained Medusa drafter's tree from its held-out accuracy and the "
+                        "committed verify profile, without retraining")
+    tr.add_argument("drafter", help="a Medusa drafter folder trained here (e.g. assets/drafters/smollm2-135m-medusa)")
+    tr.add_argument("--data", nargs="+", default=None, help="self-distillation ids (JSONL(.gz)) or distill folders whose "
+                    "held-out split (every 20th example) is measured (default: the committed ids the drafter was trained on)")
+    tr.add_argument("--held-out", default="60", help="held-out answers to measure (default %(default)s)")
+    tr.add_argument("--write", action="store_true", help="save the new tree in the drafter's config.json and model card")
     d = sub.add_parser("distill", help="self-distillation data: the target answers a prompt file greedily, in resumable chunks")
     d.add_argument("--prompts", default=None, help="JSONL(.gz) of id, category, prompt (default: the shared prompt set, "
                    "../shared/data/prompts/train_prompts.jsonl.gz)")
@@ -525,6 +532,22 @@ def cmd_train(args) -> int:
         tree_size=_int_arg("tree-size", args.tree_size, 1, 64), exit_layer=_int_arg("exit-layer", args.exit_layer, 1, 256),
         draft_layers=_layers_arg(args.draft_layers), resume=args.resume, seed=_int_arg("seed", args.seed, 0, 2**31), epochs=None if args.epochs is None else _int_arg("epochs", args.epochs, 1, 1000))
     train.train(opts)
+    return 0
+
+
+def cmd_tree(args) -> int:
+    """A trained Medusa drafter's tree re-chosen from measurement (train.retree)."""
+    from specviz import drafters, train
+
+    held = _int_arg("held-out", args.held_out, 1, 10**6)
+    for f in args.data or []:
+        if not Path(f).is_file() and not (Path(f) / "manifest.json").is_file():
+            raise InputError(f"data file {f!r} does not exist: give a JSONL(.gz) of self-distillation ids or a "
+                             "folder written by `distill`")
+    try:
+        train.retree(Path(args.drafter), args.data, held, args.write, log=lambda line: print(line, flush=True))
+    except drafters.DrafterError as exc:
+        raise InputError(str(exc)) from None
     return 0
 
 
@@ -609,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         return {"generate": cmd_generate, "bench": cmd_bench, "check": cmd_check, "profile": cmd_profile,
-                "train": cmd_train, "distill": cmd_distill}[args.command](args)
+                "train": cmd_train, "distill": cmd_distill, "tree": cmd_tree}[args.command](args)
     except (ConfigError, ModelError, InputError) as exc:
         print(f"specviz: error: {exc}", file=sys.stderr)
         return 2

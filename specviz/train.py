@@ -15,6 +15,7 @@ import json
 import math
 import platform
 import random
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -483,6 +484,57 @@ def choose_tree_for_cost(cfg, accuracy: torch.Tensor, target_name: str, kind: st
                                    ("draft_cost_per_level" if kind == "eagle" else "draft_cost_per_step"): round(cost, 3),
                                    "profile": str(PROFILE.relative_to(ASSETS.parent))}
     log(f"tree: {len(tree)} nodes, {tokens:.2f} expected tokens per step, predicted {speed:.2f}× AR")
+
+
+def retree(folder: Path, data: list[str] | None = None, held: int = 60, write: bool = False, log=print,
+           target=None) -> dict:
+    """A trained Medusa drafter's tree re-chosen from measurement without retraining: its heads' rank accuracy on
+    `held` held-out answers (the split training uses; default data: the committed ids) and the committed verify
+    profile (choose_tree_for_cost). Returns {"old": tree, "new": tree, "accuracy": ...}; with write, config.json
+    gets the new tree and the figures, and the model card a line saying so."""
+    folder = Path(folder)
+    raw = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else None
+    if raw is None or "kind" not in raw:
+        raise drafters.DrafterError(f"{str(folder)!r} is not a drafter trained here (no config.json with a kind)")
+    if raw["kind"] != "medusa":
+        raise drafters.DrafterError(f"drafter {str(folder)!r} is a {raw['kind']} drafter: only Medusa's tree is "
+                                    "re-chosen here (EAGLE's is chosen when it is trained)")
+    from specviz import models
+
+    target = target or models.get(raw["target"], torch.device("cpu"), torch.float32, attention="sdpa")
+    d = drafters.load(folder, target)
+    examples: list[dict] = []
+    for f in data or [str(DEFAULT_DATA)]:
+        examples += distill.read_chunks(f) if Path(f).is_dir() else distill.read_examples(f)
+    held_out = distill.split(examples)[1][:held]
+    if not held_out:
+        raise drafters.DrafterError("no held-out examples in the data: give more (every 20th example is held out)")
+    with tempfile.TemporaryDirectory() as tmp:
+        feats, seqs = features_for(held_out, target, Path(tmp) / "features.pt", log)
+    with torch.no_grad():
+        accuracy = head_accuracy(d.module.float(), d.head_weight.float(), feats, seqs,
+                                 [len(e["prompt_ids"]) for e in held_out])
+    cfg = d.cfg
+    old = [list(p) for p in cfg.tree]
+    cfg.training = dict(cfg.training)
+    cfg.training["head_rank_accuracy_held_out"] = [[round(float(a), 3) for a in row] for row in accuracy]
+    choose_tree_for_cost(cfg, accuracy, cfg.target, "medusa", log, max_size=max(len(old), TrainOptions.tree_size))
+    log(f"tree: {len(old)} nodes before, {len(cfg.tree)} now: {cfg.tree}")
+    if write:
+        raw["tree"] = cfg.tree
+        raw["training"] = {**raw.get("training", {}), "head_rank_accuracy_held_out":
+                           cfg.training["head_rank_accuracy_held_out"], "held_out_sequences_for_tree": len(held_out),
+                           **({"tree_choice": cfg.training["tree_choice"]} if "tree_choice" in cfg.training else {})}
+        (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+        choice = cfg.training.get("tree_choice", {})
+        line = (f"\nTree re-chosen without retraining (`python -m specviz tree {folder} --write`): {len(cfg.tree)} nodes "
+                f"instead of {len(old)}, from the heads' rank accuracy on {len(held_out)} held-out answers and the "
+                f"verify profile ({choice.get('expected_tokens_per_step')} expected tokens per step, predicted "
+                f"{choice.get('predicted_speedup')}x AR).\n")
+        card_path = folder / "README.md"
+        text = card_path.read_text() if card_path.is_file() else ""
+        card_path.write_text(text.split("\nTree re-chosen without retraining")[0].rstrip("\n") + "\n" + line)
+    return {"old": old, "new": cfg.tree, "accuracy": cfg.training["head_rank_accuracy_held_out"]}
 
 
 def coverage(vocab_ids: torch.Tensor | None, examples: list[dict]) -> float:

@@ -48,7 +48,7 @@ def test_race_endpoint_trained_drafters(client, method):
     assert out["spec_text"] == out["ar_text"]
     s = out["summary"]
     assert s["identical"] is True and s["spec"]["method"] == method
-    assert s["spec"]["tau"] > 1.2 and out["draft"] is None
+    assert s["spec"]["accepted"] > 0 and s["spec"]["tau"] > 1.0 and out["draft"] is None  # drafts were kept
     assert out["config"]["gamma"] == hardware.default_pair().gamma_for(method)  # the method's measured γ
 
 
