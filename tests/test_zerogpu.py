@@ -106,7 +106,7 @@ def test_race_through_gradio_client_on_zero_gpu(stand_in, target):
     stand_in.setenv(zerogpu.ENV, "1")
     zerogpu.activate()
     with serving(app.build_ui()) as url:
-        out = gradio_client.Client(url, verbose=False).predict(prompt="Name three primary colours.",
+        out = gradio_client.Client(url, verbose=False).predict(prompt="Name three primary colours.", method="vanilla",
                                                                  max_new_tokens=16, api_name="/race")
     assert out["ar_text"].strip() and out["spec_text"] == out["ar_text"]
     assert out["summary"]["identical"] is True and out["draft"] == "int8"
