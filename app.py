@@ -125,7 +125,7 @@ def race_api(prompt: str = DEFAULT_PROMPT, method: str = "", draft: str = "",
         method = method or pair.method
         gamma = str(gamma).strip() or str(pair.gamma_for(method))
         cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed)
-        target, draft = hardware.default_pair().run_args(method, draft)
+        target, draft = pair.run_args(method, draft)
         return race_result(prompt, cfg, draft, target)
     except Exception as exc:
         raise gr.Error(user_message(exc, Policy.from_env().public), print_exception=False) from None

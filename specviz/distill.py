@@ -9,9 +9,9 @@ Generation is resumable: finished examples are appended to a JSONL file, and a r
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
-import contextlib
 import itertools
 import json
 import os
@@ -395,11 +395,11 @@ def _claim_owner_alive(path: Path) -> bool:
     if host != socket.gethostname():
         return True
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # PermissionError: it exists, under another user
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 

@@ -309,14 +309,15 @@ class Drafter:
         self.final_norm = target_model.get_decoder().norm  # layerskip exits through the target's own norm
         output = target_model.get_output_embeddings()
         weight = output.weight
-        # where the target's matmuls run on specviz's bf16 row kernel, the draft head does too (a third faster for
-        # one row than torch's emulated bf16 on AVX2: 0.99 against 1.43 ms for 8192 x 576, one thread)
-        self.row_kernel = isinstance(output, kernels.RowLinear)
         self.vocab_ids = vocab_ids  # (N,) or None for the full vocabulary
         if getattr(module, "lm_head", None) is not None:  # a published EAGLE-3 drafter's own head over its vocabulary
             self.head_weight = module.lm_head.weight
         else:
             self.head_weight = weight if vocab_ids is None else weight[vocab_ids].detach().clone()  # (N, d)
+        # where the target's matmuls run on specviz's bf16 row kernel, the draft head does too (a third faster for
+        # one row than torch's emulated bf16 on AVX2: 0.99 against 1.43 ms for 8192 x 576, one thread)
+        self.row_kernel = (isinstance(output, kernels.RowLinear) and self.head_weight.dtype == torch.bfloat16
+                           and self.head_weight.is_contiguous())
 
     @property
     def features(self):
@@ -340,8 +341,7 @@ class Drafter:
         if head is not None and self.cfg.own_lm_heads:
             out = self.module.heads[head][1](rows)
         else:
-            kernel = self.row_kernel and self.head_weight.dtype == torch.bfloat16 and self.head_weight.is_contiguous()
-            out = (kernels.linear(rows.contiguous(), self.head_weight) if kernel
+            out = (kernels.linear(rows.contiguous(), self.head_weight) if self.row_kernel
                    else torch.nn.functional.linear(rows, self.head_weight))  # (r, N)
         return out.reshape(*feats.shape[:-1], out.shape[-1])
 
