@@ -464,6 +464,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--tree-size", default=str(TRAIN_DEFAULTS.tree_size), help="medusa: nodes in the candidate tree; for the default target, at most this many, the size "
                    "chosen from held-out accuracy and the committed verify profile (default %(default)s)")
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    t.add_argument("--init", default=None, help="start from this drafter folder of the same kind (e.g. a shipped one, "
+                   "to go on training it on new data or your own domain): its weights, layout and draft vocabulary "
+                   "are kept, and the layout options above are ignored")
     t.add_argument("--seed", default="0")
     tr = sub.add_parser("tree", help="re-choose a trained Medusa drafter's tree from its held-out accuracy and the "
                         "committed verify profile, without retraining")
@@ -515,6 +518,9 @@ def _layers_arg(value: str) -> tuple[int, ...]:
 def cmd_train(args) -> int:
     from specviz import train
 
+    if args.init is not None and not (Path(args.init) / "config.json").is_file():
+        raise InputError(f"init={args.init!r} is not a drafter folder (no config.json): give one written by `train`, "
+                         "e.g. assets/drafters/smollm2-135m-eagle")
     for f in args.data or []:
         if not Path(f).is_file() and not (Path(f) / "manifest.json").is_file():
             raise InputError(f"data file {f!r} does not exist: give a JSONL or text file of prompts, a JSONL(.gz) "
@@ -530,7 +536,7 @@ def cmd_train(args) -> int:
         steps=_int_arg("steps", args.steps, 1, 10**6), batch_tokens=_int_arg("batch-tokens", args.batch_tokens, 64, 10**6),
         lr=lr, draft_vocab=_int_arg("draft-vocab", args.draft_vocab, 0, 10**7), features=args.features, medusa_heads=_int_arg("heads", args.heads, 1, 8),
         tree_size=_int_arg("tree-size", args.tree_size, 1, 64), exit_layer=_int_arg("exit-layer", args.exit_layer, 1, 256),
-        draft_layers=_layers_arg(args.draft_layers), resume=args.resume, seed=_int_arg("seed", args.seed, 0, 2**31), epochs=None if args.epochs is None else _int_arg("epochs", args.epochs, 1, 1000))
+        draft_layers=_layers_arg(args.draft_layers), resume=args.resume, init=Path(args.init) if args.init else None, seed=_int_arg("seed", args.seed, 0, 2**31), epochs=None if args.epochs is None else _int_arg("epochs", args.epochs, 1, 1000))
     train.train(opts)
     return 0
 
@@ -540,6 +546,9 @@ def cmd_tree(args) -> int:
     from specviz import drafters, train
 
     held = _int_arg("held-out", args.held_out, 1, 10**6)
+    if args.init is not None and not (Path(args.init) / "config.json").is_file():
+        raise InputError(f"init={args.init!r} is not a drafter folder (no config.json): give one written by `train`, "
+                         "e.g. assets/drafters/smollm2-135m-eagle")
     for f in args.data or []:
         if not Path(f).is_file() and not (Path(f) / "manifest.json").is_file():
             raise InputError(f"data file {f!r} does not exist: give a JSONL(.gz) of self-distillation ids or a "

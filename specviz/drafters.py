@@ -294,7 +294,7 @@ class DraftLM(nn.Module):
         module = cls(cfg)
         decoder = target_model.get_decoder()
         for mine, index in zip(module.layers, cfg.draft_layers):
-            _load_into(mine, decoder.layers[index].state_dict(), f"target layer {index}")
+            load_into(mine, decoder.layers[index].state_dict(), f"target layer {index}")
         module.norm.weight.data.copy_(decoder.norm.weight.data)
         return module
 
@@ -542,14 +542,14 @@ def load(folder: str | Path, target) -> Drafter:
                            f"vocab {target.vocab_size}")
     vocab_ids = state.pop("vocab_ids", None)
     module = build_module(cfg)
-    _load_into(module, state, str(folder))
+    load_into(module, state, str(folder))
     module.to(device=target.device, dtype=target.dtype)
     if target.matmul == "specviz row kernel":
         kernels.swap_in(module)  # its bias-free Linears on the target's bf16 row kernel, as its head (Drafter)
     return Drafter(module, cfg, target.model, None if vocab_ids is None else vocab_ids.long().to(target.device))
 
 
-def _load_into(module: nn.Module, state: dict, name: str) -> None:
+def load_into(module: nn.Module, state: dict, name: str) -> None:
     missing, unexpected = module.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     if missing or unexpected:
         raise DrafterError(f"drafter weights {name!r} do not match the layout: missing {sorted(missing)[:3]}, "

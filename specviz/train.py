@@ -49,6 +49,7 @@ class TrainOptions:
     draft_layers: tuple = (0, 1, 2, 3)  # draft: the target layers its own layers start from
     max_new_tokens: int = 160          # answer length when generating data
     resume: bool = False
+    init: Path | None = None           # start from this trained drafter: its weights, layout and vocabulary
     seed: int = 0
     checkpoint_every: int = 50
     eval_prompts: int = 8
@@ -347,24 +348,38 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     opts.out.mkdir(parents=True, exist_ok=True)
     target = target or models.get(opts.target, torch.device("cpu"), torch.float32)
     n_layers = target.model.config.num_hidden_layers
-    if opts.kind == "layerskip" and not 1 <= opts.exit_layer < n_layers:
+    if opts.kind == "layerskip" and not opts.init and not 1 <= opts.exit_layer < n_layers:
         raise drafters.DrafterError(f"exit-layer={opts.exit_layer} is out of range for {opts.target}: use 1..{n_layers - 1}")
-    if opts.kind == "draft" and not all(0 <= i < n_layers for i in opts.draft_layers):
+    if opts.kind == "draft" and not opts.init and not all(0 <= i < n_layers for i in opts.draft_layers):
         raise drafters.DrafterError(f"draft-layers={','.join(map(str, opts.draft_layers))} is out of range for "
                                     f"{opts.target}: use indices 0..{n_layers - 1}")
+    init = init_from(opts, target) if opts.init else None
     examples = examples_for(opts, target, log)
     train_ex, held_out = distill.split(examples)
-    layers = tuple(drafters.eagle3_layers(n_layers)) if opts.kind == "eagle" and opts.features == "fused" else ()
+    if init:
+        layers = tuple(init[0].feature_layers)
+    else:
+        layers = tuple(drafters.eagle3_layers(n_layers)) if opts.kind == "eagle" and opts.features == "fused" else ()
+    exit_layer = init[0].exit_layer if init else opts.exit_layer
     feats, seqs = features_for(train_ex, target, opts.out / "features.pt", log, layers)
     if opts.kind == "layerskip":  # the exit adapter reads the early hidden state, the labels come from the last
-        feats = torch.cat([feats, exit_features_for(train_ex, target, opts.exit_layer, opts.out / "exit_features.pt", log)], -1)
-    vocab_ids = drafters.frequent_vocab(seqs, target.vocab_size, opts.draft_vocab) if opts.draft_vocab else None
-    extra = {"medusa": {"medusa_heads": opts.medusa_heads}, "layerskip": {"exit_layer": opts.exit_layer},
-             "draft": {"draft_layers": list(opts.draft_layers)}, "eagle": {"feature_layers": list(layers)}}.get(opts.kind, {})
-    cfg = drafters.DrafterConfig.for_target(opts.kind, opts.target, target.model.config, opts.draft_vocab, **extra)
-    module = (drafters.DraftLM.from_target(cfg, target.model) if opts.kind == "draft" else drafters.build_module(cfg)).train()
-    if layers:  # EAGLE-3 reads its output through its own norm and the target's head: start from the target's norm
-        module.norm.weight.data.copy_(target.model.get_decoder().norm.weight.data)
+        feats = torch.cat([feats, exit_features_for(train_ex, target, exit_layer, opts.out / "exit_features.pt", log)], -1)
+    if init:  # a trained drafter goes on learning in its own layout, over its own vocabulary
+        cfg, state = init
+        vocab_ids = state.pop("vocab_ids", None)
+        vocab_ids = None if vocab_ids is None else vocab_ids.long()
+        module = drafters.DraftLM.from_target(cfg, target.model) if opts.kind == "draft" else drafters.build_module(cfg)
+        drafters.load_into(module, state, str(opts.init))
+        module.train()
+        log(f"init: {opts.init} ({drafters.describe(cfg)})")
+    else:
+        vocab_ids = drafters.frequent_vocab(seqs, target.vocab_size, opts.draft_vocab) if opts.draft_vocab else None
+        extra = {"medusa": {"medusa_heads": opts.medusa_heads}, "layerskip": {"exit_layer": opts.exit_layer},
+                 "draft": {"draft_layers": list(opts.draft_layers)}, "eagle": {"feature_layers": list(layers)}}.get(opts.kind, {})
+        cfg = drafters.DrafterConfig.for_target(opts.kind, opts.target, target.model.config, opts.draft_vocab, **extra)
+        module = (drafters.DraftLM.from_target(cfg, target.model) if opts.kind == "draft" else drafters.build_module(cfg)).train()
+        if layers:  # EAGLE-3 reads its output through its own norm and the target's head: start from the target's norm
+            module.norm.weight.data.copy_(target.model.get_decoder().norm.weight.data)
     weight = target.model.get_output_embeddings().weight.detach()
     head = weight if vocab_ids is None else weight[vocab_ids]
     embed = target.model.get_input_embeddings()
@@ -389,7 +404,7 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
                "layerskip": functools.partial(layerskip_loss, norm=target.model.get_decoder().norm)}[opts.kind]
     held_feats, held_seqs = features_for(held_out, target, opts.out / "held_out_features.pt", log, layers)
     if opts.kind == "layerskip":
-        held_feats = torch.cat([held_feats, exit_features_for(held_out, target, opts.exit_layer,
+        held_feats = torch.cat([held_feats, exit_features_for(held_out, target, exit_layer,
                                                               opts.out / "held_out_exit_features.pt", log)], -1)
     ids, f, valid = Batches(held_seqs, held_feats, 10**9, 0).sample(shuffle=False)  # every held-out sequence, in order
     for row, e in enumerate(held_out):
@@ -433,7 +448,7 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     bar.close()
     if best[1] is not None:
         module.load_state_dict(best[1])
-    cfg.training = {"data": "self-distillation: " + (" + ".join(data_files(opts)) or ("the committed ids in assets/distill/" if opts.target == DEFAULT_TARGET else "the project's default prompts")) + f", {len(train_ex)} sequences, "
+    cfg.training = {**({"init": str(opts.init)} if opts.init else {}), "data": "self-distillation: " + (" + ".join(data_files(opts)) or ("the committed ids in assets/distill/" if opts.target == DEFAULT_TARGET else "the project's default prompts")) + f", {len(train_ex)} sequences, "
                     f"{sum(map(len, seqs))} tokens", "steps": opts.steps, "batch_tokens": opts.batch_tokens,
                     "draft_vocab_coverage_held_out": coverage(vocab_ids, held_out),
                     "train_seconds": round(seconds), "hardware": f"{platform.machine()} CPU, {torch.get_num_threads()} threads",
@@ -454,6 +469,20 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     cfg.training["held_out"] = held
     drafters.save(final, module, cfg, vocab_ids, card(cfg, opts))
     return TrainResult(final, losses, held)
+
+
+def init_from(opts: TrainOptions, target) -> tuple[drafters.DrafterConfig, dict]:
+    """The layout and weights of the drafter that `--init` names: a folder this project trained (any kind), or a
+    published Medusa-1 / EAGLE-1 / EAGLE-3 checkpoint, of the kind being trained and for this target."""
+    cfg, state = drafters.read_layout(Path(opts.init), target)
+    if cfg.kind != opts.kind:
+        raise drafters.DrafterError(f"init={str(opts.init)!r} is a {cfg.kind} drafter: train {cfg.kind} from it, "
+                                    f"or give a {opts.kind} drafter")
+    if cfg.hidden_size != target.model.config.hidden_size or cfg.vocab_size != target.vocab_size:
+        raise drafters.DrafterError(f"init={str(opts.init)!r} was trained for {cfg.target} (hidden {cfg.hidden_size}, "
+                                    f"vocab {cfg.vocab_size}), not {opts.target}")
+    cfg.training = {}
+    return cfg, state
 
 
 def choose_eagle_tree(cfg, module, head, embed, held_batch, target_name: str, log) -> None:
@@ -567,7 +596,8 @@ def card(cfg: drafters.DrafterConfig, opts: TrainOptions) -> str:
     t = cfg.training
     lines = [f"# {cfg.kind} drafter for {cfg.target}", "", drafters.describe(cfg) + ".", "",
              f"Reproduce: `python -m specviz train {cfg.kind} --out {opts.out} --steps {opts.steps}"
-             + (" --features final" if cfg.kind == "eagle" and not cfg.feature_layers else "")
+             + (f" --init {opts.init}" if opts.init else "")
+             + (" --features final" if cfg.kind == "eagle" and not cfg.feature_layers and not opts.init else "")
              + "".join(f" --data {f}" if i == 0 else f" {f}" for i, f in enumerate(data_files(opts))) + "`"
              + (" (`make drafters` runs this for every shipped drafter)" if opts.target == DEFAULT_TARGET and all(
                  Path(f).resolve().is_relative_to(ASSETS) for f in data_files(opts)) else ""),

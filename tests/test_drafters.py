@@ -2,6 +2,7 @@
 layouts, training smoke test."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -227,6 +228,18 @@ def test_training_smoke(tmp_path, kind):
     opts.steps, opts.resume = 14, True
     resumed = train.train(opts, log=lambda *_: None, target=target)
     assert len(resumed.losses) == 2  # continued from step 12
+    # --init: a new run goes on from the trained drafter, in its layout and vocabulary (the layout options given
+    # are ignored), and starts where that one ended rather than from scratch
+    warm = dataclasses.replace(opts, out=tmp_path / "warm", init=result.folder, resume=False, steps=2, draft_vocab=16,
+                               medusa_heads=3, exit_layer=2, draft_layers=(0, 1))
+    warmed = train.train(warm, log=lambda *_: None, target=target)
+    assert warmed.losses[0] < result.losses[0]
+    assert drafters.read_layout(warmed.folder, target)[1]["vocab_ids"].tolist() == \
+        drafters.read_layout(result.folder, target)[1]["vocab_ids"].tolist()
+    assert f"--init {result.folder}" in (warmed.folder / "README.md").read_text()
+    other = "draft" if kind != "draft" else "eagle"
+    with pytest.raises(drafters.DrafterError, match=f"is a {kind} drafter: train {kind} from it"):
+        train.train(dataclasses.replace(warm, kind=other, out=tmp_path / "other"), log=lambda *_: None, target=target)
 
 
 def test_training_takes_generated_ids_and_prompts_together(tmp_path):
@@ -256,6 +269,8 @@ def test_train_cli_rejects_bad_values(capsys, tmp_path):
     assert "does not exist" in capsys.readouterr().err
     assert main(["train", "draft", "--out", str(tmp_path), "--draft-layers", "0,x"]) == 2
     assert "draft-layers='0,x' is not a list of layer indices" in capsys.readouterr().err
+    assert main(["train", "eagle", "--out", str(tmp_path), "--init", str(tmp_path / "none")]) == 2
+    assert "is not a drafter folder (no config.json)" in capsys.readouterr().err
 
 
 SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "drafters"
