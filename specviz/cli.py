@@ -546,9 +546,6 @@ def cmd_tree(args) -> int:
     from specviz import drafters, train
 
     held = _int_arg("held-out", args.held_out, 1, 10**6)
-    if args.init is not None and not (Path(args.init) / "config.json").is_file():
-        raise InputError(f"init={args.init!r} is not a drafter folder (no config.json): give one written by `train`, "
-                         "e.g. assets/drafters/smollm2-135m-eagle")
     for f in args.data or []:
         if not Path(f).is_file() and not (Path(f) / "manifest.json").is_file():
             raise InputError(f"data file {f!r} does not exist: give a JSONL(.gz) of self-distillation ids or a "
