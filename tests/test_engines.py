@@ -112,6 +112,24 @@ def test_kv_cache_after_rollback_matches_fresh(tiny_target):
     assert lm.cache.get_seq_length() == len(kept) + 1 == lm.seen
 
 
+@pytest.mark.parametrize("keep", [1, 3, 4, 6])
+def test_prompt_is_prefilled_on_its_own_before_drafts(tiny_target, keep):
+    """A first verification (prompt + drafts) runs the prompt's forward alone, as plain decoding does, then the
+    drafts: the same rows, keys and values as the two forwards made by hand (AMX CPUs change bf16 kernels past
+    32 rows, so one big forward would give other bits)."""
+    tokens, drafts = PROMPT + [1, 2, 3], [40, 41, 42]
+    lm = CachedLM(tiny_target.model, tiny_target.device)
+    lm.trace = []
+    rows, hidden = lm.logits(tokens, drafts, keep=keep, features=True)
+    assert [(t.start, len(t.fed)) for t in lm.trace] == [(0, len(tokens)), (len(tokens), len(drafts))]
+    by_hand = CachedLM(tiny_target.model, tiny_target.device)
+    first, h1 = by_hand.logits(tokens, keep=len(tokens), features=True)
+    rest, h2 = by_hand.logits(tokens, drafts, keep=len(drafts), features=True)
+    assert rows.shape[0] == keep and torch.allclose(rows, torch.cat([first, rest])[-keep:], atol=1e-5)
+    assert torch.equal(hidden, torch.cat([h1, h2])) and lm.seen == len(tokens) + len(drafts)  # the same forwards
+    assert torch.equal(lm.logits(tokens + drafts, [5], keep=2), by_hand.logits(tokens + drafts, [5], keep=2))
+
+
 def test_eos_is_exact(tiny_target, tiny_draft):
     cfg = DecodeConfig(max_new_tokens=40, gamma=3)
     ar = run_ids(engines.build("ar", tiny_target), PROMPT, cfg).token_ids
