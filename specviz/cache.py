@@ -64,15 +64,13 @@ class CachedLM:
         With features also return every fed position's features: True, the final-norm hidden state (n, d), what
         EAGLE-1 and Medusa draft from; a tuple of hidden-state indices, those states side by side (n, len * d),
         what EAGLE-3 fuses."""
-        n_context = len(tokens) - self.seen
-        if extra and n_context > 1:  # a prompt not in the cache yet: its own forward first, as plain decoding runs
-            # it, so its keys and values have the same bits (AMX CPUs take other bf16 matmul kernels past 32 rows)
-            n_first = max(0, keep - len(extra))  # wanted rows that belong to the prompt
-            first = self.logits(tokens, keep=max(1, n_first), features=features)
+        if extra and len(tokens) - self.seen > 1:  # a prompt not in the cache yet: its own forward first, as plain
+            # decoding runs it, so its keys and values have the same bits (AMX CPUs take other bf16 kernels past 32 rows)
+            first = self.logits(tokens, keep=max(1, keep - len(extra)), features=features)
             rest = self.logits(tokens, extra, keep=min(keep, len(extra)), features=features)
             if not features:
-                return torch.cat([first[len(first) - n_first:], rest])
-            return torch.cat([first[0][len(first[0]) - n_first:], rest[0]]), torch.cat([first[1], rest[1]])
+                return torch.cat([first, rest])[-keep:]
+            return torch.cat([first[0], rest[0]])[-keep:], torch.cat([first[1], rest[1]])
         new = (list(tokens) + list(extra))[self.seen:]
         assert new, "nothing to feed: the cache already holds every token"
         pad = self.pad_one_row and len(new) == 1
