@@ -14,7 +14,7 @@ from specviz.config import (CHECK_METHODS, DEFAULT_TARGET, GAMMA_MAX, METHODS, T
                             parse_gamma)
 from specviz.distill import CHUNK_SIZE as DISTILL_CHUNK, DEFAULT_BATCH as DISTILL_BATCH, DEFAULT_DTYPE as DISTILL_DTYPE
 from specviz.hardware import GPU_DRAFT, GPU_TARGET
-from specviz.train import TrainOptions
+from specviz.train import PRECISIONS, TrainOptions
 
 DEFAULTS = DecodeConfig()
 
@@ -463,6 +463,9 @@ def parser() -> argparse.ArgumentParser:
                    help="draft: the target layers its own layers start from, comma-separated (default %(default)s)")
     t.add_argument("--tree-size", default=str(TRAIN_DEFAULTS.tree_size), help="medusa: nodes in the candidate tree; for the default target, at most this many, the size "
                    "chosen from held-out accuracy and the committed verify profile (default %(default)s)")
+    t.add_argument("--precision", default=TRAIN_DEFAULTS.precision, choices=PRECISIONS,
+                   help="auto: the matmuls of training and of its feature pass in bf16 (autocast; weights and optimizer fp32) "
+                   "where the CPU has native bf16 (AVX512-BF16/AMX), else fp32 (default %(default)s)")
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     t.add_argument("--init", default=None, help="start from this drafter folder of the same kind (e.g. a shipped one, "
                    "to go on training it on new data or your own domain): its weights, layout and draft vocabulary "
@@ -536,7 +539,8 @@ def cmd_train(args) -> int:
         steps=_int_arg("steps", args.steps, 1, 10**6), batch_tokens=_int_arg("batch-tokens", args.batch_tokens, 64, 10**6),
         lr=lr, draft_vocab=_int_arg("draft-vocab", args.draft_vocab, 0, 10**7), features=args.features, medusa_heads=_int_arg("heads", args.heads, 1, 8),
         tree_size=_int_arg("tree-size", args.tree_size, 1, 64), exit_layer=_int_arg("exit-layer", args.exit_layer, 1, 256),
-        draft_layers=_layers_arg(args.draft_layers), resume=args.resume, init=Path(args.init) if args.init else None, seed=_int_arg("seed", args.seed, 0, 2**31), epochs=None if args.epochs is None else _int_arg("epochs", args.epochs, 1, 1000))
+        draft_layers=_layers_arg(args.draft_layers), resume=args.resume, init=Path(args.init) if args.init else None, seed=_int_arg("seed", args.seed, 0, 2**31), epochs=None if args.epochs is None else _int_arg("epochs", args.epochs, 1, 1000),
+        precision=args.precision)
     train.train(opts)
     return 0
 

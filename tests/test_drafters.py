@@ -210,6 +210,33 @@ def test_tree_for_cost_follows_the_profile():
     assert max(len(p) for p in deep) == 4  # no per-level cost: depth is free
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_head_kl_is_the_kl_of_the_logits_and_its_gradient(monkeypatch, bf16):
+    """train.head_kl, computed a block of rows at a time with its gradient taken in the same pass, gives the
+    masked mean KL(softmax(true @ head.T) || softmax(pred @ head.T)), its gradient, and the top tokens, as the
+    whole-tensor formula does (in bf16 autocast its matmuls round: then only close)."""
+    monkeypatch.setattr(train, "HEAD_BLOCK", 7)  # several blocks and a ragged last one
+    gen = torch.Generator().manual_seed(0)
+    head = torch.randn(50, 16, generator=gen)
+    true = torch.randn(3, 11, 16, generator=gen)
+    mask = torch.rand(3, 11, generator=gen) > 0.3
+    pred = torch.randn(3, 11, 16, generator=gen, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        kl, t_top, p_top = train.head_kl(pred, true, head, mask, ranks=3)
+    grad, = torch.autograd.grad(kl * 2.5, pred)
+    ref_pred = pred.detach().clone().requires_grad_()
+    t_logits, p_logits = (true[mask] @ head.T).double(), (ref_pred[mask] @ head.T).double()
+    ref = (t_logits.softmax(-1) * (t_logits.log_softmax(-1) - p_logits.log_softmax(-1))).sum(-1).mean()
+    ref_grad, = torch.autograd.grad(ref * 2.5, ref_pred)
+    tol = dict(rtol=0.05, atol=0.02) if bf16 else dict(rtol=1e-5, atol=1e-6)
+    assert float(kl) == pytest.approx(float(ref), rel=tol["rtol"], abs=tol["atol"])
+    torch.testing.assert_close(grad, ref_grad.float(), **tol)
+    assert grad[~mask].abs().max() == 0  # unscored rows get no gradient
+    if not bf16:
+        assert t_top.tolist() == t_logits.argmax(-1).tolist()
+        assert p_top.tolist() == p_logits.topk(3, -1).indices.tolist()
+
+
 @pytest.mark.parametrize("kind", ["eagle", "medusa", "layerskip", "draft"])
 def test_training_smoke(tmp_path, kind):
     """A few steps on tiny data: the target answers the prompts, features are cached, the loss falls,
@@ -372,6 +399,20 @@ def test_fused_features_are_the_hidden_states_of_those_layers(tiny_target):
     full = tiny_target.model.get_decoder()(input_ids=torch.tensor([seq[:5]]), output_hidden_states=True).hidden_states
     expected = torch.cat([full[1][0], full[0][0]], -1)
     assert torch.allclose(torch.cat([first, second]), expected, atol=1e-5)
+
+
+def test_feature_pass_batches_sequences_without_changing_them(tmp_path, tiny_target):
+    """train.features_for runs sequences of similar length together, right-padded: each sequence's rows are
+    still those of its own forward, in the data's order ([final | the fused layers])."""
+    examples = [{"prompt_ids": [3 + i, 5, 7][: 1 + i % 3], "answer_ids": [9, 11 + i, 4][: 1 + (i * 2) % 3]}
+                for i in range(11)]  # lengths 2..6, two batches
+    feats, seqs = train.features_for(examples, tiny_target, tmp_path / "f.pt", lambda *_: None, layers=(1, 0))
+    decoder = tiny_target.model.get_decoder()
+    expected = []
+    for seq in seqs:
+        out = decoder(input_ids=torch.tensor([seq]), output_hidden_states=True)
+        expected.append(torch.cat([out.last_hidden_state[0], out.hidden_states[1][0], out.hidden_states[0][0]], -1))
+    torch.testing.assert_close(feats.float(), torch.cat(expected).to(torch.float16).float(), atol=2e-3, rtol=2e-3)
 
 
 @pytest.mark.parametrize("tree", [False, True])
