@@ -42,12 +42,16 @@ class CachedLM:
     Every forward runs the stock decoder, then the LM head on 2-D rows (keep, d): on a 3-D slice
     transformers' head goes through bmm and, in bf16, copies the whole transposed embedding every call.
     With pad_one_row, a forward of one new token feeds a padding row after it (dropped from the cache and
-    the result), so no forward runs the one-row kernels (models.one_row_differs)."""
+    the result), so no forward runs the one-row kernels (models.one_row_differs). With max_rows, a forward
+    that carries drafts runs in pieces of at most that many rows (CPUs with AMX switch bf16 matmul kernels
+    past 32 rows, which changes a row's bits: a 63-node Medusa tree would no longer verify bit for bit)."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, pad_one_row: bool = False):
+    def __init__(self, model: torch.nn.Module, device: torch.device, pad_one_row: bool = False,
+                 max_rows: int | None = None):
         self.model = model
         self.device = device
         self.pad_one_row = pad_one_row
+        self.max_rows = max_rows
         self.decoder = model.get_decoder()
         self.cache = new_cache(model)
         self.seen = 0  # tokens whose keys/values are in the cache
@@ -55,8 +59,31 @@ class CachedLM:
 
     @classmethod
     def of(cls, loaded) -> "CachedLM":
-        """For a models.LoadedModel, with its padding rule."""
-        return cls(loaded.model, loaded.device, loaded.pad_one_row)
+        """For a models.LoadedModel, with its padding rule and row limit."""
+        return cls(loaded.model, loaded.device, loaded.pad_one_row, loaded.max_rows)
+
+    def _decode(self, input_ids: torch.Tensor, hidden_states: bool, split: bool = False, **inputs):
+        """The decoder over input_ids (1, n) with the cache; split (a forward carrying drafts): in about equal
+        pieces of at most max_rows rows (none of one row), each attending to the cache the pieces before it
+        filled. Returns (last hidden state (n, d), the hidden states per layer, each (1, n, d), or None)."""
+        n = input_ids.shape[1]
+        pieces = -(-n // self.max_rows) if split and self.max_rows and n > self.max_rows else 1
+        bounds = [i * n // pieces for i in range(pieces + 1)]  # sizes differ by at most one: none of one row
+        mask, position_ids = inputs.get("attention_mask"), inputs.get("position_ids")
+        lasts, states = [], []
+        for a, b in zip(bounds, bounds[1:]):
+            step = {}
+            if mask is not None:  # (1, 1, n, kv): these queries, over the keys cached by the end of this piece
+                step["attention_mask"] = mask[:, :, a:b, :mask.shape[-1] - (n - b)]
+            if position_ids is not None:
+                step["position_ids"] = position_ids[:, a:b]
+            out = self.decoder(input_ids=input_ids[:, a:b], cache=self.cache, use_cache=True,
+                               output_hidden_states=hidden_states, **step)
+            lasts.append(out.last_hidden_state[0])
+            states.append(out.hidden_states)
+        if pieces == 1:
+            return lasts[0], states[0]
+        return torch.cat(lasts), (tuple(torch.cat(layer, 1) for layer in zip(*states)) if hidden_states else None)
 
     @torch.inference_mode()
     def logits(self, tokens: list[int], extra: list[int] = (), keep: int = 1, features: bool = False):
@@ -75,9 +102,7 @@ class CachedLM:
         assert new, "nothing to feed: the cache already holds every token"
         pad = self.pad_one_row and len(new) == 1
         input_ids = torch.tensor([new + new[-1:] * pad], dtype=torch.long, device=self.device)  # (1, n [+ 1])
-        out = self.decoder(input_ids=input_ids, cache=self.cache, use_cache=True,
-                           output_hidden_states=isinstance(features, tuple))
-        hidden = out.last_hidden_state[0]  # (n [+1], d)
+        hidden, states = self._decode(input_ids, isinstance(features, tuple), split=bool(extra))  # (n [+1], d)
         if pad:
             crop_to(self.cache, self.seen + 1)
             hidden = hidden[:1]
@@ -85,7 +110,7 @@ class CachedLM:
         if self.trace is not None:
             self.trace.append(Traced(self.seen, new, logits))
         self.seen += len(new)
-        return (logits, fused(out, features, len(new)) if isinstance(features, tuple) else hidden) if features else logits
+        return (logits, fused(states, features, len(new)) if isinstance(features, tuple) else hidden) if features else logits
 
     @torch.inference_mode()
     def tree_logits(self, tokens: list[int], tree, node_tokens: list[int], features: bool = False):
@@ -99,12 +124,11 @@ class CachedLM:
         position_ids, mask = tree_inputs(len(tokens), n_fed, tree, self.model.config._attn_implementation,
                                          next(self.model.parameters()).dtype)
         input_ids = torch.tensor([list(tokens[self.seen:]) + list(node_tokens)], dtype=torch.long, device=self.device)
-        out = self.decoder(input_ids=input_ids, attention_mask=mask.to(self.device), position_ids=position_ids.to(self.device),
-                           cache=self.cache, use_cache=True, output_hidden_states=isinstance(features, tuple))
-        hidden = out.last_hidden_state[0]  # (n_fed + n, d)
+        hidden, states = self._decode(input_ids, isinstance(features, tuple), split=True, attention_mask=mask.to(self.device),
+                                      position_ids=position_ids.to(self.device))  # (n_fed + n, d)
         self.seen += input_ids.shape[1]
         logits = lm_head(self.model, hidden[n_fed - 1:]).float().cpu()  # (1 + n, V)
-        return (logits, fused(out, features, len(hidden)) if isinstance(features, tuple) else hidden) if features else logits
+        return (logits, fused(states, features, len(hidden)) if isinstance(features, tuple) else hidden) if features else logits
 
     def keep_path(self, n_committed: int, path: list[int]) -> None:
         """After a tree forward: keep the committed context and the accepted path's nodes, drop the rest."""
@@ -118,10 +142,10 @@ class CachedLM:
             self.seen = n_valid
 
 
-def fused(out, layers: tuple, n: int) -> torch.Tensor:
+def fused(hidden_states: tuple, layers: tuple, n: int) -> torch.Tensor:
     """The hidden states `layers` (indices into transformers' hidden_states: 0 = embeddings, i = after i layers)
     of the first n rows, side by side: (n, len(layers) * d)."""
-    return torch.cat([out.hidden_states[i][0, :n] for i in layers], -1)
+    return torch.cat([hidden_states[i][0, :n] for i in layers], -1)
 
 
 def lm_head(model: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:

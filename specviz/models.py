@@ -48,6 +48,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     pad_one_row: bool = False   # a one-token forward feeds a padding row too (see pads_one_row)
+    max_rows: int | None = None  # a forward carrying drafts runs in pieces of at most this many rows (BF16_ROWS)
     _texts: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -106,6 +107,13 @@ class LoadedModel:
 
 def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+# On a Xeon with AMX (torch 2.13) a bf16 matmul gives each row the same bits for any row count from 2 to 32;
+# past 32 rows it takes other kernels and rows change (each Linear of the default target, row i of an M-row
+# matmul against the same row in 2 rows: none changed for M <= 32, 1-123 rows for M = 33-128). Verification
+# forwards longer than this run in pieces (CachedLM.max_rows).
+BF16_ROWS = 32
 
 
 def native_bf16() -> bool:
@@ -248,7 +256,8 @@ def load(spec: str, device: torch.device | None = None, dtype: torch.dtype | Non
     if attention is None and uses_row_kernel(device, dtype):
         kernels.swap_in(model)  # bf16 matmuls streamed once for up to 8 rows, each row on its own
     pad = attention is None and pads_one_row(model, device, dtype)
-    return LoadedModel(spec, model, tokenizer, device, dtype, pad_one_row=pad)
+    max_rows = BF16_ROWS if pad and native_bf16() else None
+    return LoadedModel(spec, model, tokenizer, device, dtype, pad_one_row=pad, max_rows=max_rows)
 
 
 @torch.inference_mode()

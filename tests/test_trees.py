@@ -40,6 +40,33 @@ def test_tree_logits_equal_chain_logits_per_path(tiny_target):
         assert torch.allclose(rows, expect, atol=1e-4), path
 
 
+@pytest.mark.parametrize("max_rows", [3, 4, 5])
+def test_long_verification_forwards_run_in_pieces(tiny_target, max_rows):
+    """With max_rows (AMX CPUs: models.BF16_ROWS), a forward carrying drafts, a tree or a chain, runs in pieces
+    of at most that many rows and never one, each over the cache the pieces before it filled: the same rows,
+    features and cache as one forward. A prompt's own forward is not cut."""
+    tree = Tree.from_choices(CHOICES)
+    nodes = node_tokens_for(tree)
+    whole, cut = CachedLM(tiny_target.model, tiny_target.device), CachedLM(tiny_target.model, tiny_target.device, max_rows=max_rows)
+    sizes = []
+    decoder = cut.decoder
+    cut.decoder = lambda **kw: sizes.append(kw["input_ids"].shape[1]) or decoder(**kw)
+    for lm in (whole, cut):
+        lm.logits(PROMPT[:-1])
+    assert sizes == [len(PROMPT) - 1]
+    expect, expect_states = whole.tree_logits(PROMPT, tree, nodes, features=(2, 0))
+    rows, states = cut.tree_logits(PROMPT, tree, nodes, features=(2, 0))
+    assert sum(sizes[1:]) == 1 + tree.size and all(2 <= n <= max_rows for n in sizes[1:])
+    assert torch.allclose(rows, expect, atol=1e-5) and torch.allclose(states, expect_states, atol=1e-5)
+    for lm in (whole, cut):
+        lm.keep_path(len(PROMPT), [0, 3])
+    context = PROMPT + [nodes[0], nodes[3]]
+    del sizes[:]
+    chain = whole.logits(context, [1, 2, 3, 4, 5], keep=5), cut.logits(context, [1, 2, 3, 4, 5], keep=5)
+    assert sum(sizes) == 5 and all(2 <= n <= max_rows for n in sizes) and len(sizes) == -(-5 // max_rows)
+    assert torch.allclose(*chain, atol=1e-5)
+
+
 def test_greedy_tree_acceptance_matches_chain_verification(tiny_target):
     """For every root-to-leaf path, verifying it as a chain accepts exactly its common prefix with the
     tree walk's accepted path; the longest accepted chain is the walk, with the same next token."""
