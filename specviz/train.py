@@ -142,9 +142,15 @@ def features_for(examples: list[dict], target, path: Path, log, layers: tuple = 
     # sequence cannot reach its rows. Batches of 8 were twice the tokens/s of one at a time (2065 against
     # 1056 on 2 cores, bf16 autocast; 16 were slower again).
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    groups, group = [], []
+    for i in order:  # at most FEATURE_BATCH sequences and FEATURE_TOKENS padded tokens (the longest run alone)
+        if group and (len(group) == FEATURE_BATCH or (len(group) + 1) * len(seqs[i]) > FEATURE_TOKENS):
+            groups.append(group)
+            group = []
+        group.append(i)
+    groups.append(group)
     bar = tqdm(total=len(seqs), desc="features", unit="seq")
-    for s in range(0, len(order), FEATURE_BATCH):
-        group = order[s:s + FEATURE_BATCH]
+    for group in groups:
         width = max(len(seqs[i]) for i in group)
         ids = torch.tensor([seqs[i] + [0] * (width - len(seqs[i])) for i in group], device=target.device)
         with autocast(bf16):
@@ -216,7 +222,8 @@ class Batches:
         return ids, feats, valid
 
 
-FEATURE_BATCH = 8  # sequences per target forward in the feature pass
+FEATURE_BATCH = 8  # sequences per target forward in the feature pass,
+FEATURE_TOKENS = 2048  # and padded tokens (its activations: every layer's hidden states are returned)
 HELD_SCORED = 256  # held-out sequences scored at each checkpoint (and for the EAGLE tree)
 HEAD_BLOCK = 64  # rows of logits at a time: 64 x 8192 fp32 is 2 MiB, a core's L2
 

@@ -401,9 +401,12 @@ def test_fused_features_are_the_hidden_states_of_those_layers(tiny_target):
     assert torch.allclose(torch.cat([first, second]), expected, atol=1e-5)
 
 
-def test_feature_pass_batches_sequences_without_changing_them(tmp_path, tiny_target):
-    """train.features_for runs sequences of similar length together, right-padded: each sequence's rows are
-    still those of its own forward, in the data's order ([final | the fused layers])."""
+@pytest.mark.parametrize("tokens", [10, 2048])
+def test_feature_pass_batches_sequences_without_changing_them(tmp_path, tiny_target, monkeypatch, tokens):
+    """train.features_for runs sequences of similar length together, right-padded, up to FEATURE_TOKENS padded
+    tokens a forward: each sequence's rows are still those of its own forward, in the data's order ([final |
+    the fused layers])."""
+    monkeypatch.setattr(train, "FEATURE_TOKENS", tokens)
     examples = [{"prompt_ids": [3 + i, 5, 7][: 1 + i % 3], "answer_ids": [9, 11 + i, 4][: 1 + (i * 2) % 3]}
                 for i in range(11)]  # lengths 2..6, two batches
     feats, seqs = train.features_for(examples, tiny_target, tmp_path / "f.pt", lambda *_: None, layers=(1, 0))
