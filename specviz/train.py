@@ -191,7 +191,8 @@ def exit_features_for(examples: list[dict], target, layer: int, path: Path, log,
 
 
 class Batches:
-    """Random batches of whole sequences, right-padded, about `batch_tokens` tokens each."""
+    """Random batches of whole sequences, right-padded, at most `batch_tokens` tokens each with the padding
+    (or one longer sequence alone)."""
 
     def __init__(self, seqs: list[list[int]], feats: torch.Tensor, batch_tokens: int, seed: int):
         self.seqs, self.feats, self.batch_tokens = seqs, feats, batch_tokens
@@ -199,17 +200,31 @@ class Batches:
         for s in seqs:
             self.offsets.append(self.offsets[-1] + len(s))
         self.rng = random.Random(seed)
+        self.by_length = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
 
     def sample(self, shuffle: bool = True):
-        order = list(range(len(self.seqs)))
+        """shuffle: sequences of similar length around a random one (a batch pads to its longest sequence:
+        drawn at random, a 2000-token sequence among short ones made most of a batch padding, 256-584 real
+        tokens/s against 1860 in batches of like lengths); else the first sequences in order."""
         if shuffle:
-            self.rng.shuffle(order)
-        picked, total = [], 0
-        for i in order:
-            if total and total + len(self.seqs[i]) > self.batch_tokens:
-                break
-            picked.append(i)
-            total += len(self.seqs[i])
+            n, a = len(self.by_length), self.rng.randrange(len(self.by_length))
+            length = lambda k: len(self.seqs[self.by_length[k]])  # noqa: E731 (ascending in k)
+            lo, hi = a, a + 1
+            while True:  # grow the window towards the longer side first, then the shorter, while the padded
+                if hi < n and (hi - lo + 1) * length(hi) <= self.batch_tokens:  # batch fits the budget
+                    hi += 1
+                elif lo > 0 and (hi - lo + 1) * length(hi - 1) <= self.batch_tokens:
+                    lo -= 1
+                else:
+                    break
+            picked = self.by_length[lo:hi]
+        else:
+            picked, total = [], 0
+            for i in range(len(self.seqs)):
+                if total and total + len(self.seqs[i]) > self.batch_tokens:
+                    break
+                picked.append(i)
+                total += len(self.seqs[i])
         width = max(len(self.seqs[i]) for i in picked)
         ids = torch.zeros(len(picked), width, dtype=torch.long)
         feats = torch.zeros(len(picked), width, self.feats.shape[1])

@@ -237,6 +237,23 @@ def test_head_kl_is_the_kl_of_the_logits_and_its_gradient(monkeypatch, bf16):
         assert p_top.tolist() == p_logits.topk(3, -1).indices.tolist()
 
 
+def test_training_batches_hold_sequences_of_like_length():
+    """A training batch is a window of sequences of similar length around a random one, padded tokens within
+    the budget (a batch pads to its longest sequence), so little of it is padding; every sequence comes up."""
+    lengths = [100, 400, 105, 390, 107, 410, 103, 106, 395, 101] * 4
+    seqs = [[i] * n for i, n in enumerate(lengths)]
+    batches = train.Batches(seqs, torch.zeros(sum(lengths), 2), 820, seed=0)
+    picked, fill = set(), []
+    for _ in range(300):
+        ids, _, valid = batches.sample()
+        assert valid.numel() <= 820
+        fill.append(float(valid.float().mean()))
+        picked.update(ids[:, 0].tolist())
+    assert picked == set(range(len(seqs))) and sum(fill) / len(fill) > 0.9
+    ids, _, valid = train.Batches(seqs, torch.zeros(sum(lengths), 2), 10**9, 0).sample(shuffle=False)
+    assert ids[:, 0].tolist() == list(range(len(seqs)))  # held-out: all of them, in order
+
+
 @pytest.mark.parametrize("kind", ["eagle", "medusa", "layerskip", "draft"])
 def test_training_smoke(tmp_path, kind):
     """A few steps on tiny data: the target answers the prompts, features are cached, the loss falls,
