@@ -239,7 +239,8 @@ class Batches:
 
 FEATURE_BATCH = 8  # sequences per target forward in the feature pass,
 FEATURE_TOKENS = 2048  # and padded tokens (its activations: every layer's hidden states are returned)
-HELD_SCORED = 256  # held-out sequences scored at each checkpoint (and for the EAGLE tree)
+HELD_SCORED, HELD_LENGTH = 256, 512  # held-out sequences (of at most that length) scored at each checkpoint
+# and for the EAGLE tree
 HEAD_BLOCK = 64  # rows of logits at a time: 64 x 8192 fp32 is 2 MiB, a core's L2
 
 
@@ -503,9 +504,16 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     if opts.kind == "layerskip":
         held_feats = torch.cat([held_feats, exit_features_for(held_out, target, exit_layer,
                                                               opts.out / "held_out_exit_features.pt", log, bf16)], -1)
-    # the first HELD_SCORED held-out sequences, in order: scored every checkpoint, so a fixed, bounded cost
-    ids, f, valid = Batches(held_seqs[:HELD_SCORED], held_feats, 10**9, 0).sample(shuffle=False)
-    for row, e in enumerate(held_out[:HELD_SCORED]):
+    # the first HELD_SCORED held-out sequences of at most HELD_LENGTH tokens, in order: scored in one padded
+    # batch every checkpoint, so a fixed, bounded cost (256 sequences padded to the longest, 2000 tokens, took
+    # two minutes, as long as 40 steps)
+    starts = [0]
+    for seq in held_seqs:
+        starts.append(starts[-1] + len(seq))
+    scored = [i for i, seq in enumerate(held_seqs) if len(seq) <= HELD_LENGTH][:HELD_SCORED]
+    ids, f, valid = Batches([held_seqs[i] for i in scored], torch.cat([held_feats[starts[i]:starts[i + 1]] for i in scored]),
+                            10**9, 0).sample(shuffle=False)
+    for row, e in enumerate(held_out[i] for i in scored):
         valid[row, :len(e["prompt_ids"])] = False  # score the answers only: the templated prompts are easy
     held_batch = (ids, f, valid)
 
