@@ -62,16 +62,25 @@ class CachedLM:
         """For a models.LoadedModel, with its padding rule and row limit."""
         return cls(loaded.model, loaded.device, loaded.pad_one_row, loaded.max_rows)
 
+    def _pieces(self, n: int, split: bool) -> list[tuple[int, int]]:
+        """[a, b) bounds of about equal pieces of at most max_rows rows (none of one row) when split."""
+        pieces = -(-n // self.max_rows) if split and self.max_rows and n > self.max_rows else 1
+        bounds = [i * n // pieces for i in range(pieces + 1)]  # sizes differ by at most one: none of one row
+        return list(zip(bounds, bounds[1:]))
+
+    def _head(self, hidden: torch.Tensor, split: bool) -> torch.Tensor:
+        """The LM head on rows (r, d), in the pieces _decode would use: (r, V) float32 on CPU."""
+        return torch.cat([lm_head(self.model, hidden[a:b]) for a, b in self._pieces(len(hidden), split)]).float().cpu()
+
     def _decode(self, input_ids: torch.Tensor, hidden_states: bool, split: bool = False, **inputs):
         """The decoder over input_ids (1, n) with the cache; split (a forward carrying drafts): in about equal
         pieces of at most max_rows rows (none of one row), each attending to the cache the pieces before it
         filled. Returns (last hidden state (n, d), the hidden states per layer, each (1, n, d), or None)."""
         n = input_ids.shape[1]
-        pieces = -(-n // self.max_rows) if split and self.max_rows and n > self.max_rows else 1
-        bounds = [i * n // pieces for i in range(pieces + 1)]  # sizes differ by at most one: none of one row
+        pieces = self._pieces(n, split)
         mask, position_ids = inputs.get("attention_mask"), inputs.get("position_ids")
         lasts, states = [], []
-        for a, b in zip(bounds, bounds[1:]):
+        for a, b in pieces:
             step = {}
             if mask is not None:  # (1, 1, n, kv): these queries, over the keys cached by the end of this piece
                 step["attention_mask"] = mask[:, :, a:b, :mask.shape[-1] - (n - b)]
@@ -81,7 +90,7 @@ class CachedLM:
                                output_hidden_states=hidden_states, **step)
             lasts.append(out.last_hidden_state[0])
             states.append(out.hidden_states)
-        if pieces == 1:
+        if len(pieces) == 1:
             return lasts[0], states[0]
         return torch.cat(lasts), (tuple(torch.cat(layer, 1) for layer in zip(*states)) if hidden_states else None)
 
@@ -106,7 +115,7 @@ class CachedLM:
         if pad:
             crop_to(self.cache, self.seen + 1)
             hidden = hidden[:1]
-        logits = lm_head(self.model, hidden[-keep:]).float().cpu()  # (keep, V)
+        logits = self._head(hidden[-keep:], split=bool(extra))  # (keep, V)
         if self.trace is not None:
             self.trace.append(Traced(self.seen, new, logits))
         self.seen += len(new)
@@ -127,7 +136,7 @@ class CachedLM:
         hidden, states = self._decode(input_ids, isinstance(features, tuple), split=True, attention_mask=mask.to(self.device),
                                       position_ids=position_ids.to(self.device))  # (n_fed + n, d)
         self.seen += input_ids.shape[1]
-        logits = lm_head(self.model, hidden[n_fed - 1:]).float().cpu()  # (1 + n, V)
+        logits = self._head(hidden[n_fed - 1:], split=True)  # (1 + n, V)
         return (logits, fused(states, features, len(hidden)) if isinstance(features, tuple) else hidden) if features else logits
 
     def keep_path(self, n_committed: int, path: list[int]) -> None:
