@@ -135,9 +135,7 @@ def features_for(examples: list[dict], target, path: Path, log, layers: tuple = 
     decoder = target.model.get_decoder()
     d = target.model.config.hidden_size
     feats = torch.empty(sum(map(len, seqs)), d * (1 + len(layers)), dtype=torch.float16)  # filled in place:
-    offsets = [0]                                                                              # no second copy
-    for seq in seqs:
-        offsets.append(offsets[-1] + len(seq))
+    offsets = offsets_of(seqs)                                                                 # no second copy
     # Sequences of similar length run together, right-padded: under the causal mask the padding after a
     # sequence cannot reach its rows. Batches of 8 were twice the tokens/s of one at a time (2065 against
     # 1056 on 2 cores, bf16 autocast; 16 were slower again).
@@ -190,15 +188,21 @@ def exit_features_for(examples: list[dict], target, layer: int, path: Path, log,
     return feats
 
 
+def offsets_of(seqs: list[list[int]]) -> list[int]:
+    """Where each sequence starts in the rows of the concatenated features, and their total last."""
+    offsets = [0]
+    for seq in seqs:
+        offsets.append(offsets[-1] + len(seq))
+    return offsets
+
+
 class Batches:
     """Random batches of whole sequences, right-padded, at most `batch_tokens` tokens each with the padding
     (or one longer sequence alone)."""
 
     def __init__(self, seqs: list[list[int]], feats: torch.Tensor, batch_tokens: int, seed: int):
         self.seqs, self.feats, self.batch_tokens = seqs, feats, batch_tokens
-        self.offsets = [0]
-        for s in seqs:
-            self.offsets.append(self.offsets[-1] + len(s))
+        self.offsets = offsets_of(seqs)
         self.rng = random.Random(seed)
         self.by_length = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
 
@@ -225,6 +229,10 @@ class Batches:
                     break
                 picked.append(i)
                 total += len(self.seqs[i])
+        return self.batch(picked)
+
+    def batch(self, picked: list[int]):
+        """These sequences, right-padded: ids (B, W), features (B, W, D) fp32, valid (B, W)."""
         width = max(len(self.seqs[i]) for i in picked)
         ids = torch.zeros(len(picked), width, dtype=torch.long)
         feats = torch.zeros(len(picked), width, self.feats.shape[1])
@@ -507,12 +515,8 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     # the first HELD_SCORED held-out sequences of at most HELD_LENGTH tokens, in order: scored in one padded
     # batch every checkpoint, so a fixed, bounded cost (the first 256 held-out sequences of the real-prompt data,
     # padded to their longest, 2000 tokens, took two minutes, as long as 40 steps)
-    starts = [0]
-    for seq in held_seqs:
-        starts.append(starts[-1] + len(seq))
     scored = [i for i, seq in enumerate(held_seqs) if len(seq) <= HELD_LENGTH][:HELD_SCORED]
-    ids, f, valid = Batches([held_seqs[i] for i in scored], torch.cat([held_feats[starts[i]:starts[i + 1]] for i in scored]),
-                            10**9, 0).sample(shuffle=False)
+    ids, f, valid = Batches(held_seqs, held_feats, 0, 0).batch(scored)
     for row, e in enumerate(held_out[i] for i in scored):
         valid[row, :len(e["prompt_ids"])] = False  # score the answers only: the templated prompts are easy
     held_batch = (ids, f, valid)
