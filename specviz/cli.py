@@ -32,7 +32,7 @@ def _default_pair(args) -> None:
         return
     from specviz import hardware
 
-    methods = [m.partition(":")[0] for m in args.method] if isinstance(args.method, list) else [args.method or "vanilla"]
+    methods = [m.partition("@")[0].partition(":")[0] for m in args.method] if isinstance(args.method, list) else [args.method or "vanilla"]
     pair = hardware.GPU_PAIR  # for an explicit target: only the GPU pair's target comes with a draft of its own
     if args.target is None:
         pair = hardware.default_pair(args.device or None)
@@ -78,15 +78,21 @@ def _draft_for(args, method: str) -> str | None:
     return args.drafter if method in TRAINED_METHODS else args.draft
 
 
-def _bench_methods(specs: list[str]) -> dict[str, tuple[str, str | None]]:
-    """--method entries `name` or `name:gamma` → {label: (method, gamma or None)}."""
+def _bench_methods(specs: list[str], args) -> dict[str, tuple[str, str | None, str | None]]:
+    """--method entries `name[:gamma][@drafter]` → {label: (method, gamma or None, what it drafts with)}. `@` names
+    a drafter folder (or Hub id) for a trained method, a draft model for vanilla, so one run can race two drafters
+    of the same kind over the same AR baseline; without it, --drafter / --draft."""
     out = {}
     for spec in specs:
-        name, _, gamma = spec.partition(":")
+        head, at, what = spec.partition("@")
+        name, _, gamma = head.partition(":")
         if name not in METHODS or name == "ar":
             raise ConfigError(f"method={name!r} is not benchmarkable: use {', '.join(m for m in METHODS if m != 'ar')}, "
-                              "optionally with :gamma (AR is always the baseline)")
-        out[spec] = (name, gamma or None)
+                              "optionally with :gamma and @drafter (AR is always the baseline)")
+        if at and (name == "pld" or not what):
+            raise ConfigError(f"method={spec!r}: @ names a drafter folder (eagle, medusa, layerskip, draft) or a draft "
+                              "model (vanilla), e.g. eagle@out/train/eagle/drafter; pld drafts from the prompt")
+        out[spec] = (name, gamma or None, what or _draft_for(args, name))
     return out
 
 
@@ -197,15 +203,15 @@ def cmd_bench(args) -> int:
 
     from specviz import drafters, engines, hardware, metrics, models
 
-    methods = _bench_methods(args.method or ["vanilla", "pld"])
-    cfgs = {label: _config(args, m).with_(**({"gamma": parse_gamma(g)} if g else {})) for label, (m, g) in methods.items()}
+    methods = _bench_methods(args.method or ["vanilla", "pld"], args)
+    cfgs = {label: _config(args, m).with_(**({"gamma": parse_gamma(g)} if g else {})) for label, (m, g, _) in methods.items()}
     base = _config(args, "ar")
     prompts = read_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
     target = _target(args)
-    built = {label: engines.build(m, target, _draft_for(args, m)) for label, (m, _) in methods.items()}
+    built = {label: engines.build(m, target, what) for label, (m, _, what) in methods.items()}
     ar = engines.build("ar", target)
     draft = models.load_draft(args.draft, target) if args.compare_hf else None
-    vocabs = {label: _draft_vocab(m, target, args) for label, (m, _) in methods.items()}
+    vocabs = {label: _draft_vocab(m, target, what) for label, (m, _, what) in methods.items()}
     refs = _reference_ars(target) if args.ar_reference else {}
     # warm-up (first-call allocations), not timed
     warm_ids = target.encode_prompt("Hello")
@@ -257,13 +263,13 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _draft_vocab(method: str, target, args):
+def _draft_vocab(method: str, target, drafter: str | None):
     """A trained drafter's compressed vocabulary (its target ids), None for the full one and other methods."""
     from specviz import drafters, engines
 
     if method not in TRAINED_METHODS:
         return None
-    return drafters.load(engines.drafter_folder(method, target, _draft_for(args, method)), target).vocab_ids
+    return drafters.load(engines.drafter_folder(method, target, drafter), target).vocab_ids
 
 
 def _reference_ars(target) -> dict:
@@ -402,8 +408,9 @@ def parser() -> argparse.ArgumentParser:
     _decode_args(g)
     b = sub.add_parser("bench", help="run methods against AR over a prompt file")
     b.add_argument("--prompts", required=True, help="JSONL (id/question_id, category, prompt or turns) or one prompt a line")
-    b.add_argument("--method", nargs="+", help="methods to compare with AR, each optionally with its own γ as "
-                   "name:gamma, e.g. vanilla:2 eagle:5 (default: vanilla pld)")
+    b.add_argument("--method", nargs="+", help="methods to compare with AR, each optionally with its own γ and "
+                   "drafter as name[:gamma][@drafter], e.g. vanilla:2 eagle:5 eagle@out/train/eagle/drafter (two EAGLE "
+                   "drafters over one AR baseline; default: vanilla pld)")
     b.add_argument("--limit", type=int, default=None, help="at most N prompts, round-robin across categories")
     b.add_argument("--categories", default=None, help="comma-separated categories to keep")
     b.add_argument("--compare-hf", action="store_true", help="add transformers' assisted generation with the same draft and γ")

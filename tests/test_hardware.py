@@ -82,6 +82,7 @@ def parsed(argv: list[str], pair: hardware.Pair, monkeypatch):
     (["generate", "--prompt", "x", "--target", "smollm2-135m"], "smollm2-135m", "int8"),
     (["generate", "--prompt", "x", "--draft", "int8"], GPU_TARGET, "int8"),
     (["bench", "--prompts", "p.txt", "--json", "o.json", "--method", "vanilla", "eagle:2"], "smollm2-135m", "int8"),
+    (["bench", "--prompts", "p.txt", "--json", "o.json", "--method", "pld", "eagle:2@out/x"], "smollm2-135m", "int8"),
     (["check"], GPU_TARGET, GPU_DRAFT),
     (["check", "--method", "pld"], GPU_TARGET, None),
 ])
