@@ -126,7 +126,7 @@ def features_for(examples: list[dict], target, path: Path, log, layers: tuple = 
     bf16: the target's matmuls run in bf16 (autocast), as the engine runs it on such CPUs."""
     seqs = list(distill.sequences(examples))
     if path.is_file():
-        saved = torch.load(path, weights_only=True)
+        saved = torch.load(path, weights_only=True, mmap=True)  # mapped: all-chunk EAGLE-3 features are ~13 GB
         if saved["n"] == len(seqs) and tuple(saved.get("layers", ())) == tuple(layers) and saved.get("bf16", False) == bf16:
             log(f"features: reusing {path}")
             return saved["features"], seqs
@@ -169,7 +169,7 @@ def exit_features_for(examples: list[dict], target, layer: int, path: Path, log,
     """Stage 2 for layerskip: the hidden states after `layer` target layers, (total, d) fp16, cached."""
     seqs = list(distill.sequences(examples))
     if path.is_file():
-        saved = torch.load(path, weights_only=True)
+        saved = torch.load(path, weights_only=True, mmap=True)
         if saved["n"] == len(seqs) and saved["layer"] == layer and saved.get("bf16", False) == bf16:
             log(f"exit features: reusing {path}")
             return saved["features"]
