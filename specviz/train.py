@@ -3,7 +3,8 @@
 Stages, each resumable from `--out`:
   1. data      the target answers prompts greedily (self-distillation). Default: the committed token ids
                in assets/distill/ for the default target; with --data, a user's own prompts.
-  2. features  one teacher-forced target forward per sequence; its last hidden states (fp16) are cached.
+  2. features  one teacher-forced target forward per sequence; its hidden states (fp16) are kept in a
+               memory-mapped file, resumable.
   3. train     the drafter learns from those features and the target's own soft labels (its LM head
                applied to the cached features), never from the raw text. Checkpoints every few steps.
   4. measure   the held-out split is decoded with the new drafter: τ, α and greedy identity.
@@ -121,21 +122,15 @@ def data_files(opts: TrainOptions) -> list[str]:
 @torch.inference_mode()
 def features_for(examples: list[dict], target, path: Path, log, layers: tuple = (),
                  bf16: bool = False) -> tuple[torch.Tensor, list[list[int]]]:
-    """Stage 2: the target's final-norm hidden states of every sequence, (total, d) fp16, cached at path; with
-    `layers` (EAGLE-3), those hidden states after them: (total, d + len(layers) * d), [final | fused].
-    bf16: the target's matmuls run in bf16 (autocast), as the engine runs it on such CPUs."""
+    """Stage 2: the target's final-norm hidden states of every sequence, (total, d) fp16; with `layers` (EAGLE-3),
+    those hidden states after them too: (total, d + len(layers) * d), [final | fused]. bf16: the target's matmuls
+    run in bf16 (autocast), as the engine runs it on such CPUs.
+    They are written into a raw fp16 file at `path`, memory-mapped (all-chunk EAGLE-3 features are ~13 GB: held in
+    RAM they took a 24 GiB machine to its limit), with `path`.json beside it recording what they are and how many
+    groups of sequences are done, so a killed pass resumes where it stopped and a finished one is reused."""
     seqs = list(distill.sequences(examples))
-    if path.is_file():
-        saved = torch.load(path, weights_only=True, mmap=True)  # mapped: all-chunk EAGLE-3 features are ~13 GB
-        if saved["n"] == len(seqs) and tuple(saved.get("layers", ())) == tuple(layers) and saved.get("bf16", False) == bf16:
-            log(f"features: reusing {path}")
-            return saved["features"], seqs
-    from tqdm import tqdm
-
-    decoder = target.model.get_decoder()
     d = target.model.config.hidden_size
-    feats = torch.empty(sum(map(len, seqs)), d * (1 + len(layers)), dtype=torch.float16)  # filled in place:
-    offsets = offsets_of(seqs)                                                                 # no second copy
+    key = {"n": len(seqs), "rows": sum(map(len, seqs)), "width": d * (1 + len(layers)), "layers": list(layers), "bf16": bf16}
     # Sequences of similar length run together, right-padded: under the causal mask the padding after a
     # sequence cannot reach its rows. Batches of 8 were twice the tokens/s of one at a time (2065 against
     # 1056 on 2 cores, bf16 autocast; 16 were slower again).
@@ -147,21 +142,46 @@ def features_for(examples: list[dict], target, path: Path, log, layers: tuple = 
             group = []
         group.append(i)
     groups.append(group)
-    bar = tqdm(total=len(seqs), desc="features", unit="seq")
-    for group in groups:
-        width = max(len(seqs[i]) for i in group)
-        ids = torch.tensor([seqs[i] + [0] * (width - len(seqs[i])) for i in group], device=target.device)
+    meta_path = path.with_name(path.name + ".json")
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() and path.is_file() else {}
+    done = meta.get("done", 0) if {k: meta.get(k) for k in key} == key else 0
+    if done == len(groups):
+        log(f"features: reusing {path}")
+        return _mapped(path, key, shared=False), seqs
+    if done:
+        log(f"features: resuming {path} after {done} of {len(groups)} groups of sequences")
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+    feats = _mapped(path, key, shared=True)  # writes land in the file (the page cache), not in the process's memory
+    offsets = offsets_of(seqs)
+    decoder = target.model.get_decoder()
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(seqs), initial=sum(map(len, groups[:done])), desc="features", unit="seq")
+    saved = time.monotonic()
+    for g in range(done, len(groups)):
+        width = max(len(seqs[i]) for i in groups[g])
+        ids = torch.tensor([seqs[i] + [0] * (width - len(seqs[i])) for i in groups[g]], device=target.device)
         with autocast(bf16):
             out = decoder(input_ids=ids, output_hidden_states=bool(layers))
-        for row, i in enumerate(group):
+        for row, i in enumerate(groups[g]):
             n = len(seqs[i])
             parts = [out.last_hidden_state[row, :n]] + [out.hidden_states[k][row, :n] for k in layers]
             feats[offsets[i]:offsets[i + 1]] = torch.cat(parts, -1).to(torch.float16).cpu()
-        bar.update(len(group))
+        bar.update(len(groups[g]))
+        if g + 1 == len(groups) or time.monotonic() - saved > 30:  # a process killed after this keeps these rows:
+            meta_path.write_text(json.dumps({**key, "done": g + 1}))  # they are in the page cache, not its memory
+            saved = time.monotonic()
     bar.close()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"n": len(seqs), "layers": list(layers), "bf16": bf16, "features": feats}, path)
     return feats, seqs
+
+
+def _mapped(path: Path, key: dict, shared: bool) -> torch.Tensor:
+    """The features file as a (rows, width) fp16 tensor over a memory map (shared: writes go to the file; it is
+    created at its full size)."""
+    return torch.from_file(str(path), shared=shared, size=key["rows"] * key["width"], dtype=torch.float16).view(
+        key["rows"], key["width"])
 
 
 @torch.inference_mode()
@@ -467,7 +487,7 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     exit_layer = init[0].exit_layer if init else opts.exit_layer
     bf16 = mixed_bf16(opts.precision)
     log(f"precision: {'bf16 autocast (fp32 weights and optimizer)' if bf16 else 'fp32'}")
-    feats, seqs = features_for(train_ex, target, opts.out / "features.pt", log, layers, bf16)
+    feats, seqs = features_for(train_ex, target, opts.out / "features.f16", log, layers, bf16)
     if opts.kind == "layerskip":  # the exit adapter reads the early hidden state, the labels come from the last
         feats = torch.cat([feats, exit_features_for(train_ex, target, exit_layer, opts.out / "exit_features.pt", log, bf16)], -1)
     if init:  # a trained drafter goes on learning in its own layout, over its own vocabulary
@@ -508,7 +528,7 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
         log(f"resumed from {ckpt_path} at step {step}")
     loss_fn = {"eagle": eagle_loss, "medusa": medusa_loss, "draft": draft_loss,
                "layerskip": functools.partial(layerskip_loss, norm=target.model.get_decoder().norm)}[opts.kind]
-    held_feats, held_seqs = features_for(held_out, target, opts.out / "held_out_features.pt", log, layers, bf16)
+    held_feats, held_seqs = features_for(held_out, target, opts.out / "held_out_features.f16", log, layers, bf16)
     if opts.kind == "layerskip":
         held_feats = torch.cat([held_feats, exit_features_for(held_out, target, exit_layer,
                                                               opts.out / "held_out_exit_features.pt", log, bf16)], -1)
@@ -650,7 +670,7 @@ def retree(folder: Path, data: list[str] | None = None, held: int = 60, write: b
     if not held_out:
         raise drafters.DrafterError("no held-out examples in the data: give more (every 20th example is held out)")
     with tempfile.TemporaryDirectory() as tmp:
-        feats, seqs = features_for(held_out, target, Path(tmp) / "features.pt", log)
+        feats, seqs = features_for(held_out, target, Path(tmp) / "features.f16", log)
     with torch.no_grad():
         accuracy = head_accuracy(d.module.float(), d.head_weight.float(), feats, seqs,
                                  [len(e["prompt_ids"]) for e in held_out])

@@ -268,7 +268,7 @@ def test_training_smoke(tmp_path, kind):
     assert sum(result.losses[-3:]) < sum(result.losses[:3])
     assert result.held_out["identical"] == "1/1"
     assert (result.folder / "model.safetensors").is_file() and "Reproduce" in (result.folder / "README.md").read_text()
-    assert (tmp_path / "run" / "data.jsonl").is_file() and (tmp_path / "run" / "features.pt").is_file()
+    assert (tmp_path / "run" / "data.jsonl").is_file() and (tmp_path / "run" / "features.f16").is_file()
     opts.steps, opts.resume = 14, True
     resumed = train.train(opts, log=lambda *_: None, target=target)
     assert len(resumed.losses) == 2  # continued from step 12
@@ -426,13 +426,47 @@ def test_feature_pass_batches_sequences_without_changing_them(tmp_path, tiny_tar
     monkeypatch.setattr(train, "FEATURE_TOKENS", tokens)
     examples = [{"prompt_ids": [3 + i, 5, 7][: 1 + i % 3], "answer_ids": [9, 11 + i, 4][: 1 + (i * 2) % 3]}
                 for i in range(11)]  # lengths 2..6, two batches
-    feats, seqs = train.features_for(examples, tiny_target, tmp_path / "f.pt", lambda *_: None, layers=(1, 0))
+    feats, seqs = train.features_for(examples, tiny_target, tmp_path / "f.f16", lambda *_: None, layers=(1, 0))
     decoder = tiny_target.model.get_decoder()
     expected = []
     for seq in seqs:
         out = decoder(input_ids=torch.tensor([seq]), output_hidden_states=True)
         expected.append(torch.cat([out.last_hidden_state[0], out.hidden_states[1][0], out.hidden_states[0][0]], -1))
     torch.testing.assert_close(feats.float(), torch.cat(expected).to(torch.float16).float(), atol=2e-3, rtol=2e-3)
+
+
+def test_feature_pass_resumes_after_a_kill_and_is_reused(tmp_path, tiny_target, monkeypatch):
+    """The features file is memory-mapped and its .json records the groups done: a pass killed part-way redoes only
+    the groups after the last record, a finished one is reused as it is, and other layers start over."""
+    monkeypatch.setattr(train, "FEATURE_TOKENS", 10)
+    examples = [{"prompt_ids": [3 + i, 5, 7][: 1 + i % 3], "answer_ids": [9, 11 + i, 4][: 1 + (i * 2) % 3]}
+                for i in range(11)]
+    path, logs = tmp_path / "f.f16", []
+    full, seqs = train.features_for(examples, tiny_target, path, logs.append, layers=(1,))
+    expected, meta = full.clone(), json.loads((tmp_path / "f.f16.json").read_text())
+    assert meta["done"] > 2 and path.stat().st_size == meta["rows"] * meta["width"] * 2
+    del full
+    kept = torch.from_file(str(path), shared=True, size=expected.numel(), dtype=torch.float16).view(expected.shape)
+    kept[:] = float("nan")  # as if the rows were never written; the record says the first 2 groups were done
+    del kept
+    (tmp_path / "f.f16.json").write_text(json.dumps({**meta, "done": 2}))
+    forwards = []
+    hook = tiny_target.model.get_decoder().register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        resumed, _ = train.features_for(examples, tiny_target, path, logs.append, layers=(1,))
+    finally:
+        hook.remove()
+    assert logs[-1] == f"features: resuming {path} after 2 of {meta['done']} groups of sequences"
+    assert len(forwards) == meta["done"] - 2  # only the groups after the record ran
+    kept_rows = resumed.isnan().all(-1)  # the 2 done groups' rows are left as the file holds them
+    assert 0 < int(kept_rows.sum()) < len(resumed) // 2
+    torch.testing.assert_close(resumed[~kept_rows], expected[~kept_rows], rtol=0, atol=0)
+    reused, _ = train.features_for(examples, tiny_target, path, logs.append, layers=(1,))
+    assert logs[-1] == f"features: reusing {path}"
+    torch.testing.assert_close(reused, resumed, rtol=0, atol=0, equal_nan=True)  # the file as it is
+    other, _ = train.features_for(examples, tiny_target, path, logs.append, layers=(0,))
+    assert len(logs) == 2 and other.shape == expected.shape and not other.isnan().any()  # computed afresh
+    assert not torch.equal(other, expected)
 
 
 @pytest.mark.parametrize("tree", [False, True])
