@@ -66,15 +66,17 @@ class Pair:
         return target, draft or self.draft_for(target)
 
 
-# The fastest shipped method on 2 CPU cores (README, Performance): prompt lookup, 1.19x AR on 48 Spec-Bench questions
-# and ahead in all 13 categories; on the app's own 10 example prompts pld:2 ran 1.21x, eagle:1 1.13x and vanilla:4
-# (the int8 copy, which costs about as much as the target here) 0.69x (assets/bench/app-examples.json).
+# The fastest shipped method on 2 CPU cores (README, Performance): prompt lookup, 1.38x AR on 48 Spec-Bench questions
+# on an AMX Xeon, against 1.16x for the shipped EAGLE-3 in the same run (assets/bench/spec_bench48-eagle3-shipped.json);
+# on the app's own 10 example prompts the two are level (pld:2 1.21x, eagle:2 1.26x, assets/bench/app-examples-eagle3.json).
 CPU_METHOD = "pld"
-# The fastest γ measured per method there: prompt lookup 2 (best of 1-3 on 13 Spec-Bench questions); the trained chain
-# drafters 1 (draft:1 0.95x against draft:4 0.60x on 48 questions, assets/bench/trained-drafters-gamma.json; the
-# verify profile's best γ is 1 for eagle and layerskip too, assets/bench/profile-bf16.json). Medusa's γ caps its
-# tree's depth and vanilla was not measured faster at another γ: both keep DecodeConfig's.
-CPU_GAMMAS = (("pld", 2), ("eagle", 1), ("layerskip", 1), ("draft", 1))
+# The fastest γ measured per method there: prompt lookup 2 (best of 1-3 on 13 Spec-Bench questions); EAGLE 2, the depth
+# of the 2-node tree its training chose from held-out accuracy and the verify profile (eagle:2 1.26x against eagle:1
+# 1.22x on the app's examples); the other trained chain drafters 1 (draft:1 0.95x against draft:4 0.60x on 48
+# questions, assets/bench/trained-drafters-gamma.json; the verify profile's best γ is 1 for layerskip too,
+# assets/bench/profile-bf16.json). Medusa's γ caps its tree's depth and vanilla was not measured faster at another γ:
+# both keep DecodeConfig's.
+CPU_GAMMAS = (("pld", 2), ("eagle", 2), ("layerskip", 1), ("draft", 1))
 EMBEDDED_PAIR = Pair(DEFAULT_TARGET, DEFAULT_DRAFT, method=CPU_METHOD, gammas=CPU_GAMMAS)
 GPU_PAIR = Pair(GPU_TARGET, GPU_DRAFT)
 HUB_UNREACHABLE = f"Hub unreachable: using the embedded pair {DEFAULT_TARGET} + {DEFAULT_DRAFT}"

@@ -2,11 +2,16 @@
 trained drafters tied to their target, the CLI's defaults, and the one-line hardware description."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
 from specviz import cli, hardware
 from specviz.hardware import EMBEDDED_PAIR, GPU_DRAFT, GPU_PAIR, GPU_TARGET
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 
 def never() -> bool:
@@ -103,11 +108,14 @@ def test_cli_defaults_on_a_cpu(monkeypatch):
 
 
 def test_default_gamma_per_method_is_the_measured_one():
-    """On a CPU the default race is prompt lookup at γ 2 and the trained chain drafters default to γ 1 (README,
-    Performance); methods without a measured γ (vanilla, Medusa's tree depth) and the GPU pair keep DecodeConfig's."""
+    """On a CPU the default race is prompt lookup at γ 2, EAGLE defaults to its shipped tree's depth 2 and the other
+    trained chain drafters to γ 1 (README, Performance); methods without a measured γ (vanilla, Medusa's tree depth)
+    and the GPU pair keep DecodeConfig's."""
     from specviz.config import DecodeConfig
 
     assert (EMBEDDED_PAIR.method, EMBEDDED_PAIR.gamma) == ("pld", 2)
-    assert [EMBEDDED_PAIR.gamma_for(m) for m in ("eagle", "draft", "layerskip")] == [1, 1, 1]
+    assert [EMBEDDED_PAIR.gamma_for(m) for m in ("eagle", "draft", "layerskip")] == [2, 1, 1]
+    depth = max(map(len, json.loads((ASSETS / "drafters" / "smollm2-135m-eagle" / "config.json").read_text())["tree"]))
+    assert EMBEDDED_PAIR.gamma_for("eagle") == depth  # γ caps the tree's depth: the whole shipped tree is drafted
     assert EMBEDDED_PAIR.gamma_for("vanilla") == EMBEDDED_PAIR.gamma_for("medusa") == DecodeConfig.gamma
     assert GPU_PAIR.gamma == GPU_PAIR.gamma_for("eagle") == DecodeConfig.gamma
