@@ -32,7 +32,7 @@ def _default_pair(args) -> None:
         return
     from specviz import hardware
 
-    methods = [m.partition("@")[0].partition(":")[0] for m in args.method] if isinstance(args.method, list) else [args.method or "vanilla"]
+    methods = [_method_spec(m)[0] for m in args.method] if isinstance(args.method, list) else [args.method or "vanilla"]
     pair = hardware.GPU_PAIR  # for an explicit target: only the GPU pair's target comes with a draft of its own
     if args.target is None:
         pair = hardware.default_pair(args.device or None)
@@ -78,14 +78,20 @@ def _draft_for(args, method: str) -> str | None:
     return args.drafter if method in TRAINED_METHODS else args.draft
 
 
+def _method_spec(spec: str) -> tuple[str, str, str, str]:
+    """A bench --method entry `name[:gamma][@drafter]` → (name, gamma, "@" or "", drafter)."""
+    head, at, what = spec.partition("@")
+    name, _, gamma = head.partition(":")
+    return name, gamma, at, what
+
+
 def _bench_methods(specs: list[str], args) -> dict[str, tuple[str, str | None, str | None]]:
     """--method entries `name[:gamma][@drafter]` → {label: (method, gamma or None, what it drafts with)}. `@` names
     a drafter folder (or Hub id) for a trained method, a draft model for vanilla, so one run can race two drafters
     of the same kind over the same AR baseline; without it, --drafter / --draft."""
     out = {}
     for spec in specs:
-        head, at, what = spec.partition("@")
-        name, _, gamma = head.partition(":")
+        name, gamma, at, what = _method_spec(spec)
         if name not in METHODS or name == "ar":
             raise ConfigError(f"method={name!r} is not benchmarkable: use {', '.join(m for m in METHODS if m != 'ar')}, "
                               "optionally with :gamma and @drafter (AR is always the baseline)")

@@ -3,7 +3,7 @@
 Stages, each resumable from `--out`:
   1. data      the target answers prompts greedily (self-distillation). Default: the committed token ids
                in assets/distill/ for the default target; with --data, a user's own prompts.
-  2. features  one teacher-forced target forward per sequence; its hidden states (fp16) are kept in a
+  2. features  teacher-forced target forwards of like-length sequences; their hidden states (fp16) in a
                memory-mapped file, resumable.
   3. train     the drafter learns from those features and the target's own soft labels (its LM head
                applied to the cached features), never from the raw text. Checkpoints every few steps.
@@ -669,9 +669,8 @@ def retree(folder: Path, data: list[str] | None = None, held: int = 60, write: b
     held_out = distill.split(examples)[1][:held]
     if not held_out:
         raise drafters.DrafterError("no held-out examples in the data: give more (every 20th example is held out)")
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():  # the features are a map of a file in tmp
         feats, seqs = features_for(held_out, target, Path(tmp) / "features.f16", log)
-    with torch.no_grad():
         accuracy = head_accuracy(d.module.float(), d.head_weight.float(), feats, seqs,
                                  [len(e["prompt_ids"]) for e in held_out])
     cfg = d.cfg
