@@ -12,7 +12,7 @@ from pathlib import Path
 
 from specviz.config import (CHECK_METHODS, DEFAULT_TARGET, GAMMA_MAX, METHODS, TRAINED_METHODS, ConfigError, DecodeConfig,
                             parse_gamma)
-from specviz.distill import CHUNK_SIZE as DISTILL_CHUNK, DEFAULT_BATCH as DISTILL_BATCH, DEFAULT_DTYPE as DISTILL_DTYPE
+from specviz.distill import CHUNK_SIZE as DISTILL_CHUNK, DEFAULT_BATCH as DISTILL_BATCH
 from specviz.hardware import GPU_DRAFT, GPU_TARGET
 from specviz.train import PRECISIONS, TrainOptions
 
@@ -498,12 +498,13 @@ def parser() -> argparse.ArgumentParser:
                    "assets/distill/prompts)")
     d.add_argument("--chunks", default=None, help="stop once the first N chunks of the file are done (default: all)")
     d.add_argument("--max-tokens", default=None, help="stop once finished chunks hold at least M answer tokens")
-    d.add_argument("--batch-size", default=str(DISTILL_BATCH), help="prompts per generate call (default %(default)s)")
+    d.add_argument("--batch-size", default=None, help="prompts per generate call (default: "
+                   f"{', '.join(f'{b} in {d}' for d, b in DISTILL_BATCH.items())}, the fastest measured)")
     d.add_argument("--chunk-size", default=str(DISTILL_CHUNK), help="prompts per chunk file (default %(default)s)")
     d.add_argument("--max-new-tokens", default="256", help="answer length cap (default %(default)s)")
     d.add_argument("--target", default=DEFAULT_TARGET, help="model spec (default %(default)s)")
-    d.add_argument("--dtype", default=DISTILL_DTYPE, help="float32 or bfloat16 (default %(default)s: the fastest batched "
-                   "generation measured on an AVX2 CPU)")
+    d.add_argument("--dtype", default="auto", help="float32, bfloat16 or auto (default %(default)s: bfloat16 on a CPU "
+                   "with native bf16 such as AMX, float32 elsewhere, the fastest batched generation measured on each)")
     d.add_argument("--threads", default="0", help="torch threads, 0 = torch's default (one per core); 1 runs best "
                    "beside other jobs on the same cores: start one such worker per core on the same --out, each "
                    "claims the next free chunk (default %(default)s)")
@@ -584,14 +585,15 @@ def cmd_distill(args) -> int:
 
     chunks = None if args.chunks is None else _int_arg("chunks", args.chunks, 1, 10**6)
     max_tokens = None if args.max_tokens is None else _int_arg("max-tokens", args.max_tokens, 1, 10**10)
-    batch = _int_arg("batch-size", args.batch_size, 1, 1024)
     chunk_size = _int_arg("chunk-size", args.chunk_size, 1, 10**6)
     max_new = _int_arg("max-new-tokens", args.max_new_tokens, 1, 2048)
     threads = _int_arg("threads", args.threads, 0, 1024)
     if args.attention not in ("sdpa", "eager"):
         raise InputError(f"attention={args.attention!r} is not usable for batched generation: use sdpa or eager")
     device = torch.device("cpu")
-    dtype = models.parse_dtype(args.dtype, device)
+    dtype = models.parse_dtype(distill.default_dtype() if args.dtype == "auto" else args.dtype, device)
+    batch = (DISTILL_BATCH.get(str(dtype).replace("torch.", ""), 32) if args.batch_size is None
+             else _int_arg("batch-size", args.batch_size, 1, 1024))
     if threads:
         torch.set_num_threads(threads)
     prompts = Path(args.prompts) if args.prompts else distill.SHARED_PROMPTS

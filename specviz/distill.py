@@ -265,10 +265,16 @@ SHARED_PROMPTS = REPO.parent / "shared" / "data" / "prompts" / "train_prompts.js
 PROMPTS_OUT = REPO / "assets" / "distill" / "prompts"
 CHUNK_SIZE = 256
 # The configuration `python -m specviz distill` uses by default: the fastest batched greedy generation measured
-# on this project's 2-core AVX2 machine (PROBE, recorded in the manifest). bf16 loses there: without native
-# bf16 torch emulates its matmuls row by row (4.7 tok/s against fp32's 18.5), and the row kernel
-# (specviz/kernels.py, built for verifying a few rows bitwise) comes close (17.1) but not ahead.
-DEFAULT_DTYPE, DEFAULT_BATCH = "float32", 32
+# (PROBE, recorded in the manifest). On the 2-core AVX2 machine bf16 loses: without native bf16 torch emulates its
+# matmuls row by row (4.7 tok/s against fp32's 18.5), and the row kernel (specviz/kernels.py, built for verifying a
+# few rows bitwise) comes close (17.1) but not ahead. On a CPU with native bf16 (AMX) bf16 wins, most at batch 64.
+def default_dtype() -> str:
+    """bfloat16 where the CPU computes it natively (AMX, AVX512-BF16), float32 elsewhere (see PROBE)."""
+    from specviz import models
+    return "bfloat16" if models.native_bf16() else "float32"
+
+
+DEFAULT_BATCH = {"float32": 32, "bfloat16": 64}
 PROBE = {
     "machine": "AMD EPYC (AVX2, no native bf16), 2 cores shared with other jobs; torch 2.13 CPU",
     "workload": "smollm2-135m, attention sdpa, greedy; answer tokens (cut at EOS) per second of wall time, or "
@@ -299,13 +305,21 @@ PROBE = {
         {"dtype": "float32", "matmul": "torch", "threads": 1, "batch": 16, "prompts": 64, "max_new_tokens": 96,
          "loop": "continuous batching (waiting prompts join as rows finish; not kept: +3.5% for cache surgery)",
          "tok_per_s_cpu": 32.5, "identical_answers": "64/64"},
+        *({"machine": "Intel Xeon with AMX-BF16, 2 cores, the other core idle", "dtype": d, "matmul": "torch",
+           "threads": 1, "batch": b, "loop": "finished rows leave", "prompts": b, "max_new_tokens": 256,
+           "first_prompt": 12800, "tok_per_s_cpu": r} for d, b, r in (("float32", 32, 56.1), ("bfloat16", 32, 99.5),
+                                                                    ("bfloat16", 64, 116.9))),
     ],
-    "choice": "float32, sdpa, batch 32, finished rows leave the batch, 1 thread (two threads stall each other "
+    "choice": "float32 at batch 32 without native bf16, bfloat16 at batch 64 with it; sdpa, finished rows leave the "
+              "batch, 1 thread (two threads stall each other "
               "while another job holds a core: a 32x576x1536 matmul ran at 23 GFLOP/s on 1 thread, 9 on 2)",
 }
 MANIFEST = "manifest.json"
-# what makes two runs' chunks interchangeable: a rerun with other values is refused (use another --out)
-SETTINGS_KEYS = ("target", "gguf_file", "dtype", "attention", "max_new_tokens", "greedy", "chunk_size",
+# what makes two runs' chunks interchangeable: a rerun with other values is refused (use another --out). The dtype
+# and the batch size are not among them but recorded per chunk: both are the target's greedy answers, which differ
+# only after a near-tie (bf16 answers also depend on the batch: 9 of 32 answers were identical at batch 32 and 64,
+# 6 of 32 between fp32 and bf16, on the PROBE's AMX prompts).
+SETTINGS_KEYS = ("target", "gguf_file", "attention", "max_new_tokens", "greedy", "chunk_size",
                  "prompts_sha256")
 
 
@@ -574,6 +588,8 @@ def _totals(manifest: dict) -> None:
         "bytes": size, "bytes_per_token": round(size / (prompt_tokens + answer_tokens), 4) if chunks else None,
         "bytes_per_answer_token": round(size / answer_tokens, 4) if answer_tokens else None,
         "seconds": round(seconds, 1), "answer_tok_per_s": round(answer_tokens / seconds, 2) if seconds else None,
+        "answer_tokens_by_dtype": {d: sum(c["answer_tokens"] for c in chunks if c["dtype"] == d)
+                                   for d in sorted({c["dtype"] for c in chunks})},
     }
     categories: dict[str, dict] = {}
     for c in chunks:
@@ -611,7 +627,7 @@ def _answer_one_chunk(target, rows: list[dict], index: int, size: int, settings:
                                       and e["answer_ids"][-1] not in target.eos_ids for e in examples),
             "bytes": path.stat().st_size, "sha256": sha256_file(path), "seconds": round(seconds, 1),
             "cpu_seconds": round(cpu, 1), "tok_per_s": round(answer_tokens / seconds, 2),
-            "batch_size": batch_size, "threads": torch.get_num_threads(),
+            "dtype": settings["dtype"], "batch_size": batch_size, "threads": torch.get_num_threads(),
             "categories": dict(sorted(categories.items()))}
 
 
@@ -643,6 +659,9 @@ def generate_chunks(target, prompts_path: str | Path, out_dir: str | Path, setti
         else:
             manifest = {"format": 1, **{k: wanted[k] for k in SETTINGS_KEYS}, "prompts_file": Path(prompts_path).name,
                         "prompts_total": len(rows), "chunks": []}
+        for entry in manifest["chunks"]:  # folders written before the dtype was recorded per chunk
+            entry.setdefault("dtype", manifest.get("dtype"))
+        manifest.pop("dtype", None)
         done = verified_chunks(out_dir, manifest)
         for entry in manifest["chunks"]:
             if int(entry["index"]) not in done:
@@ -654,7 +673,7 @@ def generate_chunks(target, prompts_path: str | Path, out_dir: str | Path, setti
 
     with manifest_lock(out_dir):
         manifest = current()
-        manifest.update({k: v for k, v in wanted.items() if k not in SETTINGS_KEYS})  # latest run's extras
+        manifest.update({k: v for k, v in wanted.items() if k not in (*SETTINGS_KEYS, "dtype")})  # latest run's extras
         manifest["batch_size"] = batch_size
         write_json(out_dir / MANIFEST, manifest)
     n_chunks = (len(rows) + size - 1) // size

@@ -146,7 +146,8 @@ def test_distill_cli_on_real_target(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "chunk 1 of 2 done: 1 prompts" in printed and "tok/s" in printed
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["gguf_file"].endswith(".gguf") and manifest["dtype"] == "bfloat16" and manifest["attention"] == "sdpa"
+    assert manifest["gguf_file"].endswith(".gguf") and manifest["attention"] == "sdpa"
+    assert [c["dtype"] for c in manifest["chunks"]] == ["bfloat16"] * 2 and "dtype" not in manifest
     assert manifest["totals"]["prompts"] == 3 and 3 <= manifest["totals"]["answer_tokens"] <= 12
     assert set(manifest["categories"]) == {"math", "writing", "qa"}
     rows = distill.read_chunks(tmp_path / "out")
@@ -154,6 +155,23 @@ def test_distill_cli_on_real_target(tmp_path, capsys):
     tokenizer = models.get("smollm2-135m", torch.device("cpu"), torch.bfloat16, attention="sdpa").tokenizer
     assert "haiku about rain" in tokenizer.decode(rows[1]["prompt_ids"])
     assert main(args) == 0 and "2 chunks already done" in capsys.readouterr().out
+
+
+def test_dtype_is_recorded_per_chunk(tmp_path, tiny):
+    """A folder written with one dtype goes on in another (both are the target's greedy answers); each chunk
+    records its own, a folder from before that (one dtype at the top) keeps its chunks, and totals count by dtype."""
+    prompts, out = prompt_file(tmp_path), tmp_path / "out"
+    distill.generate_chunks(tiny, prompts, out, SETTINGS, batch_size=2, chunks=1, log=lambda _: None)
+    legacy = json.loads((out / "manifest.json").read_text())
+    for entry in legacy["chunks"]:
+        del entry["dtype"]
+    (out / "manifest.json").write_text(json.dumps({**legacy, "dtype": "float32"}))
+    manifest = distill.generate_chunks(tiny, prompts, out, {**SETTINGS, "dtype": "bfloat16"}, batch_size=2, chunks=2,
+                                       log=lambda _: None)
+    assert [c["dtype"] for c in manifest["chunks"]] == ["float32", "bfloat16"] and "dtype" not in manifest
+    by = manifest["totals"]["answer_tokens_by_dtype"]
+    assert set(by) == {"float32", "bfloat16"} and sum(by.values()) == manifest["totals"]["answer_tokens"]
+    assert by["float32"] == manifest["chunks"][0]["answer_tokens"]
 
 
 def test_workers_share_a_folder(tmp_path, tiny):
