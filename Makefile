@@ -48,13 +48,13 @@ data: setup
 
 # the shipped drafters for smollm2-135m. EAGLE (EAGLE-3, fused features) trains on all the committed ids: the original
 # file and the chunks in assets/distill/prompts/ (2.9M tokens; on a 2-core AMX Xeon its feature pass took 30 minutes
-# and 13 GB of disk, the 800 steps 46 minutes); so does the draft model (its 700 steps took 17 minutes there). Medusa
-# and LayerSkip name the original self-distillation file (2280 answers, 401k tokens; CPU: about an hour), since
+# and 13 GB of disk, the 800 steps 46 minutes); so do the draft model (its 700 steps took 17 minutes there) and
+# Medusa (400 steps, 9 minutes). LayerSkip names the original self-distillation file (2280 answers, 401k tokens; CPU: about an hour), since
 # `train` without --data reads the growing chunks too.
 SHIPPED_DATA := assets/distill/smollm2-135m.jsonl.gz
 drafters: setup
 	$(BIN)/python -m specviz train eagle --out out/train/eagle --steps 800 --resume
-	$(BIN)/python -m specviz train medusa --data $(SHIPPED_DATA) --out out/train/medusa --steps 100 --resume
+	$(BIN)/python -m specviz train medusa --out out/train/medusa --steps 400 --resume
 	$(BIN)/python -m specviz train layerskip --data $(SHIPPED_DATA) --out out/train/layerskip --steps 150 --resume
 	$(BIN)/python -m specviz train draft --out out/train/draft --steps 700 --resume
 	for k in eagle medusa layerskip draft; do mkdir -p assets/drafters/smollm2-135m-$$k && \
