@@ -46,11 +46,11 @@ data: setup
 			--out assets/distill/prompts --threads 1 $(DISTILL_ARGS) & \
 	done; wait
 
-# the shipped drafters for smollm2-135m. EAGLE (EAGLE-3, fused features) trains on all the committed ids: the original
-# file and the chunks in assets/distill/prompts/ (2.9M tokens; on a 2-core AMX Xeon its feature pass took 30 minutes
-# and 13 GB of disk, the 800 steps 46 minutes); so do the draft model (its 700 steps took 17 minutes there) and
-# Medusa (400 steps, 9 minutes). LayerSkip names the original self-distillation file (2280 answers, 401k tokens; CPU: about an hour), since
-# `train` without --data reads the growing chunks too.
+# the shipped drafters for smollm2-135m. EAGLE (EAGLE-3, fused features), the draft model and Medusa train on all
+# the committed ids: the original file and the chunks in assets/distill/prompts/ (on a 2-core AMX Xeon, over 2.9M
+# tokens: EAGLE's feature pass 30 minutes and 13 GB of disk, its 800 steps 46 minutes; the draft model's 700 steps
+# 17 minutes, Medusa's 400 steps 9). LayerSkip names the original self-distillation file (2280 answers, 401k tokens;
+# its card: 150 steps in 502 s on a 2-core AVX2 machine), since `train` without --data reads the growing chunks too.
 SHIPPED_DATA := assets/distill/smollm2-135m.jsonl.gz
 drafters: setup
 	$(BIN)/python -m specviz train eagle --out out/train/eagle --steps 800 --resume
