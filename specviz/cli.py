@@ -592,7 +592,8 @@ def cmd_distill(args) -> int:
         raise InputError(f"attention={args.attention!r} is not usable for batched generation: use sdpa or eager")
     device = torch.device("cpu")
     dtype = models.parse_dtype(distill.default_dtype() if args.dtype == "auto" else args.dtype, device)
-    batch = (DISTILL_BATCH.get(str(dtype).replace("torch.", ""), 32) if args.batch_size is None
+    dtype_name = str(dtype).replace("torch.", "")
+    batch = (DISTILL_BATCH.get(dtype_name, 32) if args.batch_size is None
              else _int_arg("batch-size", args.batch_size, 1, 1024))
     if threads:
         torch.set_num_threads(threads)
@@ -603,7 +604,6 @@ def cmd_distill(args) -> int:
         source = models.resolve(args.target)
         t0 = time.perf_counter()
         target = models.get(args.target, device, dtype, attention=args.attention)
-        dtype_name = str(dtype).replace("torch.", "")
         print(f"loaded {args.target} ({source.gguf_file or source.location}) in {dtype_name}, attention {target.attention}, "
               f"{target.matmul} matmuls, {torch.get_num_threads()} threads, in {time.perf_counter() - t0:.0f} s", flush=True)
         settings = {"target": args.target, "gguf_file": source.gguf_file, "dtype": dtype_name,
