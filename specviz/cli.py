@@ -14,7 +14,7 @@ from specviz.config import (CHECK_METHODS, DEFAULT_TARGET, GAMMA_MAX, METHODS, T
                             parse_gamma)
 from specviz.distill import CHUNK_SIZE as DISTILL_CHUNK, DEFAULT_BATCH as DISTILL_BATCH
 from specviz.hardware import GPU_DRAFT, GPU_TARGET
-from specviz.train import PRECISIONS, TrainOptions
+from specviz.train import DRAFT_VOCAB, PRECISIONS, TrainOptions
 
 DEFAULTS = DecodeConfig()
 
@@ -465,8 +465,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--epochs", default=None, help="instead of --steps: passes over the training tokens")
     t.add_argument("--batch-tokens", default=str(TRAIN_DEFAULTS.batch_tokens), help="tokens per step (default %(default)s)")
     t.add_argument("--lr", default=str(TRAIN_DEFAULTS.lr), help="peak learning rate (default %(default)s)")
-    t.add_argument("--draft-vocab", default=str(TRAIN_DEFAULTS.draft_vocab),
-                   help="compressed draft vocabulary: the N most frequent tokens; 0 = full (default %(default)s)")
+    t.add_argument("--draft-vocab", default=None,
+                   help=f"compressed draft vocabulary: the N tokens most frequent in the training data; 0 = full "
+                   f"(default {DRAFT_VOCAB}; with --init the init's own, and another N re-chooses it)")
     t.add_argument("--features", default=TRAIN_DEFAULTS.features, choices=("fused", "final"),
                    help="eagle: fused = the target's hidden states after a low, a middle and a high layer (EAGLE-3); "
                    "final = its last hidden state only (EAGLE-1) (default %(default)s)")
@@ -482,7 +483,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     t.add_argument("--init", default=None, help="start from this drafter folder of the same kind (e.g. a shipped one, "
                    "to go on training it on new data or your own domain): its weights, layout and draft vocabulary "
-                   "are kept, and the layout options above are ignored")
+                   "are kept (--draft-vocab re-chooses the vocabulary), and the other layout options above are ignored")
     t.add_argument("--seed", default="0")
     tr = sub.add_parser("tree", help="re-choose a trained Medusa drafter's tree from its held-out accuracy and the "
                         "committed verify profile, without retraining")
@@ -551,7 +552,7 @@ def cmd_train(args) -> int:
     opts = train.TrainOptions(
         kind=args.kind, out=Path(args.out), target=args.target, data=tuple(args.data) if args.data else None,
         steps=_int_arg("steps", args.steps, 1, 10**6), batch_tokens=_int_arg("batch-tokens", args.batch_tokens, 64, 10**6),
-        lr=lr, draft_vocab=_int_arg("draft-vocab", args.draft_vocab, 0, 10**7), features=args.features, medusa_heads=_int_arg("heads", args.heads, 1, 8),
+        lr=lr, draft_vocab=None if args.draft_vocab is None else _int_arg("draft-vocab", args.draft_vocab, 0, 10**7), features=args.features, medusa_heads=_int_arg("heads", args.heads, 1, 8),
         tree_size=_int_arg("tree-size", args.tree_size, 1, 64), exit_layer=_int_arg("exit-layer", args.exit_layer, 1, 256),
         draft_layers=_layers_arg(args.draft_layers), resume=args.resume, init=Path(args.init) if args.init else None, seed=_int_arg("seed", args.seed, 0, 2**31), epochs=None if args.epochs is None else _int_arg("epochs", args.epochs, 1, 1000),
         precision=args.precision)

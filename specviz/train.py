@@ -30,6 +30,7 @@ from specviz.config import DEFAULT_TARGET
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_DATA = ASSETS / "distill" / "smollm2-135m.jsonl.gz"
 PROFILE = ASSETS / "bench" / "profile-bf16.json"   # T(k) and drafter costs on 2 CPU cores, where the drafters ship
+DRAFT_VOCAB = 8192   # a new drafter's compressed vocabulary: the N tokens most frequent in its training data
 
 
 @dataclass
@@ -42,7 +43,7 @@ class TrainOptions:
     epochs: int | None = None          # instead of steps: passes over the training tokens
     batch_tokens: int = 4096
     lr: float = 1e-3
-    draft_vocab: int = 8192            # 0 = full vocabulary
+    draft_vocab: int | None = None     # N most frequent tokens, 0 = full; None = DRAFT_VOCAB, or with init its own
     features: str = "fused"            # eagle: "fused" (EAGLE-3: a low, a middle and a high layer) or "final" (EAGLE-1)
     medusa_heads: int = 4
     tree_size: int = 16                # medusa: nodes in the candidate tree
@@ -494,15 +495,18 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
         cfg, state = init
         vocab_ids = state.pop("vocab_ids", None)
         vocab_ids = None if vocab_ids is None else vocab_ids.long()
+        if opts.draft_vocab is not None and opts.draft_vocab != cfg.draft_vocab:
+            vocab_ids = rechoose_vocab(cfg, opts, seqs, target.vocab_size, log)
         module = drafters.DraftLM.from_target(cfg, target.model) if opts.kind == "draft" else drafters.build_module(cfg)
         drafters.load_into(module, state, str(opts.init))
         module.train()
         log(f"init: {opts.init} ({drafters.describe(cfg)})")
     else:
-        vocab_ids = drafters.frequent_vocab(seqs, target.vocab_size, opts.draft_vocab) if opts.draft_vocab else None
+        n_vocab = DRAFT_VOCAB if opts.draft_vocab is None else opts.draft_vocab
+        vocab_ids = drafters.frequent_vocab(seqs, target.vocab_size, n_vocab) if n_vocab else None
         extra = {"medusa": {"medusa_heads": opts.medusa_heads}, "layerskip": {"exit_layer": opts.exit_layer},
                  "draft": {"draft_layers": list(opts.draft_layers)}, "eagle": {"feature_layers": list(layers)}}.get(opts.kind, {})
-        cfg = drafters.DrafterConfig.for_target(opts.kind, opts.target, target.model.config, opts.draft_vocab, **extra)
+        cfg = drafters.DrafterConfig.for_target(opts.kind, opts.target, target.model.config, n_vocab, **extra)
         module = (drafters.DraftLM.from_target(cfg, target.model) if opts.kind == "draft" else drafters.build_module(cfg)).train()
         if layers:  # EAGLE-3 reads its output through its own norm and the target's head: start from the target's norm
             module.norm.weight.data.copy_(target.model.get_decoder().norm.weight.data)
@@ -616,6 +620,19 @@ def init_from(opts: TrainOptions, target) -> tuple[drafters.DrafterConfig, dict]
     return cfg, state
 
 
+def rechoose_vocab(cfg: drafters.DrafterConfig, opts: TrainOptions, seqs, vocab_size: int, log) -> torch.Tensor | None:
+    """An --init drafter given another --draft-vocab: the N tokens most frequent in the new training data. Its
+    weights stay valid, since it reads its output through the target's own LM head rows (one per token), so only
+    the rows it reads change; a published drafter with an LM head of its own cannot change vocabulary."""
+    if cfg.own_lm_head or cfg.own_lm_heads:
+        raise drafters.DrafterError(f"init={str(opts.init)!r} has its own LM head over {cfg.draft_vocab or cfg.vocab_size} "
+                                    f"tokens, so draft-vocab={opts.draft_vocab} cannot apply: leave --draft-vocab out")
+    log(f"draft vocabulary: {cfg.draft_vocab or 'full'} -> {opts.draft_vocab or 'full'} "
+        "(the most frequent tokens in this data; the weights read the target's head rows, so they carry over)")
+    cfg.draft_vocab = opts.draft_vocab
+    return drafters.frequent_vocab(seqs, vocab_size, opts.draft_vocab) if opts.draft_vocab else None
+
+
 def choose_eagle_tree(cfg, module, head, embed, held_batch, target_name: str, log) -> None:
     """EAGLE's candidate tree from measurement: its per-depth, per-rank accuracy on held-out answers and the
     target's verify profile T(k) (with the drafter's cost per level): the tree with the most expected tokens per
@@ -727,6 +744,8 @@ def card(cfg: drafters.DrafterConfig, opts: TrainOptions) -> str:
     lines = [f"# {cfg.kind} drafter for {cfg.target}", "", drafters.describe(cfg) + ".", "",
              f"Reproduce: `python -m specviz train {cfg.kind} --out {opts.out} --steps {opts.steps}"
              + (f" --init {opts.init}" if opts.init else "")
+             + (f" --draft-vocab {opts.draft_vocab}" if opts.draft_vocab is not None and (
+                 opts.init or opts.draft_vocab != DRAFT_VOCAB) else "")
              + (" --features final" if cfg.kind == "eagle" and not cfg.feature_layers and not opts.init else "")
              + "".join(f" --data {f}" if i == 0 else f" {f}" for i, f in enumerate(data_files(opts))) + "`"
              + (" (`make drafters` runs this for every shipped drafter)" if opts.target == DEFAULT_TARGET and all(

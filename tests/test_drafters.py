@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specviz import drafters, engines, train
+from specviz import distill, drafters, engines, train
 from specviz.cli import main
 from specviz.config import DecodeConfig
 from specviz.engines.draft_model import DistilledDrafter
@@ -274,13 +274,20 @@ def test_training_smoke(tmp_path, kind):
     assert len(resumed.losses) == 2  # continued from step 12
     # --init: a new run goes on from the trained drafter, in its layout and vocabulary (the layout options given
     # are ignored), and starts where that one ended rather than from scratch
-    warm = dataclasses.replace(opts, out=tmp_path / "warm", init=result.folder, resume=False, steps=2, draft_vocab=16,
+    warm = dataclasses.replace(opts, out=tmp_path / "warm", init=result.folder, resume=False, steps=2, draft_vocab=None,
                                medusa_heads=3, exit_layer=2, draft_layers=(0, 1))
     warmed = train.train(warm, log=lambda *_: None, target=target)
     assert warmed.losses[0] < result.losses[0]
     assert drafters.read_layout(warmed.folder, target)[1]["vocab_ids"].tolist() == \
         drafters.read_layout(result.folder, target)[1]["vocab_ids"].tolist()
     assert f"--init {result.folder}" in (warmed.folder / "README.md").read_text()
+    # --init with another --draft-vocab: the same weights read other rows of the target's head, the N most
+    # frequent tokens of the data, and the run still decodes exactly
+    wider = train.train(dataclasses.replace(warm, out=tmp_path / "wider", draft_vocab=48), log=lambda *_: None, target=target)
+    cfg, state = drafters.read_layout(wider.folder, target)
+    seqs = list(distill.sequences(distill.split(distill.read_examples(tmp_path / "run" / "data.jsonl"))[0]))
+    assert cfg.draft_vocab == 48 and state["vocab_ids"].tolist() == drafters.frequent_vocab(seqs, 64, 48).tolist()
+    assert wider.held_out["identical"] == "1/1" and "--draft-vocab 48" in (wider.folder / "README.md").read_text()
     other = "draft" if kind != "draft" else "eagle"
     with pytest.raises(drafters.DrafterError, match=f"is a {kind} drafter: train {kind} from it"):
         train.train(dataclasses.replace(warm, kind=other, out=tmp_path / "other"), log=lambda *_: None, target=target)
@@ -519,6 +526,8 @@ def test_eagle3_layout_loads(tmp_path, tiny_target):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 32, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 16, 29]}}))
     with pytest.raises(drafters.DrafterError, match="has 2 layers"):
         drafters.load(tmp_path, tiny_target)
+    with pytest.raises(drafters.DrafterError, match="has its own LM head over 16 tokens, so draft-vocab=8 cannot apply"):
+        train.rechoose_vocab(d.cfg, train.TrainOptions(init=tmp_path, draft_vocab=8), [[1, 2]], 64, print)
 
 
 def test_tree_command_rechooses_medusa_tree(tmp_path, monkeypatch, capsys):
