@@ -217,7 +217,8 @@ def cmd_bench(args) -> int:
     built = {label: engines.build(m, target, what) for label, (m, _, what) in methods.items()}
     ar = engines.build("ar", target)
     draft = models.load_draft(args.draft, target) if args.compare_hf else None
-    vocabs = {label: _draft_vocab(m, target, what) for label, (m, _, what) in methods.items()}
+    # a trained drafter's compressed vocabulary (target ids); None for the full one and other methods
+    vocabs = {label: getattr(engine, "draft_vocab_ids", None) for label, engine in built.items()}
     refs = _reference_ars(target) if args.ar_reference else {}
     # warm-up (first-call allocations), not timed
     warm_ids = target.encode_prompt("Hello")
@@ -267,15 +268,6 @@ def cmd_bench(args) -> int:
     print(format_summary(summary))
     print(f"wrote {args.json}")
     return 0
-
-
-def _draft_vocab(method: str, target, drafter: str | None):
-    """A trained drafter's compressed vocabulary (its target ids), None for the full one and other methods."""
-    from specviz import drafters, engines
-
-    if method not in TRAINED_METHODS:
-        return None
-    return drafters.load(engines.drafter_folder(method, target, drafter), target).vocab_ids
 
 
 def _reference_ars(target) -> dict:

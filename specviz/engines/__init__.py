@@ -53,14 +53,17 @@ def build_trained(folder: str | Path, target: LoadedModel, chain: bool = False) 
     if d.kind == "layerskip":
         from specviz.engines.layerskip import LayerSkipEngine
 
-        return LayerSkipEngine(target, d)
-    if d.kind == "medusa":
-        return SpeculativeEngine("medusa", target, MedusaChainDrafter(d, str(folder))) if chain else medusa_engine(target, d)
-    if d.kind == "draft":
-        return SpeculativeEngine("draft", target, DistilledDrafter(d, str(folder)))
-    if d.cfg.tree and not chain:
-        return eagle_tree_engine(target, d)
-    return SpeculativeEngine("eagle", target, EagleDrafter(d, str(folder)))
+        engine = LayerSkipEngine(target, d)
+    elif d.kind == "medusa":
+        engine = SpeculativeEngine("medusa", target, MedusaChainDrafter(d, str(folder))) if chain else medusa_engine(target, d)
+    elif d.kind == "draft":
+        engine = SpeculativeEngine("draft", target, DistilledDrafter(d, str(folder)))
+    elif d.cfg.tree and not chain:
+        engine = eagle_tree_engine(target, d)
+    else:
+        engine = SpeculativeEngine("eagle", target, EagleDrafter(d, str(folder)))
+    engine.draft_vocab_ids = d.vocab_ids  # the target ids it can draft (None: all), for the bench's coverage figure
+    return engine
 
 
 def build(method: str, target: LoadedModel, draft: str | LoadedModel = DEFAULT_DRAFT, chain: bool = False) -> Engine:
