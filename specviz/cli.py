@@ -260,6 +260,7 @@ def cmd_bench(args) -> int:
         "pad_one_row": target.pad_one_row, "guarantee": target.guarantee,
         "torch": torch.__version__, "transformers": transformers.__version__,
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}",
+        "cpu": hardware.cpu_name(),
         "target": args.target, "draft": args.draft, "config": base.to_dict(),
         "summary": summary, "rows": rows,
     }
@@ -477,9 +478,9 @@ def parser() -> argparse.ArgumentParser:
                    "to go on training it on new data or your own domain): its weights, layout and draft vocabulary "
                    "are kept (--draft-vocab re-chooses the vocabulary), and the other layout options above are ignored")
     t.add_argument("--seed", default="0")
-    tr = sub.add_parser("tree", help="re-choose a trained Medusa drafter's tree from its held-out accuracy and the "
-                        "committed verify profile, without retraining")
-    tr.add_argument("drafter", help="a Medusa drafter folder trained here (e.g. assets/drafters/smollm2-135m-medusa)")
+    tr = sub.add_parser("tree", help="re-choose a trained Medusa or EAGLE drafter's tree from its held-out accuracy "
+                        "and the committed verify profile, without retraining")
+    tr.add_argument("drafter", help="a Medusa or EAGLE drafter folder trained here (e.g. assets/drafters/smollm2-135m-medusa)")
     tr.add_argument("--data", nargs="+", default=None, help="self-distillation ids (JSONL(.gz)) or distill folders whose "
                     "held-out split (every 20th example) is measured (default: the committed ids the drafter was trained on)")
     tr.add_argument("--held-out", default="60", help="held-out answers to measure (default %(default)s)")
@@ -553,7 +554,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_tree(args) -> int:
-    """A trained Medusa drafter's tree re-chosen from measurement (train.retree)."""
+    """A trained Medusa or EAGLE drafter's tree re-chosen from measurement (train.retree)."""
     from specviz import drafters, train
 
     held = _int_arg("held-out", args.held_out, 1, 10**6)
@@ -632,7 +633,7 @@ def cmd_profile(args) -> int:
         print(profile.format_costs(costs))
     if args.json:
         out = {"command": "python -m specviz " + " ".join(sys.argv[1:]), "target": target.name,
-               "hardware": hardware.describe(target.device, target.dtype), "guarantee": target.guarantee,
+               "hardware": hardware.describe(target.device, target.dtype), "cpu": hardware.cpu_name(), "guarantee": target.guarantee,
                "pad_one_row": target.pad_one_row, "profile": prof.to_dict(),
                "ratios": {str(k): prof.ratio(k) for k in prof.tokens}, "costs": costs}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

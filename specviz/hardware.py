@@ -131,6 +131,15 @@ def dtype_name(dtype: object) -> str:
     return DTYPE_NAMES.get(name, name)
 
 
+def cpu_name() -> str:
+    """The CPU's model name as the kernel reports it (e.g. 'AMD EPYC'), with whether it computes bf16 natively:
+    timings on 2 cores differ by 2x between machines, so a committed measurement names the one it came from."""
+    from specviz import kernels, models
+
+    name = kernels.cpuinfo("model name") or platform.processor() or platform.machine() or "unknown CPU"
+    return f"{name}, {'native bf16 (AVX512-BF16/AMX)' if models.native_bf16() else 'no native bf16'}"
+
+
 def describe(device: object, dtype: object) -> str:
     """One line naming the hardware a run used: 'NVIDIA H200 (cuda), bf16' or 'CPU (x86_64, 2 cores), fp32'."""
     kind = getattr(device, "type", str(device).split(":")[0])

@@ -164,14 +164,18 @@ _lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags from /proc/cpuinfo (x86 "flags", Arm "Features"); empty where unreadable."""
+def cpuinfo(*keys: str) -> str:
+    """The value of the first /proc/cpuinfo line starting with one of `keys`; empty where there is none."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
-    line = next((l for l in text.splitlines() if l.startswith(("flags", "Features"))), "")
-    return frozenset(line.partition(":")[2].split())
+        return ""
+    return next((l for l in text.splitlines() if l.startswith(keys)), "").partition(":")[2].strip()
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags from /proc/cpuinfo (x86 "flags", Arm "Features"); empty where unreadable."""
+    return frozenset(cpuinfo("flags", "Features").split())
 
 
 def _build() -> ctypes.CDLL | None:

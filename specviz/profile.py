@@ -29,24 +29,25 @@ COST_METHODS = ("vanilla", "eagle", "medusa", "layerskip", "draft")
 @torch.inference_mode()
 def verify_profile(target: LoadedModel, sizes=SIZES, context: int = CONTEXT, reps: int = REPS,
                    tick: Optional[Callable[[int], None]] = None) -> CostProfile:
-    """Median seconds of a forward of k new tokens (and their logits) over `context` cached tokens."""
+    """Median seconds of a forward of k new tokens (and their logits) over `context` cached tokens. The sizes are
+    timed in rounds, each round every size once, so a slow spell of a shared machine falls on all of them alike
+    rather than on the one size being timed (timed size after size, a 2-core VM once gave T(1) 53 ms and T(2) 41)."""
     lm = CachedLM.of(target)
     prefix = [(7 * i + 11) % target.vocab_size for i in range(context)]
     lm.logits(prefix)
-    seconds = []
-    for done, k in enumerate(sizes, 1):
-        extra = [(13 * j + 5) % target.vocab_size for j in range(k)]
-        times = []
-        for rep in range(reps + 1):  # the first is a warm-up
+    extras = [[(13 * j + 5) % target.vocab_size for j in range(k)] for k in sizes]
+    times: list[list[float]] = [[] for _ in sizes]
+    for rep in range(reps + 1):  # the first round is a warm-up
+        for i, (k, extra) in enumerate(zip(sizes, extras)):
             t0 = clock(target.device)
             lm.logits(prefix, extra, keep=k)
             t1 = clock(target.device)
             lm.rollback(context)
             if rep:
-                times.append(t1 - t0)
-        seconds.append(statistics.median(times))
+                times[i].append(t1 - t0)
         if tick:
-            tick(done)
+            tick(round(len(sizes) * (rep + 1) / (reps + 1)))
+    seconds = [statistics.median(t) for t in times]
     monotone = [min(seconds[i:]) for i in range(len(seconds))]
     return CostProfile(str(target.device), str(target.dtype).replace("torch.", ""), target.attention, context, reps,
                        list(sizes), monotone, seconds)

@@ -665,52 +665,71 @@ def choose_tree_for_cost(cfg, accuracy: torch.Tensor, target_name: str, kind: st
 
 def retree(folder: Path, data: list[str] | None = None, held: int = 60, write: bool = False, log=print,
            target=None) -> dict:
-    """A trained Medusa drafter's tree re-chosen from measurement without retraining: its heads' rank accuracy on
-    `held` held-out answers (the split training uses; default data: the committed ids) and the committed verify
-    profile (choose_tree_for_cost). Returns {"old": tree, "new": tree, "accuracy": ...}; with write, config.json
-    gets the new tree and the figures, and the model card a line saying so."""
+    """A trained Medusa or EAGLE drafter's tree re-chosen from measurement without retraining: its rank accuracy
+    (Medusa: per head; EAGLE: per draft depth, from its own features, as at training) on `held` held-out answers
+    (the split training uses; default data: the committed ids) and the committed verify profile
+    (choose_tree_for_cost). Returns {"old": tree, "new": tree, "accuracy": ...}; with write, config.json gets the
+    new tree and the figures, and the model card a line saying so."""
     folder = Path(folder)
     raw = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else None
     if raw is None or "kind" not in raw:
         raise drafters.DrafterError(f"{str(folder)!r} is not a drafter trained here (no config.json with a kind)")
-    if raw["kind"] != "medusa":
-        raise drafters.DrafterError(f"drafter {str(folder)!r} is a {raw['kind']} drafter: only Medusa's tree is "
-                                    "re-chosen here (EAGLE's is chosen when it is trained)")
+    kind = raw["kind"]
+    if kind not in ("medusa", "eagle"):
+        raise drafters.DrafterError(f"drafter {str(folder)!r} is a {kind} drafter: only Medusa's and EAGLE's trees "
+                                    "are re-chosen (the others draft a chain)")
     from specviz import models
 
     target = target or models.get(raw["target"], torch.device("cpu"), torch.float32, attention="sdpa")
-    d = drafters.load(folder, target)
     examples: list[dict] = []
     for f in data or [str(DEFAULT_DATA)]:
         examples += distill.read_chunks(f) if Path(f).is_dir() else distill.read_examples(f)
     held_out = distill.split(examples)[1][:held]
     if not held_out:
         raise drafters.DrafterError("no held-out examples in the data: give more (every 20th example is held out)")
+    key = "head_rank_accuracy_held_out" if kind == "medusa" else "depth_rank_accuracy_held_out"
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():  # the features are a map of a file in tmp
-        feats, seqs = features_for(held_out, target, Path(tmp) / "features.f16", log)
-        accuracy = head_accuracy(d.module.float(), d.head_weight.float(), feats, seqs,
-                                 [len(e["prompt_ids"]) for e in held_out])
-    cfg = d.cfg
+        if kind == "medusa":
+            d = drafters.load(folder, target)
+            cfg = d.cfg
+            feats, seqs = features_for(held_out, target, Path(tmp) / "features.f16", log)
+            accuracy = head_accuracy(d.module.float(), d.head_weight.float(), feats, seqs,
+                                     [len(e["prompt_ids"]) for e in held_out])
+        else:  # as training scores it: the training module, bf16 autocast where the CPU has it
+            cfg, state = drafters.read_layout(folder, target)
+            vocab_ids = state.pop("vocab_ids", None)
+            module = drafters.build_module(cfg)
+            drafters.load_into(module, state, str(folder))
+            weight = target.model.get_output_embeddings().weight.detach().float()
+            bf16 = mixed_bf16("auto")
+            feats, seqs = features_for(held_out, target, Path(tmp) / "features.f16", log, tuple(cfg.feature_layers), bf16)
+            scored = [i for i, seq in enumerate(seqs) if len(seq) <= HELD_LENGTH]
+            ids, f, valid = Batches(seqs, feats, 0, 0).batch(scored)
+            for row, i in enumerate(scored):
+                valid[row, :len(held_out[i]["prompt_ids"])] = False  # the answers only
+            with autocast(bf16):
+                accuracy = eagle_depth_accuracy(module, weight if vocab_ids is None else weight[vocab_ids.long()],
+                                                target.model.get_input_embeddings(), (ids, f, valid)).float()
     old = [list(p) for p in cfg.tree]
     cfg.training = dict(cfg.training)
-    cfg.training["head_rank_accuracy_held_out"] = [[round(float(a), 3) for a in row] for row in accuracy]
-    choose_tree_for_cost(cfg, accuracy, cfg.target, "medusa", log, max_size=max(len(old), TrainOptions.tree_size))
+    cfg.training[key] = [[round(float(a), 3) for a in row] for row in accuracy]
+    choose_tree_for_cost(cfg, accuracy, cfg.target, kind, log,
+                         max_size=max(len(old), TrainOptions.tree_size) if kind == "medusa" else 32)
     log(f"tree: {len(old)} nodes before, {len(cfg.tree)} now: {cfg.tree}")
     if write:
         raw["tree"] = cfg.tree
-        raw["training"] = {**raw.get("training", {}), "head_rank_accuracy_held_out":
-                           cfg.training["head_rank_accuracy_held_out"], "held_out_sequences_for_tree": len(held_out),
+        raw["training"] = {**raw.get("training", {}), key: cfg.training[key], "held_out_sequences_for_tree": len(held_out),
                            **({"tree_choice": cfg.training["tree_choice"]} if "tree_choice" in cfg.training else {})}
         (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
         choice = cfg.training.get("tree_choice", {})
         line = (f"\nTree re-chosen without retraining (`python -m specviz tree {folder} --write`): {len(cfg.tree)} nodes "
-                f"instead of {len(old)}, from the heads' rank accuracy on {len(held_out)} held-out answers and the "
-                f"verify profile ({choice.get('expected_tokens_per_step')} expected tokens per step, predicted "
-                f"{choice.get('predicted_speedup')}x AR).\n")
+                f"instead of {len(old)}, from the {'heads' if kind == 'medusa' else 'draft depths'}' rank accuracy on "
+                f"{len(held_out)} held-out answers and the verify profile ({choice.get('expected_tokens_per_step')} "
+                f"expected tokens per step, predicted {choice.get('predicted_speedup')}x AR).\n")
         card_path = folder / "README.md"
         text = card_path.read_text() if card_path.is_file() else ""
         card_path.write_text(text.split("\nTree re-chosen without retraining")[0].rstrip("\n") + "\n" + line)
-    return {"old": old, "new": cfg.tree, "accuracy": cfg.training["head_rank_accuracy_held_out"]}
+    return {"old": old, "new": cfg.tree, "accuracy": cfg.training[key]}
 
 
 def coverage(vocab_ids: torch.Tensor | None, examples: list[dict]) -> float:

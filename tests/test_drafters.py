@@ -530,33 +530,39 @@ def test_eagle3_layout_loads(tmp_path, tiny_target):
         train.rechoose_vocab(d.cfg, train.TrainOptions(init=tmp_path, draft_vocab=8), [[1, 2]], 64, print)
 
 
-def test_tree_command_rechooses_medusa_tree(tmp_path, monkeypatch, capsys):
-    """`python -m specviz tree DRAFTER --write`: a trained Medusa drafter's tree re-chosen from its held-out accuracy
-    and a verify profile, saved in config.json and the card; the drafter still loads and decodes exactly. Where each
-    verified token costs a whole step, one node is best."""
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_tree_command_rechooses_tree(tmp_path, monkeypatch, capsys, kind):
+    """`python -m specviz tree DRAFTER --write`: a trained Medusa or EAGLE drafter's tree re-chosen from its held-out
+    accuracy (per head, per draft depth) and a verify profile, saved in config.json and the card; the drafter still
+    loads and decodes exactly. Where each verified token costs a whole step, one node is best."""
     from specviz import metrics
     from specviz.cli import main
 
     target = tiny_model(0)
     data = tmp_path / "prompts.txt"
     data.write_text("\n".join(" ".join(str((i * 7 + j) % 60 + 1) for j in range(6)) for i in range(48)))
-    opts = train.TrainOptions(kind="medusa", out=tmp_path / "run", target="tiny", data=str(data), steps=6,
+    opts = train.TrainOptions(kind=kind, out=tmp_path / "run", target="tiny", data=str(data), steps=6,
                               batch_tokens=512, lr=3e-3, draft_vocab=32, medusa_heads=2, max_new_tokens=16,
                               eval_prompts=1, checkpoint_every=6, tree_size=6)
     folder = train.train(opts, log=lambda *_: None, target=target).folder
-    assert len(drafters.load(folder, target).cfg.tree) == 6
-    steep = metrics.CostProfile("cpu", "float32", "sdpa", 8, 1, [1, 2, 8], [1.0, 2.0, 8.0], [1.0, 2.0, 8.0])
-    monkeypatch.setattr(train, "profile_for", lambda name: (steep, {"medusa": 0.1}))
+    flat = metrics.CostProfile("cpu", "float32", "sdpa", 8, 1, [1, 32], [1.0, 1.0], [1.0, 1.0])
+    monkeypatch.setattr(train, "profile_for", lambda name: (flat, {kind: 0.0}))
     from specviz import models
 
     monkeypatch.setattr(models, "get", lambda *a, **k: target)  # the tiny target, not a hub model
-    assert main(["tree", str(folder), "--data", str(tmp_path / "run" / "data.jsonl"), "--held-out", "4", "--write"]) == 0
+    data_args = ["--data", str(tmp_path / "run" / "data.jsonl"), "--held-out", "4", "--write"]
+    assert main(["tree", str(folder), *data_args]) == 0
+    assert len(drafters.load(folder, target).cfg.tree) > 1  # where verifying more tokens costs nothing: a tree
+    steep = metrics.CostProfile("cpu", "float32", "sdpa", 8, 1, [1, 2, 8], [1.0, 2.0, 8.0], [1.0, 2.0, 8.0])
+    monkeypatch.setattr(train, "profile_for", lambda name: (steep, {kind: 0.1}))
+    assert main(["tree", str(folder), *data_args]) == 0
     d = drafters.load(folder, target)
     assert len(d.cfg.tree) == 1 and d.cfg.training["tree_choice"]["nodes"] == 1
-    assert len(d.cfg.training["head_rank_accuracy_held_out"]) == 2
+    accuracy = d.cfg.training["head_rank_accuracy_held_out" if kind == "medusa" else "depth_rank_accuracy_held_out"]
+    assert len(accuracy) == 2 if kind == "medusa" else len(accuracy) >= 1
     assert "Tree re-chosen without retraining" in (folder / "README.md").read_text()
     spec, ar = engines.build_trained(folder, target), engines.build("ar", target)
-    cfg = DecodeConfig(method="medusa", max_new_tokens=12)
+    cfg = DecodeConfig(method=kind, max_new_tokens=12)
     assert engines.generate(spec, [5, 6, 7], cfg).token_ids == engines.generate(ar, [5, 6, 7], cfg).token_ids
     # not a drafter folder: one line
     assert main(["tree", str(folder.parent), "--held-out", "4"]) == 2
