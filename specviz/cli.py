@@ -14,7 +14,7 @@ from specviz.config import (CHECK_METHODS, DEFAULT_TARGET, GAMMA_MAX, METHODS, T
                             parse_gamma)
 from specviz.distill import CHUNK_SIZE as DISTILL_CHUNK, DEFAULT_BATCH as DISTILL_BATCH
 from specviz.hardware import GPU_DRAFT, GPU_TARGET
-from specviz.train import DRAFT_VOCAB, PRECISIONS, TrainOptions
+from specviz.train import DRAFT_VOCAB, PRECISIONS, TREE_HELD_OUT, TrainOptions
 
 DEFAULTS = DecodeConfig()
 
@@ -483,7 +483,7 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("drafter", help="a Medusa or EAGLE drafter folder trained here (e.g. assets/drafters/smollm2-135m-medusa)")
     tr.add_argument("--data", nargs="+", default=None, help="self-distillation ids (JSONL(.gz)) or distill folders whose "
                     "held-out split (every 20th example) is measured (default: the committed ids the drafter was trained on)")
-    tr.add_argument("--held-out", default="60", help="held-out answers to measure (default %(default)s)")
+    tr.add_argument("--held-out", default=str(TREE_HELD_OUT), help="held-out answers to measure (default %(default)s)")
     tr.add_argument("--write", action="store_true", help="save the new tree in the drafter's config.json and model card")
     d = sub.add_parser("distill", help="self-distillation data: the target answers a prompt file greedily, in resumable chunks")
     d.add_argument("--prompts", default=None, help="JSONL(.gz) of id, category, prompt (default: the shared prompt set, "

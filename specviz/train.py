@@ -663,7 +663,10 @@ def choose_tree_for_cost(cfg, accuracy: torch.Tensor, target_name: str, kind: st
     log(f"tree: {len(tree)} nodes, {tokens:.2f} expected tokens per step, predicted {speed:.2f}× AR")
 
 
-def retree(folder: Path, data: list[str] | None = None, held: int = 60, write: bool = False, log=print,
+TREE_HELD_OUT = 60  # held-out answers `tree` measures by default
+
+
+def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OUT, write: bool = False, log=print,
            target=None) -> dict:
     """A trained Medusa or EAGLE drafter's tree re-chosen from measurement without retraining: its rank accuracy
     (Medusa: per head; EAGLE: per draft depth, from its own features, as at training) on `held` held-out answers
@@ -722,7 +725,8 @@ def retree(folder: Path, data: list[str] | None = None, held: int = 60, write: b
                            **({"tree_choice": cfg.training["tree_choice"]} if "tree_choice" in cfg.training else {})}
         (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
         choice = cfg.training.get("tree_choice", {})
-        line = (f"\nTree re-chosen without retraining (`python -m specviz tree {folder} --write`): {len(cfg.tree)} nodes "
+        given = "".join(f" --data {' '.join(data)}" if data else "") + (f" --held-out {held}" if held != TREE_HELD_OUT else "")
+        line = (f"\nTree re-chosen without retraining (`python -m specviz tree {folder}{given} --write`): {len(cfg.tree)} nodes "
                 f"instead of {len(old)}, from the {'heads' if kind == 'medusa' else 'draft depths'}' rank accuracy on "
                 f"{len(held_out)} held-out answers and the verify profile ({choice.get('expected_tokens_per_step')} "
                 f"expected tokens per step, predicted {choice.get('predicted_speedup')}x AR).\n")
