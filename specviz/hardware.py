@@ -69,11 +69,13 @@ class Pair:
 # The fastest shipped method on 2 CPU cores (README, Performance): prompt lookup, 1.38x AR on 48 Spec-Bench questions
 # on an AMX Xeon, against 1.16x for the shipped EAGLE-3 in the same run (assets/bench/spec_bench48-eagle3-shipped.json);
 # on the app's own 10 example prompts the two are level (pld:2 1.21x, eagle:2 1.26x, assets/bench/app-examples-eagle3.json).
+# On an EPYC with AVX512-BF16, with the trees re-chosen for it: pld:2 1.34x, EAGLE 1.20x, Medusa 1.10x in one run
+# (assets/bench/spec_bench48-epyc-trees.json).
 CPU_METHOD = "pld"
 # The fastest γ measured per method there: prompt lookup 2 (best of 1-3 on 13 Spec-Bench questions); EAGLE 2, the depth
-# of the 2-node tree its training chose from held-out accuracy and the verify profile (eagle:2 1.26x against eagle:1
-# 1.22x on the app's examples); the other trained chain drafters 1 (draft:1 0.95x against draft:4 0.60x on 48
-# questions, assets/bench/trained-drafters-gamma.json; the verify profile's best γ is 1 for layerskip too,
+# of its tree chosen from held-out accuracy and the verify profile (a chain of 2 then, eagle:2 1.26x against eagle:1
+# 1.22x on the app's examples; now [(0), (1), (0, 0)], `python -m specviz tree`); the other trained chain drafters 1 (draft:1 0.95x against draft:4 0.60x on 48
+# questions, assets/bench/trained-drafters-gamma.json; the verify profile's best γ is 1 for layerskip and draft too,
 # assets/bench/profile-bf16.json). Medusa's γ caps its tree's depth and vanilla was not measured faster at another γ:
 # both keep DecodeConfig's.
 CPU_GAMMAS = (("pld", 2), ("eagle", 2), ("layerskip", 1), ("draft", 1))
