@@ -163,7 +163,7 @@ _tried = False
 _lock = threading.Lock()
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=None)
 def cpuinfo(*keys: str) -> str:
     """The value of the first /proc/cpuinfo line starting with one of `keys`; empty where there is none."""
     try:
@@ -173,6 +173,7 @@ def cpuinfo(*keys: str) -> str:
     return next((l for l in text.splitlines() if l.startswith(keys)), "").partition(":")[2].strip()
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
     """This CPU's feature flags from /proc/cpuinfo (x86 "flags", Arm "Features"); empty where unreadable."""
     return frozenset(cpuinfo("flags", "Features").split())

@@ -536,14 +536,9 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     if opts.kind == "layerskip":
         held_feats = torch.cat([held_feats, exit_features_for(held_out, target, exit_layer,
                                                               opts.out / "held_out_exit_features.pt", log, bf16)], -1)
-    # the first HELD_SCORED held-out sequences of at most HELD_LENGTH tokens, in order: scored in one padded
-    # batch every checkpoint, so a fixed, bounded cost (the first 256 held-out sequences of the real-prompt data,
-    # padded to their longest, 2000 tokens, took two minutes, as long as 40 steps)
-    scored = [i for i, seq in enumerate(held_seqs) if len(seq) <= HELD_LENGTH][:HELD_SCORED]
-    ids, f, valid = Batches(held_seqs, held_feats, 0, 0).batch(scored)
-    for row, e in enumerate(held_out[i] for i in scored):
-        valid[row, :len(e["prompt_ids"])] = False  # score the answers only: the templated prompts are easy
-    held_batch = (ids, f, valid)
+    # scored in one padded batch every checkpoint, so a fixed, bounded cost (the first 256 held-out sequences of
+    # the real-prompt data, padded to their longest, 2000 tokens, took two minutes, as long as 40 steps)
+    held_batch = scored_batch(held_out, held_seqs, held_feats, HELD_SCORED)
 
     def held_score() -> tuple[float, dict]:
         """Teacher-forced top-1 agreement with the target on the held-out split (summed over draft positions)."""
@@ -663,6 +658,16 @@ def choose_tree_for_cost(cfg, accuracy: torch.Tensor, target_name: str, kind: st
     log(f"tree: {len(tree)} nodes, {tokens:.2f} expected tokens per step, predicted {speed:.2f}× AR")
 
 
+def scored_batch(held_out: list[dict], seqs: list[list[int]], feats: torch.Tensor, limit: int) -> tuple:
+    """The first `limit` held-out sequences of at most HELD_LENGTH tokens, in order, as one padded batch
+    (ids, features, valid) whose valid mask keeps the answers only (the templated prompts are easy)."""
+    scored = [i for i, seq in enumerate(seqs) if len(seq) <= HELD_LENGTH][:limit]
+    ids, f, valid = Batches(seqs, feats, 0, 0).batch(scored)
+    for row, i in enumerate(scored):
+        valid[row, :len(held_out[i]["prompt_ids"])] = False
+    return ids, f, valid
+
+
 TREE_HELD_OUT = 60  # held-out answers `tree` measures by default
 
 
@@ -706,13 +711,10 @@ def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OU
             weight = target.model.get_output_embeddings().weight.detach().float()
             bf16 = mixed_bf16("auto")
             feats, seqs = features_for(held_out, target, Path(tmp) / "features.f16", log, tuple(cfg.feature_layers), bf16)
-            scored = [i for i, seq in enumerate(seqs) if len(seq) <= HELD_LENGTH]
-            ids, f, valid = Batches(seqs, feats, 0, 0).batch(scored)
-            for row, i in enumerate(scored):
-                valid[row, :len(held_out[i]["prompt_ids"])] = False  # the answers only
             with autocast(bf16):
                 accuracy = eagle_depth_accuracy(module, weight if vocab_ids is None else weight[vocab_ids.long()],
-                                                target.model.get_input_embeddings(), (ids, f, valid)).float()
+                                                target.model.get_input_embeddings(),
+                                                scored_batch(held_out, seqs, feats, len(held_out))).float()
     old = [list(p) for p in cfg.tree]
     cfg.training = dict(cfg.training)
     cfg.training[key] = [[round(float(a), 3) for a in row] for row in accuracy]
@@ -725,7 +727,7 @@ def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OU
                            **({"tree_choice": cfg.training["tree_choice"]} if "tree_choice" in cfg.training else {})}
         (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
         choice = cfg.training.get("tree_choice", {})
-        given = "".join(f" --data {' '.join(data)}" if data else "") + (f" --held-out {held}" if held != TREE_HELD_OUT else "")
+        given = (f" --data {' '.join(data)}" if data else "") + (f" --held-out {held}" if held != TREE_HELD_OUT else "")
         line = (f"\nTree re-chosen without retraining (`python -m specviz tree {folder}{given} --write`): {len(cfg.tree)} nodes "
                 f"instead of {len(old)}, from the {'heads' if kind == 'medusa' else 'draft depths'}' rank accuracy on "
                 f"{len(held_out)} held-out answers and the verify profile ({choice.get('expected_tokens_per_step')} "
