@@ -53,13 +53,16 @@ def _decode_args(p: argparse.ArgumentParser, methods=METHODS) -> None:
     p.add_argument("--top-p", default=DEFAULTS.top_p, help="nucleus mass in (0, 1] (default %(default)s)")
     p.add_argument("--max-new-tokens", default=DEFAULTS.max_new_tokens, help="(default %(default)s)")
     p.add_argument("--seed", default=DEFAULTS.seed, help="(default %(default)s)")
+    p.add_argument("--lookup", default=DEFAULTS.lookup, help="eagle, medusa (greedy): also verify prompt lookup's "
+                   "continuation of up to this many tokens as one more branch of the tree; 0 = off (default %(default)s)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU and on CPUs with a bf16 vector path, else fp32), float32, bfloat16, float16")
 
 
-def _config(args, method: str) -> DecodeConfig:
+def _config(args, method: str, lookup=None) -> DecodeConfig:
     return DecodeConfig(method=method, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
-                        top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
+                        top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                        lookup=args.lookup if lookup is None else lookup)
 
 
 def _target(args):
@@ -78,27 +81,40 @@ def _draft_for(args, method: str) -> str | None:
     return args.drafter if method in TRAINED_METHODS else args.draft
 
 
-def _method_spec(spec: str) -> tuple[str, str, str, str]:
-    """A bench --method entry `name[:gamma][@drafter]` → (name, gamma, "@" or "", drafter)."""
+def _method_spec(spec: str) -> tuple[str, str, str | None, str, str]:
+    """A bench --method entry `name[:gamma][+pld[:n]][@drafter]` → (name, gamma, lookup or None, "@" or "", drafter)."""
     head, at, what = spec.partition("@")
+    head, plus, graft = head.partition("+")
     name, _, gamma = head.partition(":")
-    return name, gamma, at, what
+    lookup = None
+    if plus:
+        kind, _, n = graft.partition(":")
+        if kind != "pld":
+            raise ConfigError(f"method={spec!r}: + adds a prompt lookup branch to a tree drafter's tree, written "
+                              "+pld or +pld:N (N tokens), e.g. eagle+pld:3")
+        if not n:  # the branch length measured fastest on 2 CPU cores
+            from specviz.hardware import CPU_LOOKUP
+
+            n = str(CPU_LOOKUP)
+        lookup = n
+    return name, gamma, lookup, at, what
 
 
-def _bench_methods(specs: list[str], args) -> dict[str, tuple[str, str | None, str | None]]:
-    """--method entries `name[:gamma][@drafter]` → {label: (method, gamma or None, what it drafts with)}. `@` names
-    a drafter folder (or Hub id) for a trained method, a draft model for vanilla, so one run can race two drafters
-    of the same kind over the same AR baseline; without it, --drafter / --draft."""
+def _bench_methods(specs: list[str], args) -> dict[str, tuple[str, str | None, str | None, str | None]]:
+    """--method entries `name[:gamma][+pld[:n]][@drafter]` → {label: (method, gamma or None, lookup or None, what it
+    drafts with)}. `@` names a drafter folder (or Hub id) for a trained method, a draft model for vanilla, so one run
+    can race two drafters of the same kind over the same AR baseline; without it, --drafter / --draft. `+pld` grafts
+    prompt lookup's continuation onto a tree drafter's tree (DecodeConfig.lookup)."""
     out = {}
     for spec in specs:
-        name, gamma, at, what = _method_spec(spec)
+        name, gamma, lookup, at, what = _method_spec(spec)
         if name not in METHODS or name == "ar":
             raise ConfigError(f"method={name!r} is not benchmarkable: use {', '.join(m for m in METHODS if m != 'ar')}, "
-                              "optionally with :gamma and @drafter (AR is always the baseline)")
+                              "optionally with :gamma, +pld and @drafter (AR is always the baseline)")
         if at and (name == "pld" or not what):
             raise ConfigError(f"method={spec!r}: @ names a drafter folder (eagle, medusa, layerskip, draft) or a draft "
                               "model (vanilla), e.g. eagle@out/train/eagle/drafter; pld drafts from the prompt")
-        out[spec] = (name, gamma or None, what or _draft_for(args, name))
+        out[spec] = (name, gamma or None, lookup, what or _draft_for(args, name))
     return out
 
 
@@ -210,11 +226,12 @@ def cmd_bench(args) -> int:
     from specviz import drafters, engines, hardware, metrics, models
 
     methods = _bench_methods(args.method or ["vanilla", "pld"], args)
-    cfgs = {label: _config(args, m).with_(**({"gamma": parse_gamma(g)} if g else {})) for label, (m, g, _) in methods.items()}
-    base = _config(args, "ar")
+    cfgs = {label: _config(args, m, lookup).with_(**({"gamma": parse_gamma(g)} if g else {}))
+            for label, (m, g, lookup, _) in methods.items()}
+    base = _config(args, "ar", lookup=0)
     prompts = read_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
     target = _target(args)
-    built = {label: engines.build(m, target, what) for label, (m, _, what) in methods.items()}
+    built = {label: engines.build(m, target, what) for label, (m, _, _, what) in methods.items()}
     ar = engines.build("ar", target)
     draft = models.load_draft(args.draft, target) if args.compare_hf else None
     # a trained drafter's compressed vocabulary (target ids); None for the full one and other methods
@@ -646,10 +663,10 @@ def main(argv: list[str] | None = None) -> int:
     from specviz.models import ModelError
 
     args = parser().parse_args(argv)
-    _default_pair(args)
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
+        _default_pair(args)  # reads the bench --method entries: a malformed one is a one-line error too
         return {"generate": cmd_generate, "bench": cmd_bench, "check": cmd_check, "profile": cmd_profile,
                 "train": cmd_train, "distill": cmd_distill, "tree": cmd_tree}[args.command](args)
     except (ConfigError, ModelError, InputError) as exc:

@@ -14,6 +14,7 @@ METHODS = ("ar", "vanilla", "pld", "eagle", "medusa", "layerskip", "draft")
 TRAINED_METHODS = ("eagle", "medusa", "layerskip", "draft")  # drafters trained against the target (python -m specviz train)
 CHAIN_METHODS = ("vanilla", "pld", "eagle", "medusa", "layerskip", "draft")  # draft a chain (Medusa: one draw per head): what the step-through view takes
 CHECK_METHODS = ("vanilla", "pld", "eagle", "medusa", "draft")  # chain drafters over the chain loop (layerskip has its own engine)
+LOOKUP_METHODS = ("eagle", "medusa")  # tree drafters that can verify prompt lookup's continuation as one more branch
 GAMMA_MAX = 16
 MAX_NEW_TOKENS_CAP = 2048
 
@@ -42,6 +43,9 @@ class DecodeConfig:
     # prompt lookup
     pld_ngram_max: int = 3           # longest suffix n-gram searched for in the context
     pld_ngram_min: int = 1
+    # tree drafters (eagle, medusa) with greedy decoding: also verify prompt lookup's continuation, up to this many
+    # tokens, as one more branch of the tree (0 = off). Sampling verifies the drafter's own chain only.
+    lookup: int = 0
 
     def __post_init__(self) -> None:
         validate(self)
@@ -129,6 +133,13 @@ def validate(cfg: DecodeConfig) -> None:
         raise ConfigError(f"draft_confidence={cfg.draft_confidence!r} is out of range: use [0, 1)")
     if not 1 <= cfg.pld_ngram_min <= cfg.pld_ngram_max:
         raise ConfigError("prompt lookup n-gram bounds must satisfy 1 <= min <= max")
+    n = _number("lookup", cfg.lookup, int)
+    if not 0 <= n <= GAMMA_MAX:
+        raise ConfigError(f"lookup={n} is out of range: use 0 (off) up to {GAMMA_MAX} tokens")
+    if n and cfg.method not in LOOKUP_METHODS:
+        raise ConfigError(f"lookup={n} applies to the tree drafters only: use it with {' or '.join(LOOKUP_METHODS)}, "
+                          f"not {cfg.method}")
+    set_("lookup", n)
 
 
 MAX_PROMPT_CHARS = 16000

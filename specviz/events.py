@@ -9,6 +9,9 @@ from enum import Enum
 from typing import Optional
 
 
+LOOKUP_HEAD = -1  # DraftToken.head of a node that prompt lookup grafted onto a tree (DecodeConfig.lookup)
+
+
 class Verdict(str, Enum):
     ACCEPTED = "accepted"    # a drafted token the target kept
     REJECTED = "rejected"    # the first drafted token the target refused
@@ -28,7 +31,7 @@ class DraftToken:
     accept_prob: Optional[float] = None   # min(1, p/q) when sampling; None for greedy or unjudged
     parent: int = -1                      # index of the parent node in `drafts`; -1 = the step's root
     depth: int = 0                        # 0-based draft position
-    head: int = 0                         # which drafter head proposed it (Medusa); 0 for chains
+    head: int = 0                         # which drafter head proposed it (Medusa); 0 for chains; LOOKUP_HEAD: prompt lookup
     rank: int = 0                         # rank among the head's top-k candidates (trees)
 
     def to_dict(self) -> dict:

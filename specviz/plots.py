@@ -13,7 +13,7 @@ from typing import Mapping, Optional, Sequence
 
 import plotly.graph_objects as go
 
-from specviz.events import DraftToken, StepEvent, Verdict
+from specviz.events import LOOKUP_HEAD, DraftToken, StepEvent, Verdict
 from specviz.metrics import summarize
 from specviz.render import COLOURS
 
@@ -199,7 +199,8 @@ def _segments(pairs: list[tuple[tuple[float, float], tuple[float, float]]]) -> t
 
 
 def _hover(d: DraftToken) -> str:
-    parts = [f"{d.verdict.value}, position {d.depth + 1}", f"q_draft={d.q_draft:.3f}"]
+    parts = [f"{d.verdict.value}, position {d.depth + 1}" + (", from prompt lookup" if d.head == LOOKUP_HEAD else ""),
+             f"q_draft={d.q_draft:.3f}"]
     if d.p_target is not None:
         parts.append(f"p_target={d.p_target:.3f}")
     if d.accept_prob is not None:

@@ -567,3 +567,44 @@ def test_tree_command_rechooses_tree(tmp_path, monkeypatch, capsys, kind):
     # not a drafter folder: one line
     assert main(["tree", str(folder.parent), "--held-out", "4"]) == 2
     assert "not a drafter trained here" in capsys.readouterr().err
+
+
+def test_graft_follows_the_tree_then_grows_a_branch():
+    from specviz.engines.tree import TreeProposal, graft
+    from specviz.trees import Tree
+
+    tree = Tree.from_choices([(0,), (1,), (0, 0)])
+    prop = TreeProposal(tree, [10, 20, 30], [0.6, 0.3, 0.5], None, 2)
+    assert graft(prop, [20]) is prop and graft(prop, []) is prop  # nothing new: the same proposal
+    grown = graft(prop, [10, 40, 50])  # follows node (0,), then grows beside (0, 0)
+    assert grown.tree.paths == ((0,), (1,), (0, 0), (0, 1), (0, 1, 0))
+    assert grown.node_tokens == [10, 20, 30, 40, 50] and grown.q_nodes == [0.6, 0.3, 0.5, 1.0, 1.0]
+    assert grown.looked_up == {3, 4} and grown.forwards == 2
+    assert graft(prop, [60]).tree.paths == ((0,), (1,), (2,), (0, 0))
+
+
+@pytest.mark.parametrize("kind,extra", [("eagle", {}), ("medusa", {"medusa_heads": 3})])
+def test_lookup_branch_keeps_greedy_output_and_shows_its_nodes(tiny_target, kind, extra):
+    """A tree drafter with prompt lookup's continuation grafted on: greedy output equals AR, the grafted nodes
+    carry LOOKUP_HEAD, and sampling verifies the drafter's own chain only."""
+    from specviz.events import LOOKUP_HEAD
+
+    eng = engine_for(tiny_target, random_drafter(tiny_target, kind, torch.arange(0, 64, 2), **extra), tree=True)
+    prompt = [5, 9, 11, 13, 5, 9, 11, 13, 5, 9]
+    ar = engines.generate(engines.build("ar", tiny_target), prompt, DecodeConfig(method="ar", max_new_tokens=40))
+    run = engines.generate(eng, prompt, DecodeConfig(method=kind, max_new_tokens=40, lookup=4))
+    assert run.token_ids == ar.token_ids
+    looked_up = [n for e in run.events for n in e.drafts if n.head == LOOKUP_HEAD]
+    assert looked_up and all(n.q_draft == 1.0 for n in looked_up)
+    sampled = engines.generate(eng, prompt, DecodeConfig(method=kind, max_new_tokens=40, lookup=4, temperature=1.0))
+    assert not [n for e in sampled.events for n in e.drafts if n.head == LOOKUP_HEAD]
+
+
+def test_lookup_is_for_tree_drafters():
+    from specviz.config import ConfigError
+
+    with pytest.raises(ConfigError, match="lookup=3 applies to the tree drafters only"):
+        DecodeConfig(method="pld", lookup=3)
+    with pytest.raises(ConfigError, match="lookup=-1 is out of range"):
+        DecodeConfig(method="eagle", lookup=-1)
+    assert DecodeConfig(method="eagle", lookup="2").lookup == 2

@@ -21,8 +21,9 @@ from specviz.config import DecodeConfig
 from specviz.drafters import Drafter
 from specviz.engines.base import commit
 from specviz.engines.eagle import EagleSession, FeatureHistory
+from specviz.engines.pld import lookup
 from specviz.engines.speculative import Proposal, stop_drafting
-from specviz.events import DraftToken, StepEvent, Verdict
+from specviz.events import LOOKUP_HEAD, DraftToken, StepEvent, Verdict
 from specviz.models import LoadedModel
 from specviz.sampling import pick, verify_chain, warp
 from specviz.trees import Tree, greedy_walk
@@ -41,6 +42,30 @@ class TreeProposal:
     q_nodes: list[float]          # (n,) each node's probability under the distribution it came from
     q_chain: torch.Tensor | None  # (n, V) sampling: the distributions of the chain's draws; None for greedy
     forwards: int
+    looked_up: frozenset[int] = frozenset()  # nodes that prompt lookup added (graft)
+
+
+def graft(prop: TreeProposal, chain: list[int]) -> TreeProposal:
+    """The greedy proposal with `chain` (prompt lookup's continuation of the context) as one more branch from
+    the root: the chain follows the nodes that already carry its tokens and grows new ones where they stop
+    (q = 1: lookup is deterministic). Greedy verification walks the tree along the target's argmax, so a
+    grafted branch can only add accepted tokens, never change the output."""
+    nodes = {p: (t, q) for p, t, q in zip(prop.tree.paths, prop.node_tokens, prop.q_nodes)}  # path -> (token, q)
+    path: tuple[int, ...] = ()
+    added = set()
+    for token in chain:
+        kids = {nodes[p][0]: p for p in nodes if len(p) == len(path) + 1 and p[:-1] == path}
+        if token in kids:
+            path = kids[token]
+            continue
+        path += (1 + max((p[-1] for p in kids.values()), default=-1),)  # a new rank after its siblings'
+        nodes[path] = (token, 1.0)
+        added.add(path)
+    if not added:
+        return prop
+    tree = Tree.from_choices(nodes)
+    return TreeProposal(tree, [nodes[p][0] for p in tree.paths], [nodes[p][1] for p in tree.paths], None,
+                        prop.forwards, frozenset(i for i, p in enumerate(tree.paths) if p in added))
 
 
 class ProposerState(Protocol):
@@ -210,9 +235,12 @@ class TreeEngine:
         """Propose a tree, verify it in one target forward, commit the accepted path; one step of `run`."""
         cfg, tokens, vocab, text_of = run.cfg, run.tokens, self.target.vocab_size, self.target.text_of
         n_new = len(tokens) - run.prompt_len
-        room = min(cfg.initial_gamma(), cfg.max_new_tokens - n_new - 1)  # γ caps the depth; never past the length cap
+        cap = cfg.max_new_tokens - n_new - 1  # never draft past the length cap
+        room = min(cfg.initial_gamma(), cap)  # γ caps the drafter's depth
         t0 = clock(self.target.device)
         prop = self.proposer.propose(run.drafts, tokens, self.tree, cfg, room, run.generator) if room > 0 else None
+        if prop is not None and prop.q_chain is None and cfg.lookup:
+            prop = graft(prop, lookup(tokens, min(cfg.lookup, cap), cfg.pld_ngram_max, cfg.pld_ngram_min))
         t1 = clock(self.target.device)
         n_ctx = len(tokens)
         n_fed = n_ctx - run.target.seen
@@ -272,7 +300,8 @@ class TreeEngine:
             judged = verdict is not Verdict.DISCARDED
             out.append(DraftToken(token, self.target.text_of(token), verdict, prop.q_nodes[i],
                                   p_target=float(p_rows[parent + 1, token]) if judged else None,
-                                  parent=parent, depth=tree.depths[i] - 1, head=tree.depths[i] - 1, rank=tree.ranks[i]))
+                                  parent=parent, depth=tree.depths[i] - 1,
+                                  head=LOOKUP_HEAD if i in prop.looked_up else tree.depths[i] - 1, rank=tree.ranks[i]))
         return out
 
 
