@@ -70,12 +70,15 @@ A cheap *drafter* guesses the next γ tokens; the target then checks all γ gues
 
 - **Left pane, plain autoregressive:** one target forward pass per token — the baseline.
 - **Right pane, speculative:** the drafter is a lookup of n-grams already in the prompt and the answer (`pld`,
-  prompt lookup decoding: the default on a CPU, where it measured fastest), a separate draft model such as an
+  prompt lookup decoding), a separate draft model such as an
   *int8 copy* of the target (`vanilla`), an *EAGLE* drafter — one small layer
   trained to continue the target's own hidden features (`eagle`), *Medusa* heads that propose a whole tree
   of candidates, which the target verifies in one pass (`medusa`; the tree panel draws it), or the target's own
   first layers with a trained early exit (`layerskip`), or a small *distilled draft model* of four layers
-  sharing the target's embeddings (`draft`). Every drafted token is
+  sharing the target's embeddings (`draft`). On the tree drafters (eagle, medusa) the *prompt lookup branch* hangs
+  prompt lookup's guess on the same tree, so one target pass checks both the trained drafter's and the lookup's
+  continuation (nodes from the lookup say so when you hover over them). EAGLE with that branch is the default on a
+  CPU, where it measured fastest. Every drafted token is
   coloured by what the target did with it: kept (green, underlined), refused (red, struck through), never
   judged because an earlier one was refused (grey, struck through), and the target's own token at the refused
   position (orange, bold) or its free extra token when every draft was kept (blue, bold). Hover over a
@@ -93,12 +96,12 @@ A cheap *drafter* guesses the next γ tokens; the target then checks all γ gues
 """
 
 
-def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed):
+def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed, lookup=DEFAULTS.lookup):
     """The streaming handler: yields every output at most ~4 times a second, and always the final state.
     Any error ends the run with a one-line message in the status bar (no traceback, no server path); the
     app keeps serving. A Stop closes this generator (GeneratorExit is not caught)."""
     try:
-        cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed)
+        cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed, lookup)
         target, draft = hardware.default_pair().run_args(method, draft)
         for view in live_views(race_stream(prompt, cfg, draft, target)):
             events = view.final_events
@@ -115,25 +118,29 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
 def race_api(prompt: str = DEFAULT_PROMPT, method: str = "", draft: str = "",
              gamma: str = "", temperature: float = DEFAULTS.temperature,
              top_p: float = DEFAULTS.top_p, max_new_tokens: int = DEFAULTS.max_new_tokens,
-             seed: int = DEFAULTS.seed) -> dict:
+             seed: int = DEFAULTS.seed, lookup: str = "") -> dict:
     """Race plain AR against a speculative method on one prompt; returns both texts, the summary
     (metrics.Comparison.to_dict(): speedup, α, τ, cost ratio c, the Leviathan prediction, identity) and the
     hardware. An empty method is this machine's default race (the app's), an empty γ the method's fastest γ measured
-    on this machine (hardware.Pair.gamma_for), an empty draft its default draft (int8 on CPU, SmolLM2-135M beside the 1.7B on a GPU)."""
+    on this machine (hardware.Pair.gamma_for), an empty draft its default draft (int8 on CPU, SmolLM2-135M beside the 1.7B on a GPU),
+    an empty lookup the length of prompt lookup's branch on a tree drafter's tree measured fastest here (0 for the others)."""
     try:
         pair = hardware.default_pair()
         method = method or pair.method
         gamma = str(gamma).strip() or str(pair.gamma_for(method))
-        cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed)
+        lookup = str(lookup).strip() or str(pair.lookup_for(method))
+        cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed, lookup)
         target, draft = pair.run_args(method, draft)
         return race_result(prompt, cfg, draft, target)
     except Exception as exc:
         raise gr.Error(user_message(exc, Policy.from_env().public), print_exception=False) from None
 
 
-def default_gamma(method) -> str:
-    """The γ field follows the chosen method: its fastest γ measured on this machine (hardware.Pair.gamma_for)."""
-    return str(hardware.default_pair().gamma_for(str(method)))
+def method_defaults(method) -> tuple[str, str]:
+    """The γ and lookup fields follow the chosen method: its fastest γ measured on this machine, and the prompt lookup
+    branch measured fastest on its tree (hardware.Pair.gamma_for, lookup_for)."""
+    pair = hardware.default_pair()
+    return str(pair.gamma_for(str(method))), str(pair.lookup_for(str(method)))
 
 
 def show_tree(events, step):
@@ -150,7 +157,7 @@ def build_ui() -> gr.Blocks:
     """The layout and its wiring; loads nothing (models load in main() or on the first run). On ZeroGPU the
     handlers that run models (race, check, step-through) are wrapped in spaces.GPU (specviz/zerogpu.py)."""
     pair = hardware.default_pair()
-    initial = empty_view(pair.method)
+    initial = empty_view(pair.method, lookup=pair.lookup_for(pair.method))
     run_seconds = zerogpu.run_duration()  # one capped run: SPECVIZ_MAX_RUN_SECONDS plus the set-up
     with gr.Blocks(title="specviz: speculative decoding, live", analytics_enabled=False) as demo:
         gr.Markdown("# specviz — speculative decoding, live\n"
@@ -179,6 +186,11 @@ def build_ui() -> gr.Blocks:
                                             value=str(pair.gamma), label="γ (drafted tokens per step)",
                                             info="follows the method: its fastest γ measured here",
                                             elem_id="gamma")
+                        lookup = gr.Dropdown([str(n) for n in range(0, GAMMA_MAX + 1)],
+                                             value=str(pair.lookup_for(pair.method)), label="Prompt lookup branch",
+                                             info="eagle, medusa: also verify prompt lookup's next tokens (up to this "
+                                                  "many) on the tree; 0 = off",
+                                             elem_id="lookup")
                     with gr.Row():
                         temperature = gr.Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05,
                                                 label="Temperature (0 = greedy)", elem_id="temperature")
@@ -210,12 +222,14 @@ def build_ui() -> gr.Blocks:
             spec_events = gr.State([])  # this session's last finished speculative run, for the tree slider
 
             run_event = run.click(
-                zerogpu.gpu(run_race, run_seconds), inputs=[prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed],
+                zerogpu.gpu(run_race, run_seconds), inputs=[prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed,
+                                                          lookup],
                 outputs=[status, pane_ar, pane_spec, summary, plot_alpha, plot_speed, plot_accept, plot_tree,
                          spec_events, tree_step],
                 concurrency_limit=1, concurrency_id=CONCURRENCY_ID, api_name="race_stream", show_progress="hidden")
             stop.click(None, cancels=[run_event])
-            method.input(default_gamma, inputs=[method], outputs=[gamma], api_visibility="private", show_progress="hidden")
+            method.input(method_defaults, inputs=[method], outputs=[gamma, lookup], api_visibility="private",
+                         show_progress="hidden")
             tree_step.input(show_tree, inputs=[spec_events, tree_step], outputs=[plot_tree], api_visibility="private",
                             show_progress="hidden")
             gr.api(zerogpu.gpu(race_api, run_seconds), api_name="race", concurrency_limit=1,

@@ -51,8 +51,18 @@ EXAMPLES: dict[str, list[str]] = {
         "What causes the seasons on Earth?",
     ],
 }
-DEFAULT_PROMPT = EXAMPLES["writing"][0]  # the CPU's default race (prompt lookup) drafts from the prompt's own words
+DEFAULT_PROMPT = EXAMPLES["writing"][0]  # the CPU's default race (EAGLE with prompt lookup's branch) also drafts from its own words
 LANE_TITLES = {"ar": "Plain autoregressive", "spec": "Speculative ({method})"}
+
+
+def method_label(method: str, lookup: int = 0) -> str:
+    """The method as lanes and summaries name it: 'eagle + prompt lookup' when lookup's branch rides on its tree."""
+    return f"{method} + prompt lookup" if lookup else method
+
+
+def short_label(cfg: DecodeConfig) -> str:
+    """The method as the bench writes it, for tight spots (a plot legend): 'eagle+pld' with a prompt lookup branch."""
+    return f"{cfg.method}+pld" if cfg.lookup else cfg.method
 
 
 def example_rows() -> tuple[list[list[str]], list[str]]:
@@ -66,15 +76,18 @@ def example_rows() -> tuple[list[list[str]], list[str]]:
 
 
 def make_config(method: str = DEFAULTS.method, gamma=DEFAULTS.gamma, temperature=DEFAULTS.temperature,
-                top_p=DEFAULTS.top_p, max_new_tokens=DEFAULTS.max_new_tokens, seed=DEFAULTS.seed) -> DecodeConfig:
+                top_p=DEFAULTS.top_p, max_new_tokens=DEFAULTS.max_new_tokens, seed=DEFAULTS.seed,
+                lookup=DEFAULTS.lookup) -> DecodeConfig:
     """Form values -> a validated DecodeConfig (raises ConfigError with a one-line message)."""
     if method not in SPEC_METHODS:
         raise ConfigError(f"method={method!r} is not a speculative method: use one of {', '.join(SPEC_METHODS)} "
                           "(plain AR always runs as the baseline)")
     if seed is None or seed == "":
         seed = DEFAULTS.seed
+    if lookup is None or lookup == "":
+        lookup = DEFAULTS.lookup
     return DecodeConfig(method=method, gamma=gamma, temperature=temperature, top_p=top_p,
-                        max_new_tokens=max_new_tokens, seed=seed)
+                        max_new_tokens=max_new_tokens, seed=seed, lookup=lookup)
 
 
 @dataclass
@@ -110,7 +123,7 @@ class Snapshot:
     profiled: bool = False      # the prediction used the target's measured verify profile (specviz/profile.py)
 
     def title(self, lane: str) -> str:
-        return LANE_TITLES[lane].format(method=self.cfg.method)
+        return LANE_TITLES[lane].format(method=method_label(self.cfg.method, self.cfg.lookup))
 
     def text(self, lane: str) -> str:
         ids = self.lanes[lane].token_ids
@@ -252,9 +265,9 @@ def pane_html(title: str, lane: Lane, running: bool) -> str:
             f'<div class="sv-pane">{body}</div></div>')
 
 
-def empty_panes(method: str = DEFAULTS.method) -> tuple[str, str]:
+def empty_panes(method: str = DEFAULTS.method, lookup: int = 0) -> tuple[str, str]:
     return (pane_html(LANE_TITLES["ar"], Lane(), False),
-            pane_html(LANE_TITLES["spec"].format(method=method), Lane(), False))
+            pane_html(LANE_TITLES["spec"].format(method=method_label(method, lookup)), Lane(), False))
 
 
 TAU_LABEL = ("mean accepted length τ, tokens per target forward incl. the bonus token, "
@@ -296,7 +309,8 @@ def summary_html(snap: Snapshot) -> str:
         spec_tok = _token_at(spec_ev, i)
         badge = (f'<span class="sv-badge sv-badge-warn">✗ differs from plain decoding at token {i}: '
                  f'AR {html.escape(repr(ar_tok))} vs speculative {html.escape(repr(spec_tok))}</span>')
-    settings = (f"{snap.cfg.method}, γ = {gamma}, temperature {snap.cfg.temperature:g}, top-p {snap.cfg.top_p:g}, "
+    lookup = f", prompt lookup branch of up to {snap.cfg.lookup} tokens" if snap.cfg.lookup else ""
+    settings = (f"{snap.cfg.method}, γ = {gamma}{lookup}, temperature {snap.cfg.temperature:g}, top-p {snap.cfg.top_p:g}, "
                 f"{c.spec.new_tokens} tokens, {c.spec.steps} target forwards vs {c.ar.steps}"
                 + (f" · on {snap.hardware}" if snap.hardware else ""))
     return (f'<div class="sv-summary"><div class="sv-badges">{badge}</div>'
@@ -357,7 +371,7 @@ def view_of(snap: Snapshot, with_plots: bool = True) -> View:
         view,
         alpha=plots.alpha_figure(spec.events),
         speed=plots.speed_figure({"ar": ar.events, "spec": spec.events},
-                                 {"ar": "plain AR", "spec": f"speculative ({snap.cfg.method})"}),
+                                 {"ar": "plain AR", "spec": f"speculative ({short_label(snap.cfg)})"}),
         accept=plots.accept_figure(spec.events),
         tree=plots.tree_figure(spec.events[-1] if spec.events else None),
     )
@@ -376,8 +390,8 @@ def live_views(stream: Iterable[Snapshot], interval: float = UPDATE_INTERVAL_S, 
         yield view_of(snap, with_plots=full)
 
 
-def empty_view(method: str = DEFAULTS.method, message: str = "") -> View:
-    ar, spec = empty_panes(method)
+def empty_view(method: str = DEFAULTS.method, message: str = "", lookup: int = 0) -> View:
+    ar, spec = empty_panes(method, lookup)
     return View(status_html(message) if message else "", ar, spec, summary_html(Snapshot(DEFAULTS, DEFAULT_DRAFT)),
                 plots.alpha_figure([]), plots.speed_figure({"ar": [], "spec": []}, {"ar": "plain AR",
                                                                                      "spec": "speculative"}),

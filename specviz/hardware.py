@@ -34,10 +34,15 @@ class Pair:
     note: str = ""   # one line for the log when the pair is not the one this hardware would prefer
     method: str = "vanilla"  # the app's default race: the fastest method measured with this pair on this hardware
     gammas: tuple[tuple[str, int], ...] = ()  # (method, γ): the fastest γ measured for it here; others: DecodeConfig's
+    lookups: tuple[tuple[str, int], ...] = ()  # (method, n): prompt lookup's branch on its tree measured fastest here
 
     def gamma_for(self, method: str) -> int:
         """The default γ of `method` with this pair: the fastest measured, else DecodeConfig's."""
         return dict(self.gammas).get(method, DecodeConfig.gamma)
+
+    def lookup_for(self, method: str) -> int:
+        """The default length of the prompt lookup branch on `method`'s tree here (DecodeConfig.lookup; 0 = none)."""
+        return dict(self.lookups).get(method, DecodeConfig.lookup)
 
     @property
     def gamma(self) -> int:
@@ -66,12 +71,14 @@ class Pair:
         return target, draft or self.draft_for(target)
 
 
-# The fastest shipped method on 2 CPU cores (README, Performance): prompt lookup, 1.38x AR on 48 Spec-Bench questions
-# on an AMX Xeon, against 1.16x for the shipped EAGLE-3 in the same run (assets/bench/spec_bench48-eagle3-shipped.json);
-# on the app's own 10 example prompts the two are level (pld:2 1.21x, eagle:2 1.26x, assets/bench/app-examples-eagle3.json).
-# On an EPYC with AVX512-BF16, with the trees re-chosen for it: pld:2 1.34x, EAGLE 1.20x, Medusa 1.10x in one run
+# The fastest shipped method on 2 CPU cores (README, Performance): EAGLE with prompt lookup's branch on its tree
+# (CPU_LOOKUPS below), 1.60x AR on 48 Spec-Bench questions on an EPYC with AVX512-BF16 and faster than AR in every
+# category, against 1.35x for prompt lookup alone, 1.24x for EAGLE alone and 1.47x for Medusa with the branch, in one run
+# (assets/bench/spec_bench48-lookup-branch.json); on the app's default prompt 2.78x against pld:2's 1.75x
+# (assets/bench/app-examples-lookup-{a,b}.json). Before the branch, prompt lookup alone was the fastest: 1.38x against
+# EAGLE's 1.16x on an AMX Xeon (assets/bench/spec_bench48-eagle3-shipped.json), 1.34x against 1.20x on the EPYC
 # (assets/bench/spec_bench48-epyc-trees.json).
-CPU_METHOD = "pld"
+CPU_METHOD = "eagle"
 # The fastest γ measured per method there: prompt lookup 2 (best of 1-3 on 13 Spec-Bench questions); EAGLE 2, the depth
 # of its tree chosen from held-out accuracy and the verify profile (a chain of 2 then, eagle:2 1.26x against eagle:1
 # 1.22x on the app's examples; now [(0), (1), (0, 0)], `python -m specviz tree`); the other trained chain drafters 1 (draft:1 0.95x against draft:4 0.60x on 48
@@ -79,7 +86,12 @@ CPU_METHOD = "pld"
 # assets/bench/profile-bf16.json). Medusa's γ caps its tree's depth and vanilla was not measured faster at another γ:
 # both keep DecodeConfig's.
 CPU_GAMMAS = (("pld", 2), ("eagle", 2), ("layerskip", 1), ("draft", 1))
-EMBEDDED_PAIR = Pair(DEFAULT_TARGET, DEFAULT_DRAFT, method=CPU_METHOD, gammas=CPU_GAMMAS)
+# Prompt lookup's branch on the tree drafters' trees (DecodeConfig.lookup), its length chosen on the app's 10 examples
+# (not on Spec-Bench): EAGLE with a branch of 2/3/4/6/8 tokens ran 1.37/1.39/1.46-1.49/1.53/1.46x AR, against 1.34x
+# without one (two runs on the EPYC, assets/bench/app-examples-lookup-{a,b}.json).
+CPU_LOOKUP = 6
+CPU_LOOKUPS = (("eagle", CPU_LOOKUP), ("medusa", CPU_LOOKUP))
+EMBEDDED_PAIR = Pair(DEFAULT_TARGET, DEFAULT_DRAFT, method=CPU_METHOD, gammas=CPU_GAMMAS, lookups=CPU_LOOKUPS)
 GPU_PAIR = Pair(GPU_TARGET, GPU_DRAFT)
 HUB_UNREACHABLE = f"Hub unreachable: using the embedded pair {DEFAULT_TARGET} + {DEFAULT_DRAFT}"
 
@@ -90,7 +102,7 @@ def choose_pair(cuda: bool, hub_reachable: Callable[[], bool]) -> Pair:
         return EMBEDDED_PAIR
     if hub_reachable():
         return GPU_PAIR
-    return Pair(DEFAULT_TARGET, DEFAULT_DRAFT, HUB_UNREACHABLE, CPU_METHOD, CPU_GAMMAS)
+    return Pair(DEFAULT_TARGET, DEFAULT_DRAFT, HUB_UNREACHABLE, CPU_METHOD, CPU_GAMMAS, CPU_LOOKUPS)
 
 
 def hub_reachable(repo_ids: Iterable[str] = (GPU_TARGET, GPU_DRAFT), timeout: float = HUB_TIMEOUT_S) -> bool:

@@ -5,6 +5,7 @@ import time
 
 
 from specviz import hardware
+from specviz.app_logic import method_label
 from tests.browser_kit import ASSETS, set_number
 
 PROMPT = "Write a haiku about the sea."
@@ -31,7 +32,8 @@ def test_run_in_browser(app_url, browser):
     assert page.locator("#pane-spec [data-verdict=accepted]").count() > 0
     assert page.locator("#pane-ar [data-verdict=plain]").count() == N
     assert "identical to plain decoding" in page.locator("#summary").inner_text()
-    assert f"Speculative ({hardware.default_pair().method})" in page.locator("#pane-spec").inner_text()  # the default method
+    pair = hardware.default_pair()  # the default method, with its prompt lookup branch where it has one
+    assert f"Speculative ({method_label(pair.method, pair.lookup_for(pair.method))})" in page.locator("#pane-spec").inner_text()
     legend = page.locator("#legend")
     assert legend.is_visible()
     for verdict in ("accepted", "rejected", "discarded", "resampled", "bonus"):
@@ -99,12 +101,13 @@ def test_medusa_tree_in_browser(app_url, browser):
     set_number(page, "max-new-tokens", N)
     page.locator("#method input").click()
     page.locator("[role=option]", has_text="medusa").first.click()
-    gamma = str(hardware.default_pair().gamma_for("medusa"))  # the γ field follows the method
-    page.wait_for_function(f"() => document.querySelector('#gamma input').value === '{gamma}'", timeout=10_000)
+    pair = hardware.default_pair()  # the γ and lookup fields follow the method
+    for field, value in (("gamma", pair.gamma_for("medusa")), ("lookup", pair.lookup_for("medusa"))):
+        page.wait_for_function(f"() => document.querySelector('#{field} input').value === '{value}'", timeout=10_000)
     page.locator("#run").click()
     page.wait_for_selector("#pane-spec .sv-pane-box[data-state=done]", timeout=180_000)
     page.wait_for_selector("#summary .sv-badge", timeout=60_000)
-    assert "Speculative (medusa)" in page.locator("#pane-spec").inner_text()
+    assert f"Speculative ({method_label('medusa', pair.lookup_for('medusa'))})" in page.locator("#pane-spec").inner_text()
     assert "identical to plain decoding" in page.locator("#summary").inner_text()
     set_number(page, "tree-step", 2)  # step 1 is the target's prefill; step 2 is the first tree
     page.wait_for_timeout(1500)

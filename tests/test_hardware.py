@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specviz import cli, hardware
-from specviz.hardware import EMBEDDED_PAIR, GPU_DRAFT, GPU_PAIR, GPU_TARGET
+from specviz.hardware import CPU_LOOKUP, EMBEDDED_PAIR, GPU_DRAFT, GPU_PAIR, GPU_TARGET
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -108,14 +108,27 @@ def test_cli_defaults_on_a_cpu(monkeypatch):
 
 
 def test_default_gamma_per_method_is_the_measured_one():
-    """On a CPU the default race is prompt lookup at γ 2, EAGLE defaults to its shipped tree's depth 2 and the other
+    """On a CPU the default race is EAGLE at γ 2, its shipped tree's depth, prompt lookup defaults to γ 2 and the other
     trained chain drafters to γ 1 (README, Performance); methods without a measured γ (vanilla, Medusa's tree depth)
     and the GPU pair keep DecodeConfig's."""
     from specviz.config import DecodeConfig
 
-    assert (EMBEDDED_PAIR.method, EMBEDDED_PAIR.gamma) == ("pld", 2)
+    assert (EMBEDDED_PAIR.method, EMBEDDED_PAIR.gamma) == ("eagle", 2)
+    assert EMBEDDED_PAIR.gamma_for("pld") == 2
     assert [EMBEDDED_PAIR.gamma_for(m) for m in ("eagle", "draft", "layerskip")] == [2, 1, 1]
     depth = max(map(len, json.loads((ASSETS / "drafters" / "smollm2-135m-eagle" / "config.json").read_text())["tree"]))
     assert EMBEDDED_PAIR.gamma_for("eagle") == depth  # γ caps the tree's depth: the whole shipped tree is drafted
     assert EMBEDDED_PAIR.gamma_for("vanilla") == EMBEDDED_PAIR.gamma_for("medusa") == DecodeConfig.gamma
     assert GPU_PAIR.gamma == GPU_PAIR.gamma_for("eagle") == DecodeConfig.gamma
+
+
+def test_default_lookup_branch_rides_on_the_tree_drafters_only():
+    """On a CPU EAGLE and Medusa carry prompt lookup's branch of the measured length; no other method can (DecodeConfig
+    refuses it) and the GPU pair measured none."""
+    from specviz.config import LOOKUP_METHODS, DecodeConfig
+
+    assert CPU_LOOKUP > 0 and [EMBEDDED_PAIR.lookup_for(m) for m in LOOKUP_METHODS] == [CPU_LOOKUP] * len(LOOKUP_METHODS)
+    assert EMBEDDED_PAIR.lookup_for("pld") == EMBEDDED_PAIR.lookup_for("vanilla") == DecodeConfig.lookup == 0
+    assert GPU_PAIR.lookup_for("eagle") == 0
+    for method in LOOKUP_METHODS:
+        DecodeConfig(method=method, lookup=EMBEDDED_PAIR.lookup_for(method))  # valid

@@ -29,7 +29,7 @@ LEAKS = re.compile(r"Traceback|File \"|site-packages|/work/|/tmp/|/home/|/usr/|\
 
 
 def race(client, **kwargs) -> dict:
-    """/race; a run naming a draft model is a vanilla run (the CPU's default race, prompt lookup, has none)."""
+    """/race; a run naming a draft model is a vanilla run (the CPU's default race, EAGLE, has none)."""
     method = {"method": "vanilla"} if "draft" in kwargs else {}
     return client.predict(**{"prompt": GOOD, "max_new_tokens": N, **method, **kwargs}, api_name="/race")
 
@@ -131,7 +131,7 @@ def test_eight_concurrent_sessions_each_get_their_own_results(app_url, target):
 # --- Stop -----------------------------------------------------------------------------------------------
 
 def stream_args(prompt: str, max_new_tokens: int) -> tuple:
-    return (prompt, "vanilla", "int8", "4", 0.0, 1.0, max_new_tokens, 0)
+    return (prompt, "vanilla", "int8", "4", 0.0, 1.0, max_new_tokens, 0, "0")
 
 
 def test_stop_cancels_within_a_second_and_frees_the_worker(app_url, target):
@@ -199,10 +199,17 @@ def failing_steps(original, after: int):
     return steps
 
 
-def test_an_engine_exception_mid_run_is_one_line_and_logged(client, app_url, monkeypatch, caplog):
+def break_engines(monkeypatch, after: int = 1) -> None:
+    """Every run's engine fails after `after` steps: the chain drafters' and the tree drafters' (the CPU's default race)."""
     from specviz.engines.speculative import SpeculativeEngine
+    from specviz.engines.tree import TreeEngine
 
-    monkeypatch.setattr(SpeculativeEngine, "steps", failing_steps(SpeculativeEngine.steps, after=1))
+    for engine in (SpeculativeEngine, TreeEngine):
+        monkeypatch.setattr(engine, "steps", failing_steps(engine.steps, after=after))
+
+
+def test_an_engine_exception_mid_run_is_one_line_and_logged(client, app_url, monkeypatch, caplog):
+    break_engines(monkeypatch)
     message = race_error(client)
     assert "the run failed inside the engine (RuntimeError); the app is still serving — try again" in message
     assert "secret" not in message
@@ -345,10 +352,9 @@ def test_public_mode_refuses_paths_and_unlisted_models_without_echoing_paths(cli
 # --- the same in a real browser -------------------------------------------------------------------------
 
 def test_browser_engine_fault_then_the_next_run_works(app_url, browser, monkeypatch):
-    from specviz.engines.speculative import SpeculativeEngine
     from tests.browser_kit import set_number
 
-    monkeypatch.setattr(SpeculativeEngine, "steps", failing_steps(SpeculativeEngine.steps, after=1))
+    break_engines(monkeypatch)
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(app_url)
     page.wait_for_selector("#run")
