@@ -242,16 +242,21 @@ def tree_figure(event: Optional[StepEvent]) -> go.Figure:
         final_xy = (x, (max(ys) + 1.0) if blocked else pos(tail)[1])
 
     on_path = set(path)
-    other = [(pos(d.parent), pos(i)) for i, d in enumerate(drafts) if i not in on_path]
+    other = [(pos(d.parent), pos(i)) for i, d in enumerate(drafts) if i not in on_path and d.head != LOOKUP_HEAD]
+    looked_up = [(pos(d.parent), pos(i)) for i, d in enumerate(drafts) if i not in on_path and d.head == LOOKUP_HEAD]
     chain = [-1] + path
     taken = [(pos(a), pos(b)) for a, b in zip(chain, chain[1:])]
     if final_xy is not None:
         taken.append((pos(tail), final_xy))
     ox, oy = _segments(other)
     px, py = _segments(taken)
+    lx, ly = _segments(looked_up)
     data = [
         {"type": "scatter", "x": ox, "y": oy, "mode": "lines", "name": "not taken", "hoverinfo": "skip",
          "showlegend": False, "line": {"color": EDGE, "width": 2}},
+        *([{"type": "scatter", "x": lx, "y": ly, "mode": "lines", "name": "prompt lookup", "hoverinfo": "skip",
+            "line": {"color": EDGE, "width": 2, "dash": "dash"}}]
+          if looked_up else []),  # the branch grafted from prompt lookup (DecodeConfig.lookup), dashed
         {"type": "scatter", "x": px, "y": py, "mode": "lines", "name": "accepted path", "hoverinfo": "skip",
          "line": {"color": COLOURS[Verdict.ACCEPTED], "width": 7}},
         root,
@@ -281,7 +286,11 @@ def tree_figure(event: Optional[StepEvent]) -> go.Figure:
     axes["xaxis"]["range"] = [-0.5, max(all_x) + 0.6]
     axes["yaxis"]["range"] = [max(all_y) + 0.6, min(all_y) - 0.8]  # reversed: the first branch on top
     title = f"Candidate tree of step {event.step + 1}: kept {event.n_accepted} of {len(drafts)} drafts"
-    return _figure(data, title, **axes)
+    # the legend goes under the axis title: a tree with every verdict and a lookup branch has too many entries to
+    # share the title's line
+    return _figure(data, title, legend={"orientation": "h", "yanchor": "top", "y": -0.3, "xanchor": "left", "x": 0.0,
+                                        "font": {"size": 15}},
+                   margin={"l": 64, "r": 20, "t": 60, "b": 110}, height=HEIGHT + 50, **axes)
 
 
 # --- teaching mode (specviz/teach.py's CycleView as a dict) ---------------------------------------------

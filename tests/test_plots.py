@@ -132,3 +132,22 @@ def test_tree_of_a_step_without_drafts_and_the_empty_tree():
 def test_plots_and_handler_logic_do_not_import_torch():
     code = "import sys, specviz.plots, specviz.app_logic; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=str(ROOT)).returncode == 0
+
+
+def test_prompt_lookup_nodes_hang_on_dashed_edges_and_say_so():
+    """Nodes grafted by prompt lookup (head LOOKUP_HEAD): their edges off the accepted path are dashed, in a trace of
+    their own, and their hover names the lookup; a tree without them draws no such trace."""
+    from specviz.events import LOOKUP_HEAD
+
+    grafted = StepEvent(2, (
+        D(1, "A", V.REJECTED, 0.6, 0.1, None, -1, 0),
+        D(7, "X", V.ACCEPTED, 1.0, 0.9, None, -1, 0, head=LOOKUP_HEAD, rank=1),
+        D(8, "Y", V.REJECTED, 1.0, 0.2, None, 1, 1, head=LOOKUP_HEAD),
+    ), (E(7, "X", V.ACCEPTED), E(9, "Z", V.RESAMPLED)), 0.01, 0.02, 1, 1, 3)
+    fig = plots.tree_figure(grafted)
+    lookup = next(t for t in fig.data if t.name == "prompt lookup")
+    assert lookup.line.dash == "dash" and len(segments(lookup)) == 1  # X -> Y; X itself is on the accepted path
+    assert len(segments(fig.data[0])) == 1 and fig.data[0].line.dash is None  # A, the drafter's own: solid
+    rejected = next(t for t in fig.data if t.name == "rejected")
+    assert ["from prompt lookup" in h for h in rejected.hovertext] == [False, True]
+    assert "prompt lookup" not in [t.name for t in plots.tree_figure(TREE).data]
