@@ -368,5 +368,7 @@ def test_browser_engine_fault_then_the_next_run_works(app_url, browser, monkeypa
     monkeypatch.undo()
     page.locator("#run").click()  # the same page, the next run
     page.wait_for_selector("#pane-spec .sv-pane-box[data-state=done]", timeout=60_000)
+    page.wait_for_selector("#pane-ar .sv-pane-box[data-state=done]", timeout=60_000)  # speculation may finish first
+    page.wait_for_selector("#summary .sv-badge", timeout=60_000)
     assert page.locator("#pane-ar [data-verdict=plain]").count() == N
     assert "identical to plain decoding" in page.locator("#summary").inner_text()
