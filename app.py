@@ -77,8 +77,10 @@ A cheap *drafter* guesses the next γ tokens; the target then checks all γ gues
   first layers with a trained early exit (`layerskip`), or a small *distilled draft model* of four layers
   sharing the target's embeddings (`draft`). On the tree drafters (eagle, medusa) the *prompt lookup branch* hangs
   prompt lookup's guess on the same tree, so one target pass checks both the trained drafter's and the lookup's
-  continuation (nodes from the lookup say so when you hover over them). EAGLE with that branch is the default on a
-  CPU, where it measured fastest. Every drafted token is
+  continuation (nodes from the lookup say so when you hover over them). The *datastore branch* does the same with
+  what most often followed the last few tokens in the target's own answers to thousands of training prompts (a
+  retrieval drafter, as REST does). EAGLE with both branches is the default on a CPU, where it measured fastest.
+  Every drafted token is
   coloured by what the target did with it: kept (green, underlined), refused (red, struck through), never
   judged because an earlier one was refused (grey, struck through), and the target's own token at the refused
   position (orange, bold) or its free extra token when every draft was kept (blue, bold). Hover over a
@@ -96,12 +98,13 @@ A cheap *drafter* guesses the next γ tokens; the target then checks all γ gues
 """
 
 
-def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed, lookup=DEFAULTS.lookup):
+def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed, lookup=DEFAULTS.lookup,
+             retrieve=DEFAULTS.retrieve):
     """The streaming handler: yields every output at most ~4 times a second, and always the final state.
     Any error ends the run with a one-line message in the status bar (no traceback, no server path); the
     app keeps serving. A Stop closes this generator (GeneratorExit is not caught)."""
     try:
-        cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed, lookup)
+        cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed, lookup, retrieve)
         target, draft = hardware.default_pair().run_args(method, draft)
         for view in live_views(race_stream(prompt, cfg, draft, target)):
             events = view.final_events
@@ -118,29 +121,31 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
 def race_api(prompt: str = DEFAULT_PROMPT, method: str = "", draft: str = "",
              gamma: str = "", temperature: float = DEFAULTS.temperature,
              top_p: float = DEFAULTS.top_p, max_new_tokens: int = DEFAULTS.max_new_tokens,
-             seed: int = DEFAULTS.seed, lookup: str = "") -> dict:
+             seed: int = DEFAULTS.seed, lookup: str = "", retrieve: str = "") -> dict:
     """Race plain AR against a speculative method on one prompt; returns both texts, the summary
     (metrics.Comparison.to_dict(): speedup, α, τ, cost ratio c, the Leviathan prediction, identity) and the
     hardware. An empty method is this machine's default race (the app's), an empty γ the method's fastest γ measured
     on this machine (hardware.Pair.gamma_for), an empty draft its default draft (int8 on CPU, SmolLM2-135M beside the 1.7B on a GPU),
-    an empty lookup the length of prompt lookup's branch on a tree drafter's tree measured fastest here (0 for the others)."""
+    an empty lookup (retrieve) the length of prompt lookup's (the datastore's) branch on a tree drafter's tree measured
+    fastest here (0 for the others)."""
     try:
         pair = hardware.default_pair()
         method = method or pair.method
         gamma = str(gamma).strip() or str(pair.gamma_for(method))
         lookup = str(lookup).strip() or str(pair.lookup_for(method))
-        cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed, lookup)
+        retrieve = str(retrieve).strip() or str(pair.retrieve_for(method))
+        cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed, lookup, retrieve)
         target, draft = pair.run_args(method, draft)
         return race_result(prompt, cfg, draft, target)
     except Exception as exc:
         raise gr.Error(user_message(exc, Policy.from_env().public), print_exception=False) from None
 
 
-def method_defaults(method) -> tuple[str, str]:
-    """The γ and lookup fields follow the chosen method: its fastest γ measured on this machine, and the prompt lookup
-    branch measured fastest on its tree (hardware.Pair.gamma_for, lookup_for)."""
-    pair = hardware.default_pair()
-    return str(pair.gamma_for(str(method))), str(pair.lookup_for(str(method)))
+def method_defaults(method) -> tuple[str, str, str]:
+    """The γ and branch fields follow the chosen method: its fastest γ measured on this machine, and the prompt lookup
+    and datastore branches measured fastest on its tree (hardware.Pair.gamma_for, lookup_for, retrieve_for)."""
+    pair, method = hardware.default_pair(), str(method)
+    return str(pair.gamma_for(method)), str(pair.lookup_for(method)), str(pair.retrieve_for(method))
 
 
 def show_tree(events, step):
@@ -157,7 +162,7 @@ def build_ui() -> gr.Blocks:
     """The layout and its wiring; loads nothing (models load in main() or on the first run). On ZeroGPU the
     handlers that run models (race, check, step-through) are wrapped in spaces.GPU (specviz/zerogpu.py)."""
     pair = hardware.default_pair()
-    initial = empty_view(pair.method, lookup=pair.lookup_for(pair.method))
+    initial = empty_view(pair.method, lookup=pair.lookup_for(pair.method), retrieve=pair.retrieve_for(pair.method))
     run_seconds = zerogpu.run_duration()  # one capped run: SPECVIZ_MAX_RUN_SECONDS plus the set-up
     with gr.Blocks(title="specviz: speculative decoding, live", analytics_enabled=False) as demo:
         gr.Markdown("# specviz — speculative decoding, live\n"
@@ -191,6 +196,11 @@ def build_ui() -> gr.Blocks:
                                              info="eagle, medusa: also verify prompt lookup's next tokens (up to this "
                                                   "many) on the tree; 0 = off",
                                              elem_id="lookup")
+                        retrieve = gr.Dropdown([str(n) for n in range(0, GAMMA_MAX + 1)],
+                                               value=str(pair.retrieve_for(pair.method)), label="Datastore branch",
+                                               info="eagle, medusa: also verify what most often followed in the "
+                                                    "target's own answers (up to this many); 0 = off",
+                                               elem_id="retrieve")
                     with gr.Row():
                         temperature = gr.Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05,
                                                 label="Temperature (0 = greedy)", elem_id="temperature")
@@ -223,12 +233,12 @@ def build_ui() -> gr.Blocks:
 
             run_event = run.click(
                 zerogpu.gpu(run_race, run_seconds), inputs=[prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed,
-                                                          lookup],
+                                                          lookup, retrieve],
                 outputs=[status, pane_ar, pane_spec, summary, plot_alpha, plot_speed, plot_accept, plot_tree,
                          spec_events, tree_step],
                 concurrency_limit=1, concurrency_id=CONCURRENCY_ID, api_name="race_stream", show_progress="hidden")
             stop.click(None, cancels=[run_event])
-            method.input(method_defaults, inputs=[method], outputs=[gamma, lookup], api_visibility="private",
+            method.input(method_defaults, inputs=[method], outputs=[gamma, lookup, retrieve], api_visibility="private",
                          show_progress="hidden")
             tree_step.input(show_tree, inputs=[spec_events, tree_step], outputs=[plot_tree], api_visibility="private",
                             show_progress="hidden")
@@ -243,7 +253,7 @@ def warm_up(on_zero_gpu: bool = False) -> None:
     """Load this machine's default pair once (and the embedded target the trained drafters are tied to), then
     run a few tokens so the first click answers at once. On ZeroGPU no GPU is attached outside the wrapped
     handlers: the models load (each worker inherits them) and nothing runs."""
-    from specviz import models, profile
+    from specviz import models, profile, retrieval
 
     pair = hardware.default_pair()
     if pair.note:
@@ -251,6 +261,8 @@ def warm_up(on_zero_gpu: bool = False) -> None:
     print(f"specviz: loading {pair.target} and the {pair.draft} draft…", flush=True)
     target = models.get(pair.target)
     models.load_draft(pair.draft, target)
+    if pair.retrieve_for(pair.method):
+        retrieval.datastore_for(pair.target)  # the default race's datastore branch: built once, here
     if pair.target != DEFAULT_TARGET:
         models.get(DEFAULT_TARGET)
     if not on_zero_gpu:

@@ -55,14 +55,15 @@ DEFAULT_PROMPT = EXAMPLES["writing"][0]  # the CPU's default race (EAGLE with pr
 LANE_TITLES = {"ar": "Plain autoregressive", "spec": "Speculative ({method})"}
 
 
-def method_label(method: str, lookup: int = 0) -> str:
-    """The method as lanes and summaries name it: 'eagle + prompt lookup' when lookup's branch rides on its tree."""
-    return f"{method} + prompt lookup" if lookup else method
+def method_label(method: str, lookup: int = 0, retrieve: int = 0) -> str:
+    """The method as lanes and summaries name it: 'eagle + prompt lookup + datastore' with the branches grafted
+    onto its tree."""
+    return method + " + prompt lookup" * bool(lookup) + " + datastore" * bool(retrieve)
 
 
 def short_label(cfg: DecodeConfig) -> str:
-    """The method as the bench writes it, for tight spots (a plot legend): 'eagle+pld' with a prompt lookup branch."""
-    return f"{cfg.method}+pld" if cfg.lookup else cfg.method
+    """The method as the bench writes it, for tight spots (a plot legend): 'eagle+pld+ret' with both branches."""
+    return cfg.method + "+pld" * bool(cfg.lookup) + "+ret" * bool(cfg.retrieve)
 
 
 def example_rows() -> tuple[list[list[str]], list[str]]:
@@ -77,7 +78,7 @@ def example_rows() -> tuple[list[list[str]], list[str]]:
 
 def make_config(method: str = DEFAULTS.method, gamma=DEFAULTS.gamma, temperature=DEFAULTS.temperature,
                 top_p=DEFAULTS.top_p, max_new_tokens=DEFAULTS.max_new_tokens, seed=DEFAULTS.seed,
-                lookup=DEFAULTS.lookup) -> DecodeConfig:
+                lookup=DEFAULTS.lookup, retrieve=DEFAULTS.retrieve) -> DecodeConfig:
     """Form values -> a validated DecodeConfig (raises ConfigError with a one-line message)."""
     if method not in SPEC_METHODS:
         raise ConfigError(f"method={method!r} is not a speculative method: use one of {', '.join(SPEC_METHODS)} "
@@ -86,8 +87,10 @@ def make_config(method: str = DEFAULTS.method, gamma=DEFAULTS.gamma, temperature
         seed = DEFAULTS.seed
     if lookup is None or lookup == "":
         lookup = DEFAULTS.lookup
+    if retrieve is None or retrieve == "":
+        retrieve = DEFAULTS.retrieve
     return DecodeConfig(method=method, gamma=gamma, temperature=temperature, top_p=top_p,
-                        max_new_tokens=max_new_tokens, seed=seed, lookup=lookup)
+                        max_new_tokens=max_new_tokens, seed=seed, lookup=lookup, retrieve=retrieve)
 
 
 @dataclass
@@ -123,7 +126,7 @@ class Snapshot:
     profiled: bool = False      # the prediction used the target's measured verify profile (specviz/profile.py)
 
     def title(self, lane: str) -> str:
-        return LANE_TITLES[lane].format(method=method_label(self.cfg.method, self.cfg.lookup))
+        return LANE_TITLES[lane].format(method=method_label(self.cfg.method, self.cfg.lookup, self.cfg.retrieve))
 
     def text(self, lane: str) -> str:
         ids = self.lanes[lane].token_ids
@@ -265,9 +268,9 @@ def pane_html(title: str, lane: Lane, running: bool) -> str:
             f'<div class="sv-pane">{body}</div></div>')
 
 
-def empty_panes(method: str = DEFAULTS.method, lookup: int = 0) -> tuple[str, str]:
+def empty_panes(method: str = DEFAULTS.method, lookup: int = 0, retrieve: int = 0) -> tuple[str, str]:
     return (pane_html(LANE_TITLES["ar"], Lane(), False),
-            pane_html(LANE_TITLES["spec"].format(method=method_label(method, lookup)), Lane(), False))
+            pane_html(LANE_TITLES["spec"].format(method=method_label(method, lookup, retrieve)), Lane(), False))
 
 
 TAU_LABEL = ("mean accepted length τ, tokens per target forward incl. the bonus token, "
@@ -310,6 +313,7 @@ def summary_html(snap: Snapshot) -> str:
         badge = (f'<span class="sv-badge sv-badge-warn">✗ differs from plain decoding at token {i}: '
                  f'AR {html.escape(repr(ar_tok))} vs speculative {html.escape(repr(spec_tok))}</span>')
     lookup = f", prompt lookup branch of up to {snap.cfg.lookup} tokens" if snap.cfg.lookup else ""
+    lookup += f", datastore branch of up to {snap.cfg.retrieve} tokens" if snap.cfg.retrieve else ""
     settings = (f"{snap.cfg.method}, γ = {gamma}{lookup}, temperature {snap.cfg.temperature:g}, top-p {snap.cfg.top_p:g}, "
                 f"{c.spec.new_tokens} tokens, {c.spec.steps} target forwards vs {c.ar.steps}"
                 + (f" · on {snap.hardware}" if snap.hardware else ""))
@@ -390,8 +394,8 @@ def live_views(stream: Iterable[Snapshot], interval: float = UPDATE_INTERVAL_S, 
         yield view_of(snap, with_plots=full)
 
 
-def empty_view(method: str = DEFAULTS.method, message: str = "", lookup: int = 0) -> View:
-    ar, spec = empty_panes(method, lookup)
+def empty_view(method: str = DEFAULTS.method, message: str = "", lookup: int = 0, retrieve: int = 0) -> View:
+    ar, spec = empty_panes(method, lookup, retrieve)
     return View(status_html(message) if message else "", ar, spec, summary_html(Snapshot(DEFAULTS, DEFAULT_DRAFT)),
                 plots.alpha_figure([]), plots.speed_figure({"ar": [], "spec": []}, {"ar": "plain AR",
                                                                                      "spec": "speculative"}),

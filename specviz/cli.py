@@ -55,14 +55,18 @@ def _decode_args(p: argparse.ArgumentParser, methods=METHODS) -> None:
     p.add_argument("--seed", default=DEFAULTS.seed, help="(default %(default)s)")
     p.add_argument("--lookup", default=DEFAULTS.lookup, help="eagle, medusa (greedy): also verify prompt lookup's "
                    "continuation of up to this many tokens as one more branch of the tree; 0 = off (default %(default)s)")
+    p.add_argument("--retrieve", default=DEFAULTS.retrieve, help="eagle, medusa (greedy), the embedded target: likewise "
+                   "the continuation retrieved from the datastore of the target's own answers; 0 = off (default %(default)s)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU and on CPUs with a bf16 vector path, else fp32), float32, bfloat16, float16")
 
 
-def _config(args, method: str, lookup=None) -> DecodeConfig:
+def _config(args, method: str, grafts: dict | None = None) -> DecodeConfig:
+    """The decode settings of the command line; `grafts` ({"lookup": n} and/or {"retrieve": n}, a bench entry's own
+    branches) overrides --lookup and --retrieve."""
+    branches = {"lookup": args.lookup, "retrieve": args.retrieve, **(grafts or {})}
     return DecodeConfig(method=method, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
-                        top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                        lookup=args.lookup if lookup is None else lookup)
+                        top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed, **branches)
 
 
 def _target(args):
@@ -81,40 +85,43 @@ def _draft_for(args, method: str) -> str | None:
     return args.drafter if method in TRAINED_METHODS else args.draft
 
 
-def _method_spec(spec: str) -> tuple[str, str, str | None, str, str]:
-    """A bench --method entry `name[:gamma][+pld[:n]][@drafter]` → (name, gamma, lookup or None, "@" or "", drafter)."""
+GRAFTS = {"pld": "lookup", "ret": "retrieve"}  # bench `+kind[:n]` -> the DecodeConfig branch it sets
+
+
+def _method_spec(spec: str) -> tuple[str, str, dict, str, str]:
+    """A bench --method entry `name[:gamma][+pld[:n]][+ret[:n]][@drafter]` → (name, gamma, the branches it names
+    ({"lookup": n, "retrieve": n}), "@" or "", drafter)."""
+    from specviz.hardware import CPU_GRAFTS
+
     head, at, what = spec.partition("@")
-    head, plus, graft = head.partition("+")
+    head, *extras = head.split("+")
     name, _, gamma = head.partition(":")
-    lookup = None
-    if plus:
-        kind, _, n = graft.partition(":")
-        if kind != "pld":
-            raise ConfigError(f"method={spec!r}: + adds a prompt lookup branch to a tree drafter's tree, written "
-                              "+pld or +pld:N (N tokens), e.g. eagle+pld:3")
-        if not n:  # the branch length measured fastest on 2 CPU cores
-            from specviz.hardware import CPU_LOOKUP
-
-            n = str(CPU_LOOKUP)
-        lookup = n
-    return name, gamma, lookup, at, what
+    grafts = {}
+    for extra in extras:
+        kind, _, n = extra.partition(":")
+        if kind not in GRAFTS:
+            raise ConfigError(f"method={spec!r}: + adds a branch to a tree drafter's tree: +pld (prompt lookup) or "
+                              "+ret (the datastore), each optionally :N tokens, e.g. eagle+pld:6+ret:6")
+        grafts[GRAFTS[kind]] = n or CPU_GRAFTS[GRAFTS[kind]]  # without :N, the length measured fastest on 2 CPU cores
+    return name, gamma, grafts, at, what
 
 
-def _bench_methods(specs: list[str], args) -> dict[str, tuple[str, str | None, str | None, str | None]]:
-    """--method entries `name[:gamma][+pld[:n]][@drafter]` → {label: (method, gamma or None, lookup or None, what it
-    drafts with)}. `@` names a drafter folder (or Hub id) for a trained method, a draft model for vanilla, so one run
-    can race two drafters of the same kind over the same AR baseline; without it, --drafter / --draft. `+pld` grafts
-    prompt lookup's continuation onto a tree drafter's tree (DecodeConfig.lookup)."""
+def _bench_methods(specs: list[str], args) -> dict[str, tuple[str, str | None, dict, str | None]]:
+    """--method entries `name[:gamma][+pld[:n]][+ret[:n]][@drafter]` → {label: (method, gamma or None, branches,
+    what it drafts with)}. `@` names a drafter folder (or Hub id) for a trained method, a draft model for vanilla, so
+    one run can race two drafters of the same kind over the same AR baseline; without it, --drafter / --draft. `+pld`
+    and `+ret` graft prompt lookup's and the datastore's continuation onto a tree drafter's tree
+    (DecodeConfig.lookup, retrieve)."""
     out = {}
     for spec in specs:
-        name, gamma, lookup, at, what = _method_spec(spec)
+        name, gamma, grafts, at, what = _method_spec(spec)
         if name not in METHODS or name == "ar":
             raise ConfigError(f"method={name!r} is not benchmarkable: use {', '.join(m for m in METHODS if m != 'ar')}, "
-                              "optionally with :gamma, +pld and @drafter (AR is always the baseline)")
+                              "optionally with :gamma, +pld, +ret and @drafter (AR is always the baseline)")
         if at and (name == "pld" or not what):
             raise ConfigError(f"method={spec!r}: @ names a drafter folder (eagle, medusa, layerskip, draft) or a draft "
                               "model (vanilla), e.g. eagle@out/train/eagle/drafter; pld drafts from the prompt")
-        out[spec] = (name, gamma or None, lookup, what or _draft_for(args, name))
+        out[spec] = (name, gamma or None, grafts, what or _draft_for(args, name))
     return out
 
 
@@ -226,9 +233,9 @@ def cmd_bench(args) -> int:
     from specviz import drafters, engines, hardware, metrics, models
 
     methods = _bench_methods(args.method or ["vanilla", "pld"], args)
-    cfgs = {label: _config(args, m, lookup).with_(**({"gamma": parse_gamma(g)} if g else {}))
-            for label, (m, g, lookup, _) in methods.items()}
-    base = _config(args, "ar", lookup=0)
+    cfgs = {label: _config(args, m, grafts).with_(**({"gamma": parse_gamma(g)} if g else {}))
+            for label, (m, g, grafts, _) in methods.items()}
+    base = _config(args, "ar", {"lookup": 0, "retrieve": 0})
     prompts = read_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
     target = _target(args)
     built = {label: engines.build(m, target, what) for label, (m, _, _, what) in methods.items()}

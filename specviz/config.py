@@ -46,6 +46,8 @@ class DecodeConfig:
     # tree drafters (eagle, medusa) with greedy decoding: also verify prompt lookup's continuation, up to this many
     # tokens, as one more branch of the tree (0 = off). Sampling verifies the drafter's own chain only.
     lookup: int = 0
+    # likewise a branch retrieved from the datastore of the target's own answers (specviz/retrieval.py; 0 = off)
+    retrieve: int = 0
 
     def __post_init__(self) -> None:
         validate(self)
@@ -140,6 +142,13 @@ def validate(cfg: DecodeConfig) -> None:
         raise ConfigError(f"lookup={n} applies to the tree drafters only: use it with {' or '.join(LOOKUP_METHODS)}, "
                           f"not {cfg.method}")
     set_("lookup", n)
+    n = _number("retrieve", cfg.retrieve, int)
+    if not 0 <= n <= GAMMA_MAX:
+        raise ConfigError(f"retrieve={n} is out of range: use 0 (off) up to {GAMMA_MAX} tokens")
+    if n and cfg.method not in LOOKUP_METHODS:
+        raise ConfigError(f"retrieve={n} applies to the tree drafters only: use it with {' or '.join(LOOKUP_METHODS)}, "
+                          f"not {cfg.method}")
+    set_("retrieve", n)
 
 
 MAX_PROMPT_CHARS = 16000

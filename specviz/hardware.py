@@ -35,6 +35,7 @@ class Pair:
     method: str = "vanilla"  # the app's default race: the fastest method measured with this pair on this hardware
     gammas: tuple[tuple[str, int], ...] = ()  # (method, γ): the fastest γ measured for it here; others: DecodeConfig's
     lookups: tuple[tuple[str, int], ...] = ()  # (method, n): prompt lookup's branch on its tree measured fastest here
+    retrieves: tuple[tuple[str, int], ...] = ()  # (method, n): likewise the datastore's branch
 
     def gamma_for(self, method: str) -> int:
         """The default γ of `method` with this pair: the fastest measured, else DecodeConfig's."""
@@ -43,6 +44,10 @@ class Pair:
     def lookup_for(self, method: str) -> int:
         """The default length of the prompt lookup branch on `method`'s tree here (DecodeConfig.lookup; 0 = none)."""
         return dict(self.lookups).get(method, DecodeConfig.lookup)
+
+    def retrieve_for(self, method: str) -> int:
+        """The default length of the datastore's branch on `method`'s tree here (DecodeConfig.retrieve; 0 = none)."""
+        return dict(self.retrieves).get(method, DecodeConfig.retrieve)
 
     @property
     def gamma(self) -> int:
@@ -91,7 +96,13 @@ CPU_GAMMAS = (("pld", 2), ("eagle", 2), ("layerskip", 1), ("draft", 1))
 # without one (two runs on the EPYC, assets/bench/app-examples-lookup-{a,b}.json).
 CPU_LOOKUP = 6
 CPU_LOOKUPS = (("eagle", CPU_LOOKUP), ("medusa", CPU_LOOKUP))
-EMBEDDED_PAIR = Pair(DEFAULT_TARGET, DEFAULT_DRAFT, method=CPU_METHOD, gammas=CPU_GAMMAS, lookups=CPU_LOOKUPS)
+# The datastore's branch (DecodeConfig.retrieve, specviz/retrieval.py), its length chosen on 24 unanswered training
+# prompts (not Spec-Bench): TODO
+CPU_RETRIEVE = 6
+CPU_RETRIEVES = (("eagle", CPU_RETRIEVE), ("medusa", CPU_RETRIEVE))
+CPU_GRAFTS = {"lookup": CPU_LOOKUP, "retrieve": CPU_RETRIEVE}  # bench `+pld` / `+ret` without a length
+EMBEDDED_PAIR = Pair(DEFAULT_TARGET, DEFAULT_DRAFT, method=CPU_METHOD, gammas=CPU_GAMMAS, lookups=CPU_LOOKUPS,
+                     retrieves=CPU_RETRIEVES)
 GPU_PAIR = Pair(GPU_TARGET, GPU_DRAFT)
 HUB_UNREACHABLE = f"Hub unreachable: using the embedded pair {DEFAULT_TARGET} + {DEFAULT_DRAFT}"
 
@@ -102,7 +113,7 @@ def choose_pair(cuda: bool, hub_reachable: Callable[[], bool]) -> Pair:
         return EMBEDDED_PAIR
     if hub_reachable():
         return GPU_PAIR
-    return Pair(DEFAULT_TARGET, DEFAULT_DRAFT, HUB_UNREACHABLE, CPU_METHOD, CPU_GAMMAS, CPU_LOOKUPS)
+    return Pair(DEFAULT_TARGET, DEFAULT_DRAFT, HUB_UNREACHABLE, CPU_METHOD, CPU_GAMMAS, CPU_LOOKUPS, CPU_RETRIEVES)
 
 
 def hub_reachable(repo_ids: Iterable[str] = (GPU_TARGET, GPU_DRAFT), timeout: float = HUB_TIMEOUT_S) -> bool:

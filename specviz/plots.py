@@ -13,7 +13,7 @@ from typing import Mapping, Optional, Sequence
 
 import plotly.graph_objects as go
 
-from specviz.events import LOOKUP_HEAD, DraftToken, StepEvent, Verdict
+from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD, DraftToken, StepEvent, Verdict
 from specviz.metrics import summarize
 from specviz.render import COLOURS
 
@@ -198,8 +198,13 @@ def _segments(pairs: list[tuple[tuple[float, float], tuple[float, float]]]) -> t
     return xs, ys
 
 
+# DraftToken.head of a grafted node -> (its hover note, its edges' legend name, their dash)
+GRAFT_SOURCES = {LOOKUP_HEAD: (", from prompt lookup", "prompt lookup", "dash"),
+                 RETRIEVAL_HEAD: (", from the datastore", "datastore", "dot")}
+
+
 def _hover(d: DraftToken) -> str:
-    parts = [f"{d.verdict.value}, position {d.depth + 1}" + (", from prompt lookup" if d.head == LOOKUP_HEAD else ""),
+    parts = [f"{d.verdict.value}, position {d.depth + 1}" + GRAFT_SOURCES.get(d.head, ("", ""))[0],
              f"q_draft={d.q_draft:.3f}"]
     if d.p_target is not None:
         parts.append(f"p_target={d.p_target:.3f}")
@@ -242,21 +247,21 @@ def tree_figure(event: Optional[StepEvent]) -> go.Figure:
         final_xy = (x, (max(ys) + 1.0) if blocked else pos(tail)[1])
 
     on_path = set(path)
-    other = [(pos(d.parent), pos(i)) for i, d in enumerate(drafts) if i not in on_path and d.head != LOOKUP_HEAD]
-    looked_up = [(pos(d.parent), pos(i)) for i, d in enumerate(drafts) if i not in on_path and d.head == LOOKUP_HEAD]
+    other = [(pos(d.parent), pos(i)) for i, d in enumerate(drafts) if i not in on_path and d.head not in GRAFT_SOURCES]
+    grafted = {head: _segments([(pos(d.parent), pos(i)) for i, d in enumerate(drafts)
+                                if i not in on_path and d.head == head]) for head in GRAFT_SOURCES}
     chain = [-1] + path
     taken = [(pos(a), pos(b)) for a, b in zip(chain, chain[1:])]
     if final_xy is not None:
         taken.append((pos(tail), final_xy))
     ox, oy = _segments(other)
     px, py = _segments(taken)
-    lx, ly = _segments(looked_up)
     data = [
         {"type": "scatter", "x": ox, "y": oy, "mode": "lines", "name": "not taken", "hoverinfo": "skip",
          "showlegend": False, "line": {"color": EDGE, "width": 2}},
-        *([{"type": "scatter", "x": lx, "y": ly, "mode": "lines", "name": "prompt lookup", "hoverinfo": "skip",
-            "line": {"color": EDGE, "width": 2, "dash": "dash"}}]
-          if looked_up else []),  # the branch grafted from prompt lookup (DecodeConfig.lookup), dashed
+        *({"type": "scatter", "x": x, "y": y, "mode": "lines", "name": GRAFT_SOURCES[head][1], "hoverinfo": "skip",
+           "line": {"color": EDGE, "width": 2, "dash": GRAFT_SOURCES[head][2]}}
+          for head, (x, y) in grafted.items() if x),  # branches grafted from prompt lookup / the datastore
         {"type": "scatter", "x": px, "y": py, "mode": "lines", "name": "accepted path", "hoverinfo": "skip",
          "line": {"color": COLOURS[Verdict.ACCEPTED], "width": 7}},
         root,

@@ -51,14 +51,18 @@ def test_race_endpoint_trained_drafters(client, method):
     assert s["spec"]["accepted"] > 0 and s["spec"]["tau"] > 1.0 and out["draft"] is None  # drafts were kept
     assert out["config"]["gamma"] == hardware.default_pair().gamma_for(method)  # the method's measured γ
     assert out["config"]["lookup"] == hardware.default_pair().lookup_for(method)  # and prompt lookup's branch
+    assert out["config"]["retrieve"] == hardware.default_pair().retrieve_for(method)  # and the datastore's
 
 
-def test_race_endpoint_lookup_branch_on_and_off(client):
-    """EAGLE with prompt lookup's branch of 4 tokens on its tree, and without one: both identical to plain decoding."""
+def test_race_endpoint_branches_on_and_off(client):
+    """EAGLE with prompt lookup's and the datastore's branches on its tree, with one of them, and without: all
+    identical to plain decoding."""
     prompt = "Repeat exactly: red apple, green pear, red apple, green pear, red apple."
-    for lookup in ("4", "0"):
-        out = client.predict(prompt=prompt, method="eagle", lookup=lookup, max_new_tokens=N, api_name="/race")
-        assert out["spec_text"] == out["ar_text"] and out["config"]["lookup"] == int(lookup)
+    for lookup, retrieve in (("4", "4"), ("0", "6"), ("0", "0")):
+        out = client.predict(prompt=prompt, method="eagle", lookup=lookup, retrieve=retrieve, max_new_tokens=N,
+                             api_name="/race")
+        assert out["spec_text"] == out["ar_text"]
+        assert (out["config"]["lookup"], out["config"]["retrieve"]) == (int(lookup), int(retrieve))
 
 
 @pytest.mark.parametrize("kwargs, needle", [
@@ -66,6 +70,7 @@ def test_race_endpoint_lookup_branch_on_and_off(client):
     ({"top_p": 0.0}, "top_p"),
     ({"method": "ar"}, "speculative method"),
     ({"method": "pld", "lookup": "3"}, "lookup=3 applies to the tree drafters only"),
+    ({"method": "eagle", "retrieve": "x"}, "retrieve"),
     ({"prompt": "   "}, "prompt is empty"),
     ({"method": "vanilla", "draft": "./no/such-model"}, "does not exist"),
 ])
@@ -76,7 +81,7 @@ def test_bad_input_is_a_readable_error_and_the_app_keeps_serving(client, kwargs,
 
 
 def test_streaming_endpoint_yields_updates_and_a_final_summary(client):
-    job = client.submit(PROMPT, "vanilla", "int8", "4", 0.0, 1.0, N, 0, "0", api_name="/race_stream")
+    job = client.submit(PROMPT, "vanilla", "int8", "4", 0.0, 1.0, N, 0, "0", "0", api_name="/race_stream")
     outputs = list(job)  # every streamed update
     assert len(outputs) >= 2  # the loading/first-token update, then the final state
     final = job.outputs()[-1]

@@ -32,8 +32,9 @@ def test_run_in_browser(app_url, browser):
     assert page.locator("#pane-spec [data-verdict=accepted]").count() > 0
     assert page.locator("#pane-ar [data-verdict=plain]").count() == N
     assert "identical to plain decoding" in page.locator("#summary").inner_text()
-    pair = hardware.default_pair()  # the default method, with its prompt lookup branch where it has one
-    assert f"Speculative ({method_label(pair.method, pair.lookup_for(pair.method))})" in page.locator("#pane-spec").inner_text()
+    pair = hardware.default_pair()  # the default method, with its branches where it has them
+    label = method_label(pair.method, pair.lookup_for(pair.method), pair.retrieve_for(pair.method))
+    assert f"Speculative ({label})" in page.locator("#pane-spec").inner_text()
     legend = page.locator("#legend")
     assert legend.is_visible()
     for verdict in ("accepted", "rejected", "discarded", "resampled", "bonus"):
@@ -102,12 +103,14 @@ def test_medusa_tree_in_browser(app_url, browser):
     page.locator("#method input").click()
     page.locator("[role=option]", has_text="medusa").first.click()
     pair = hardware.default_pair()  # the γ and lookup fields follow the method
-    for field, value in (("gamma", pair.gamma_for("medusa")), ("lookup", pair.lookup_for("medusa"))):
+    for field, value in (("gamma", pair.gamma_for("medusa")), ("lookup", pair.lookup_for("medusa")),
+                         ("retrieve", pair.retrieve_for("medusa"))):
         page.wait_for_function(f"() => document.querySelector('#{field} input').value === '{value}'", timeout=10_000)
     page.locator("#run").click()
     page.wait_for_selector("#pane-spec .sv-pane-box[data-state=done]", timeout=180_000)
     page.wait_for_selector("#summary .sv-badge", timeout=60_000)
-    assert f"Speculative ({method_label('medusa', pair.lookup_for('medusa'))})" in page.locator("#pane-spec").inner_text()
+    label = method_label("medusa", pair.lookup_for("medusa"), pair.retrieve_for("medusa"))
+    assert f"Speculative ({label})" in page.locator("#pane-spec").inner_text()
     assert "identical to plain decoding" in page.locator("#summary").inner_text()
     set_number(page, "tree-step", 2)  # step 1 is the target's prefill; step 2 is the first tree
     page.wait_for_timeout(1500)

@@ -63,7 +63,8 @@ def test_read_prompts_formats(tmp_path):
     txt.write_text("first prompt\n\nsecond prompt\n")
     assert [r["prompt"] for r in read_prompts(str(txt), None, None)] == ["first prompt", "second prompt"]
     assert main(["bench", "--prompts", str(tmp_path / "none.jsonl"), "--json", str(tmp_path / "o.json")]) == 2
-    for bad in ("pld@x", "eagle@", "turbo@x", "eagle+foo", "pld+pld:2", "eagle+pld:99"):  # before any model loads
+    for bad in ("pld@x", "eagle@", "turbo@x", "eagle+foo", "pld+pld:2", "eagle+pld:99",
+                "eagle+ret:99", "pld+ret", "eagle+pld+rest"):  # before any model loads
         assert main(["bench", "--prompts", str(txt), "--method", bad, "--json", str(tmp_path / "o.json")]) == 2
 
 
@@ -81,13 +82,14 @@ def test_bench_json_on_real_target(target, tmp_path, capsys):
                        '{"id": 2, "category": "writing", "prompt": "Write a haiku about rain."}\n')
     out = tmp_path / "bench.json"
     second = "eagle:2@assets/drafters/smollm2-135m-eagle"  # a second EAGLE drafter (here the same folder) over one AR
-    code = main(["bench", "--prompts", str(prompts), "--method", "vanilla", "pld", "eagle:1", second, "eagle+pld:3",
+    code = main(["bench", "--prompts", str(prompts), "--method", "vanilla", "pld", "eagle:1", second, "eagle+pld:3+ret:3",
                  "--max-new-tokens",
                  "12", "--compare-hf", "--json", str(out), "--device", "cpu", "--dtype", "float32"])
     assert code == 0
     report = json.loads(out.read_text())
     assert {"device", "dtype", "torch", "transformers", "rows", "summary"} <= set(report)
-    assert {r["method"] for r in report["rows"]} == {"vanilla", "pld", "eagle:1", second, "eagle+pld:3", "hf-assisted"}
+    assert {r["method"] for r in report["rows"]} == {"vanilla", "pld", "eagle:1", second, "eagle+pld:3+ret:3",
+                                                 "hf-assisted"}
     assert len(report["rows"]) == 12
     coverage = {s["method"]: s["draft_vocab_coverage"] for s in report["summary"]}
     assert 0.5 < coverage["eagle:1"] <= 1.0 and coverage["pld"] is None  # the shipped EAGLE's compressed vocabulary

@@ -571,16 +571,23 @@ def test_tree_command_rechooses_tree(tmp_path, monkeypatch, capsys, kind):
 
 def test_graft_follows_the_tree_then_grows_a_branch():
     from specviz.engines.tree import TreeProposal, graft
+    from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD
     from specviz.trees import Tree
 
     tree = Tree.from_choices([(0,), (1,), (0, 0)])
     prop = TreeProposal(tree, [10, 20, 30], [0.6, 0.3, 0.5], None, 2)
-    assert graft(prop, [20]) is prop and graft(prop, []) is prop  # nothing new: the same proposal
-    grown = graft(prop, [10, 40, 50])  # follows node (0,), then grows beside (0, 0)
+    assert graft(prop, [20], LOOKUP_HEAD) is prop and graft(prop, [], LOOKUP_HEAD) is prop  # nothing new: the same
+    grown = graft(prop, [10, 40, 50], LOOKUP_HEAD)  # follows node (0,), then grows beside (0, 0)
     assert grown.tree.paths == ((0,), (1,), (0, 0), (0, 1), (0, 1, 0))
     assert grown.node_tokens == [10, 20, 30, 40, 50] and grown.q_nodes == [0.6, 0.3, 0.5, 1.0, 1.0]
-    assert grown.looked_up == {3, 4} and grown.forwards == 2
-    assert graft(prop, [60]).tree.paths == ((0,), (1,), (2,), (0, 0))
+    assert grown.grafted == ((3, LOOKUP_HEAD), (4, LOOKUP_HEAD)) and grown.forwards == 2
+    assert graft(prop, [60], LOOKUP_HEAD).tree.paths == ((0,), (1,), (2,), (0, 0))
+    # a second branch from another source: the first one's nodes keep their source though their indices move
+    both = graft(grown, [60, 70], RETRIEVAL_HEAD)
+    assert both.tree.paths == ((0,), (1,), (2,), (0, 0), (0, 1), (2, 0), (0, 1, 0))
+    assert [both.node_tokens[i] for i, _ in both.grafted] == [60, 40, 70, 50]
+    assert dict(both.grafted) == {2: RETRIEVAL_HEAD, 4: LOOKUP_HEAD, 5: RETRIEVAL_HEAD, 6: LOOKUP_HEAD}
+    assert graft(grown, [10, 40, 50, 80], RETRIEVAL_HEAD).grafted[-1] == (5, RETRIEVAL_HEAD)  # shares, then grows
 
 
 @pytest.mark.parametrize("kind,extra", [("eagle", {}), ("medusa", {"medusa_heads": 3})])
@@ -600,6 +607,61 @@ def test_lookup_branch_keeps_greedy_output_and_shows_its_nodes(tiny_target, kind
     assert not [n for e in sampled.events for n in e.drafts if n.head == LOOKUP_HEAD]
 
 
+@pytest.mark.parametrize("kind,extra", [("eagle", {}), ("medusa", {"medusa_heads": 3})])
+def test_datastore_branch_keeps_greedy_output_and_shows_its_nodes(tiny_target, kind, extra):
+    """A tree drafter with a datastore's continuation grafted on (both branches at once): greedy output equals AR,
+    the datastore's nodes carry RETRIEVAL_HEAD, and sampling verifies the drafter's own chain only."""
+    from specviz import retrieval
+    from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD
+
+    eng = engine_for(tiny_target, random_drafter(tiny_target, kind, torch.arange(0, 64, 2), **extra), tree=True)
+    prompt = [5, 9, 11, 13, 5, 9]
+    ar = engines.generate(engines.build("ar", tiny_target), prompt, DecodeConfig(method="ar", max_new_tokens=40))
+    retrieval.use(tiny_target.name, retrieval.Datastore([prompt + ar.token_ids[:20], [3, 4, 5, 6]]))
+    try:
+        alone = engines.generate(eng, prompt, DecodeConfig(method=kind, max_new_tokens=40, retrieve=4))
+        both = engines.generate(eng, prompt, DecodeConfig(method=kind, max_new_tokens=40, lookup=2, retrieve=4))
+        sampled = engines.generate(eng, prompt, DecodeConfig(method=kind, max_new_tokens=40, retrieve=4,
+                                                             temperature=1.0))
+    finally:
+        retrieval.forget(tiny_target.name)
+    assert alone.token_ids == both.token_ids == ar.token_ids
+    retrieved = [n for e in alone.events for n in e.drafts if n.head == RETRIEVAL_HEAD]
+    assert retrieved and all(n.q_draft == 1.0 for n in retrieved)
+    assert sum(n.verdict.value == "accepted" for n in retrieved) >= 4  # it had seen the answer's first 20 tokens
+    assert not [n for e in alone.events for n in e.drafts if n.head == LOOKUP_HEAD]
+    assert not [n for e in sampled.events for n in e.drafts if n.head == RETRIEVAL_HEAD]
+
+
+def test_datastore_branch_steps_aside_behind_a_full_lookup_match():
+    """Behind a match of prompt lookup's longest n-gram (3 tokens) only the lookup's branch is grafted; behind a
+    shorter one, both."""
+    from specviz.engines.tree import TreeEngine, TreeProposal, TreeRun
+    from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD
+    from specviz.retrieval import Datastore
+    from specviz.trees import Tree
+
+    store = Datastore([[2, 3, 40, 41], [9, 3, 40, 41]])
+    prop = TreeProposal(Tree.from_choices([(0,)]), [99], [0.5], None, 1)
+
+    def sources(tokens):
+        run = TreeRun(DecodeConfig(method="eagle", lookup=4, retrieve=4), None, None, None, 0, tokens, store)
+        return sorted({head for _, head in TreeEngine._grafted(None, prop, run, cap=8).grafted})
+
+    assert sources([1, 2, 3, 7, 1, 2, 3]) == [LOOKUP_HEAD]                  # (1, 2, 3) matched: the lookup alone
+    assert sources([5, 2, 3, 7, 1, 2, 3]) == [RETRIEVAL_HEAD, LOOKUP_HEAD]  # only (2, 3) matched: both
+    assert sources([8, 8, 2, 3]) == [RETRIEVAL_HEAD]                        # no lookup match: the datastore's
+
+
+def test_datastore_branch_needs_a_datastore(tiny_target):
+    from specviz.config import ConfigError
+
+    eng = engine_for(tiny_target, random_drafter(tiny_target, "eagle", torch.arange(0, 64, 2)), tree=True)
+    with pytest.raises(ConfigError, match=r"^retrieve=3 needs a datastore of the target's own answers: there is one "
+                                          r"for smollm2-135m, not tiny-0$"):
+        engines.generate(eng, [5, 6], DecodeConfig(method="eagle", max_new_tokens=4, retrieve=3))
+
+
 def test_lookup_is_for_tree_drafters():
     from specviz.config import ConfigError
 
@@ -608,3 +670,8 @@ def test_lookup_is_for_tree_drafters():
     with pytest.raises(ConfigError, match="lookup=-1 is out of range"):
         DecodeConfig(method="eagle", lookup=-1)
     assert DecodeConfig(method="eagle", lookup="2").lookup == 2
+    with pytest.raises(ConfigError, match="retrieve=3 applies to the tree drafters only"):
+        DecodeConfig(method="vanilla", retrieve=3)
+    with pytest.raises(ConfigError, match="retrieve=17 is out of range"):
+        DecodeConfig(method="medusa", retrieve=17)
+    assert DecodeConfig(method="medusa", retrieve="5").retrieve == 5

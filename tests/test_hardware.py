@@ -132,3 +132,16 @@ def test_default_lookup_branch_rides_on_the_tree_drafters_only():
     assert GPU_PAIR.lookup_for("eagle") == 0
     for method in LOOKUP_METHODS:
         DecodeConfig(method=method, lookup=EMBEDDED_PAIR.lookup_for(method))  # valid
+
+
+def test_default_datastore_branch_rides_on_the_tree_drafters_only():
+    """Likewise the datastore's branch: on a CPU on EAGLE and Medusa with the embedded target, nowhere on the GPU pair."""
+    from specviz.config import LOOKUP_METHODS, DecodeConfig
+    from specviz.hardware import CPU_GRAFTS, CPU_RETRIEVE
+
+    assert CPU_RETRIEVE > 0 and [EMBEDDED_PAIR.retrieve_for(m) for m in LOOKUP_METHODS] == [CPU_RETRIEVE] * len(LOOKUP_METHODS)
+    assert EMBEDDED_PAIR.retrieve_for("pld") == EMBEDDED_PAIR.retrieve_for("vanilla") == DecodeConfig.retrieve == 0
+    assert GPU_PAIR.retrieve_for("eagle") == 0
+    assert CPU_GRAFTS == {"lookup": CPU_LOOKUP, "retrieve": CPU_RETRIEVE}
+    for method in LOOKUP_METHODS:
+        DecodeConfig(method=method, retrieve=EMBEDDED_PAIR.retrieve_for(method))  # valid

@@ -151,3 +151,24 @@ def test_prompt_lookup_nodes_hang_on_dashed_edges_and_say_so():
     rejected = next(t for t in fig.data if t.name == "rejected")
     assert ["from prompt lookup" in h for h in rejected.hovertext] == [False, True]
     assert "prompt lookup" not in [t.name for t in plots.tree_figure(TREE).data]
+
+
+def test_datastore_nodes_hang_on_dotted_edges_and_say_so():
+    """Nodes grafted from the datastore (RETRIEVAL_HEAD) beside prompt lookup's: a dotted trace of their own, and a
+    hover that names the datastore."""
+    from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD
+
+    grafted = StepEvent(2, (
+        D(1, "A", V.ACCEPTED, 0.6, 0.9, None, -1, 0),
+        D(7, "X", V.REJECTED, 1.0, 0.1, None, 0, 1, head=LOOKUP_HEAD),
+        D(8, "Y", V.REJECTED, 1.0, 0.2, None, 0, 1, head=RETRIEVAL_HEAD, rank=1),
+        D(5, "W", V.DISCARDED, 1.0, None, None, 2, 2, head=RETRIEVAL_HEAD),
+    ), (E(1, "A", V.ACCEPTED), E(9, "Z", V.RESAMPLED)), 0.01, 0.02, 1, 1, 4)
+    fig = plots.tree_figure(grafted)
+    names = [t.name for t in fig.data]
+    datastore = next(t for t in fig.data if t.name == "datastore")
+    assert datastore.line.dash == "dot" and len(segments(datastore)) == 2  # A -> Y -> W
+    assert len(segments(next(t for t in fig.data if t.name == "prompt lookup"))) == 1 and "datastore" in names
+    rejected = next(t for t in fig.data if t.name == "rejected")
+    assert ["from the datastore" in h for h in rejected.hovertext] == [False, True]
+    assert ["from prompt lookup" in h for h in rejected.hovertext] == [True, False]

@@ -131,7 +131,7 @@ def test_eight_concurrent_sessions_each_get_their_own_results(app_url, target):
 # --- Stop -----------------------------------------------------------------------------------------------
 
 def stream_args(prompt: str, max_new_tokens: int) -> tuple:
-    return (prompt, "vanilla", "int8", "4", 0.0, 1.0, max_new_tokens, 0, "0")
+    return (prompt, "vanilla", "int8", "4", 0.0, 1.0, max_new_tokens, 0, "0", "0")
 
 
 def test_stop_cancels_within_a_second_and_frees_the_worker(app_url, target):

@@ -9,14 +9,19 @@ from specviz.engines.speculative import Proposal
 
 def lookup(tokens: list[int], gamma: int, n_max: int, n_min: int) -> list[int]:
     """The up-to-γ tokens after the most recent earlier match of the longest suffix n-gram."""
+    return match(tokens, gamma, n_max, n_min)[0]
+
+
+def match(tokens: list[int], gamma: int, n_max: int, n_min: int) -> tuple[list[int], int]:
+    """lookup's tokens and the length n of the suffix n-gram they follow (0: no match)."""
     for n in range(min(n_max, len(tokens) - 1), n_min - 1, -1):
         suffix = tokens[-n:]
         for start in range(len(tokens) - n - 1, -1, -1):  # most recent match first
             if tokens[start:start + n] == suffix:
                 follow = tokens[start + n:start + n + gamma]
                 if follow:
-                    return follow
-    return []
+                    return follow, n
+    return [], 0
 
 
 class PromptLookupDrafter:
