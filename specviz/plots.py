@@ -109,6 +109,10 @@ def speed_figure(lanes: Mapping[str, Sequence[StepEvent]], labels: Optional[Mapp
             "line": {"color": LANE_COLOURS.get(lane, ROLLING), "width": 4 if i else 3, "dash": "solid" if i else "dash"},
             "hovertemplate": "%{y} tokens after %{x:.2f} s<extra>" + label + "</extra>"})
     return _figure(data, "Tokens over compute time (slope = tok/s)",
+                   # inside the plot's bottom-right corner, below both lines (they rise from the origin and the
+                   # slower one ends at the right edge): above the plot two long lane names wrap into the title
+                   legend={"orientation": "v", "yanchor": "bottom", "y": 0.02, "xanchor": "right", "x": 0.99,
+                           "font": {"size": 15}, "bgcolor": "rgba(255,255,255,0.85)"},
                    xaxis={"title": {"text": "engine compute seconds"}, "rangemode": "tozero"},
                    yaxis={"title": {"text": "tokens emitted"}, "rangemode": "tozero"})
 
