@@ -636,6 +636,8 @@ def test_datastore_branch_keeps_greedy_output_and_shows_its_nodes(tiny_target, k
 def test_datastore_branch_steps_aside_behind_a_full_lookup_match():
     """Behind a match of prompt lookup's longest n-gram (3 tokens) only the lookup's branch is grafted; behind a
     shorter one, both."""
+    from types import SimpleNamespace
+
     from specviz.engines.tree import TreeEngine, TreeProposal, TreeRun
     from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD
     from specviz.retrieval import Datastore
@@ -646,7 +648,8 @@ def test_datastore_branch_steps_aside_behind_a_full_lookup_match():
 
     def sources(tokens):
         run = TreeRun(DecodeConfig(method="eagle", lookup=4, retrieve=4), None, None, None, 0, tokens, store)
-        return sorted({head for _, head in TreeEngine._grafted(None, prop, run, cap=8).grafted})
+        engine = SimpleNamespace(target=SimpleNamespace(eos_ids=frozenset({0})))
+        return sorted({head for _, head in TreeEngine._grafted(engine, prop, run, cap=8).grafted})
 
     assert sources([1, 2, 3, 7, 1, 2, 3]) == [LOOKUP_HEAD]                  # (1, 2, 3) matched: the lookup alone
     assert sources([5, 2, 3, 7, 1, 2, 3]) == [RETRIEVAL_HEAD, LOOKUP_HEAD]  # only (2, 3) matched: both

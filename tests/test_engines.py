@@ -166,6 +166,7 @@ def test_prompt_lookup():
     assert lookup([1, 2, 3, 4, 1, 2], 2, 3, 1) == [3, 4]
     assert lookup([1, 2, 3, 4, 9, 2], 3, 3, 1) == [3, 4, 9]
     assert lookup([1, 2, 3], 2, 3, 1) == []
+    assert lookup([1, 2, 3, 4, 9, 2], 3, 3, 1, stop=frozenset({4})) == [3, 4]  # never past an EOS
 
 
 def test_model_drafter_reports_its_distribution(tiny_target, tiny_draft):

@@ -297,7 +297,8 @@ class TreeEngine:
         shorter matches: assets/bench/datastore_rows.txt), and without those rows it ran as fast with the same τ
         (README, Performance)."""
         cfg, tokens = run.cfg, run.tokens
-        chain, order = match(tokens, min(cfg.lookup, cap), cfg.pld_ngram_max, cfg.pld_ngram_min) if cfg.lookup else ([], 0)
+        chain, order = (match(tokens, min(cfg.lookup, cap), cfg.pld_ngram_max, cfg.pld_ngram_min, self.target.eos_ids)
+                        if cfg.lookup else ([], 0))
         prop = graft(prop, chain, LOOKUP_HEAD)
         if cfg.retrieve and order < cfg.pld_ngram_max:
             prop = graft(prop, run.datastore.continuation(tokens, min(cfg.retrieve, cap)), RETRIEVAL_HEAD)
