@@ -97,7 +97,8 @@ CPU_GAMMAS = (("pld", 2), ("eagle", 2), ("layerskip", 1), ("draft", 1))
 CPU_LOOKUP = 6
 CPU_LOOKUPS = (("eagle", CPU_LOOKUP), ("medusa", CPU_LOOKUP))
 # The datastore's branch (DecodeConfig.retrieve, specviz/retrieval.py) beside it: EAGLE with both branches ran 1.57x
-# AR on Spec-Bench 48 against 1.55x with the lookup's alone (tau 2.41 against 2.18; assets/bench/spec_bench48-datastore.json),
+# AR on Spec-Bench 48 against 1.55x with the lookup's alone (tau 2.41 against 2.18; assets/bench/spec_bench48-datastore.json;
+# 1.60x against 1.56x in a second run, assets/bench/spec_bench48-datastore-eos.json),
 # and 1.47x against 1.35x on the app's 10 examples. Its length was chosen on 24 training prompts the target has not
 # answered (not Spec-Bench): 4, 6 and 10 tokens ran 1.79x, 1.79x and 1.75x against 1.74x without the branch
 # (assets/bench/train-unanswered24-datastore.json).
