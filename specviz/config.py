@@ -135,20 +135,14 @@ def validate(cfg: DecodeConfig) -> None:
         raise ConfigError(f"draft_confidence={cfg.draft_confidence!r} is out of range: use [0, 1)")
     if not 1 <= cfg.pld_ngram_min <= cfg.pld_ngram_max:
         raise ConfigError("prompt lookup n-gram bounds must satisfy 1 <= min <= max")
-    n = _number("lookup", cfg.lookup, int)
-    if not 0 <= n <= GAMMA_MAX:
-        raise ConfigError(f"lookup={n} is out of range: use 0 (off) up to {GAMMA_MAX} tokens")
-    if n and cfg.method not in LOOKUP_METHODS:
-        raise ConfigError(f"lookup={n} applies to the tree drafters only: use it with {' or '.join(LOOKUP_METHODS)}, "
-                          f"not {cfg.method}")
-    set_("lookup", n)
-    n = _number("retrieve", cfg.retrieve, int)
-    if not 0 <= n <= GAMMA_MAX:
-        raise ConfigError(f"retrieve={n} is out of range: use 0 (off) up to {GAMMA_MAX} tokens")
-    if n and cfg.method not in LOOKUP_METHODS:
-        raise ConfigError(f"retrieve={n} applies to the tree drafters only: use it with {' or '.join(LOOKUP_METHODS)}, "
-                          f"not {cfg.method}")
-    set_("retrieve", n)
+    for branch in ("lookup", "retrieve"):  # the branches grafted onto a tree drafter's tree
+        n = _number(branch, getattr(cfg, branch), int)
+        if not 0 <= n <= GAMMA_MAX:
+            raise ConfigError(f"{branch}={n} is out of range: use 0 (off) up to {GAMMA_MAX} tokens")
+        if n and cfg.method not in LOOKUP_METHODS:
+            raise ConfigError(f"{branch}={n} applies to the tree drafters only: use it with "
+                              f"{' or '.join(LOOKUP_METHODS)}, not {cfg.method}")
+        set_(branch, n)
 
 
 MAX_PROMPT_CHARS = 16000
