@@ -263,6 +263,7 @@ def sequences(examples: list[dict]) -> Iterator[list[int]]:
 REPO = Path(__file__).resolve().parent.parent
 SHARED_PROMPTS = REPO.parent / "shared" / "data" / "prompts" / "train_prompts.jsonl.gz"
 PROMPTS_OUT = REPO / "assets" / "distill" / "prompts"
+ORIGINAL = REPO / "assets" / "distill" / "smollm2-135m.jsonl.gz"  # the first self-distillation file (the project's prompts)
 CHUNK_SIZE = 256
 # The configuration `python -m specviz distill` uses by default: the fastest batched greedy generation measured
 # (PROBE, recorded in the manifest). On the 2-core AVX2 machine bf16 loses: without native bf16 torch emulates its
@@ -479,6 +480,12 @@ def read_chunks(out_dir: str | Path = PROMPTS_OUT, verify: bool = True) -> list[
         for n, row in enumerate(read_examples(Path(out_dir) / entries[index]["file"])):
             examples.append({"i": index * size + n, **row})
     return examples
+
+
+def committed_examples() -> list[dict]:
+    """Every committed self-distillation example of the embedded target: the original file, then the chunks of the
+    shared prompt set (what `make drafters` trains on and the datastore indexes)."""
+    return read_examples(ORIGINAL) + read_chunks(PROMPTS_OUT)
 
 
 def pad_id(target) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from pathlib import Path
 from typing import Iterable
 
 import numpy as np
@@ -89,20 +88,15 @@ class Datastore:
 
 _stores: dict[str, Datastore] = {}
 _lock = threading.Lock()
-DISTILL = Path(__file__).resolve().parent.parent / "assets" / "distill"
-SOURCES = {DEFAULT_TARGET: DISTILL}  # target -> the folder of its committed self-distillation data
 
 
-def distill_answers(folder: Path) -> Iterable[list[int]]:
-    """The answers of the committed self-distillation data under `folder` (the original file and the chunks)."""
+def _distilled_answers() -> Iterable[list[int]]:
     from specviz import distill
 
-    original = folder / "smollm2-135m.jsonl.gz"
-    if original.is_file():
-        for row in distill.read_examples(original):
-            yield row["answer_ids"]
-    for row in distill.read_chunks(folder / "prompts"):
-        yield row["answer_ids"]
+    return (row["answer_ids"] for row in distill.committed_examples())
+
+
+SOURCES = {DEFAULT_TARGET: _distilled_answers}  # target -> its answers (the committed self-distillation ids)
 
 
 def datastores() -> set[str]:
@@ -126,5 +120,5 @@ def datastore_for(target_name: str) -> Datastore | None:
     """The datastore of a target's own answers, built once per process; None when there is none for it."""
     with _lock:
         if target_name not in _stores and target_name in SOURCES:
-            _stores[target_name] = Datastore(distill_answers(SOURCES[target_name]))
+            _stores[target_name] = Datastore(SOURCES[target_name]())
         return _stores.get(target_name)

@@ -28,7 +28,7 @@ from specviz import distill, drafters, metrics
 from specviz.config import DEFAULT_TARGET
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-DEFAULT_DATA = ASSETS / "distill" / "smollm2-135m.jsonl.gz"
+DEFAULT_DATA = distill.ORIGINAL
 PROFILE = ASSETS / "bench" / "profile-bf16.json"   # T(k) and drafter costs on 2 CPU cores, where the drafters ship
 DRAFT_VOCAB = 8192   # a new drafter's compressed vocabulary: the N tokens most frequent in its training data
 
@@ -81,10 +81,10 @@ def examples_for(opts: TrainOptions, target, log) -> list[dict]:
     """Stage 1: the self-distillation examples (prompt ids + the target's answer ids)."""
     files = data_files(opts)
     if not files and opts.target == DEFAULT_TARGET and DEFAULT_DATA.is_file():
-        chunks = distill.read_chunks(distill.PROMPTS_OUT)
-        log(f"data: {DEFAULT_DATA.relative_to(ASSETS.parent)} and {len(chunks)} answers in "
-            f"{distill.PROMPTS_OUT.relative_to(ASSETS.parent)} (committed self-distillation ids)")
-        return distill.read_examples(DEFAULT_DATA) + chunks
+        examples = distill.committed_examples()
+        log(f"data: {DEFAULT_DATA.relative_to(ASSETS.parent)} and {distill.PROMPTS_OUT.relative_to(ASSETS.parent)}, "
+            f"{len(examples)} answers (committed self-distillation ids)")
+        return examples
     examples, prompts = [], [] if files else distill.default_prompts()
     for f in files:  # generated examples are used as they are; prompts are answered by the target below
         if Path(f).is_dir():
