@@ -217,11 +217,13 @@ def is_example_file(path: str | Path) -> bool:
 
 
 def read_examples(path: str | Path) -> list[dict]:
-    """Examples from a .jsonl or .jsonl.gz file of {"i", "prompt_ids", "answer_ids"}."""
+    """Examples from a .jsonl or .jsonl.gz file of {"i", "prompt_ids", "answer_ids"}; where a row has no "i" (a
+    chunk file of `distill` read on its own), its line number in the file (what split() keys on)."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [row if "i" in row else {"i": n, **row} for n, row in enumerate(rows)]
 
 
 def pack(src: Path, dst: Path) -> None:
