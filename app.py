@@ -199,7 +199,7 @@ def build_ui() -> gr.Blocks:
                         retrieve = gr.Dropdown([str(n) for n in range(0, GAMMA_MAX + 1)],
                                                value=str(pair.retrieve_for(pair.method)), label="Datastore branch",
                                                info="eagle, medusa: also verify what most often followed in the "
-                                                    "target's own answers (up to this many); 0 = off",
+                                                    "target's own answers (up to this many nodes); 0 = off",
                                                elem_id="retrieve")
                     with gr.Row():
                         temperature = gr.Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05,

@@ -313,7 +313,7 @@ def summary_html(snap: Snapshot) -> str:
         badge = (f'<span class="sv-badge sv-badge-warn">✗ differs from plain decoding at token {i}: '
                  f'AR {html.escape(repr(ar_tok))} vs speculative {html.escape(repr(spec_tok))}</span>')
     lookup = f", prompt lookup branch of up to {snap.cfg.lookup} tokens" if snap.cfg.lookup else ""
-    lookup += f", datastore branch of up to {snap.cfg.retrieve} tokens" if snap.cfg.retrieve else ""
+    lookup += f", datastore branch of up to {snap.cfg.retrieve} nodes" if snap.cfg.retrieve else ""
     settings = (f"{snap.cfg.method}, γ = {gamma}{lookup}, temperature {snap.cfg.temperature:g}, top-p {snap.cfg.top_p:g}, "
                 f"{c.spec.new_tokens} tokens, {c.spec.steps} target forwards vs {c.ar.steps}"
                 + (f" · on {snap.hardware}" if snap.hardware else ""))

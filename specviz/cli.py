@@ -55,8 +55,9 @@ def _decode_args(p: argparse.ArgumentParser, methods=METHODS) -> None:
     p.add_argument("--seed", default=DEFAULTS.seed, help="(default %(default)s)")
     p.add_argument("--lookup", default=DEFAULTS.lookup, help="eagle, medusa (greedy): also verify prompt lookup's "
                    "continuation of up to this many tokens as one more branch of the tree; 0 = off (default %(default)s)")
-    p.add_argument("--retrieve", default=DEFAULTS.retrieve, help="eagle, medusa (greedy), the embedded target: likewise "
-                   "the continuation retrieved from the datastore of the target's own answers; 0 = off (default %(default)s)")
+    p.add_argument("--retrieve", default=DEFAULTS.retrieve, help="eagle, medusa (greedy), the embedded target or a drafter "
+                   "trained on your own data: likewise up to this many nodes of what most often followed the context in the "
+                   "target's own answers (the datastore), a chain or a small tree; 0 = off (default %(default)s)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU and on CPUs with a bf16 vector path, else fp32), float32, bfloat16, float16")
 

@@ -46,7 +46,8 @@ class DecodeConfig:
     # tree drafters (eagle, medusa) with greedy decoding: also verify prompt lookup's continuation, up to this many
     # tokens, as one more branch of the tree (0 = off). Sampling verifies the drafter's own chain only.
     lookup: int = 0
-    # likewise a branch retrieved from the datastore of the target's own answers (specviz/retrieval.py; 0 = off)
+    # likewise up to this many nodes retrieved from the datastore of the target's own answers: a chain where the
+    # answers agree, a fork where they split (specviz/retrieval.py; 0 = off)
     retrieve: int = 0
 
     def __post_init__(self) -> None:
@@ -138,7 +139,8 @@ def validate(cfg: DecodeConfig) -> None:
     for branch in ("lookup", "retrieve"):  # the branches grafted onto a tree drafter's tree
         n = _number(branch, getattr(cfg, branch), int)
         if not 0 <= n <= GAMMA_MAX:
-            raise ConfigError(f"{branch}={n} is out of range: use 0 (off) up to {GAMMA_MAX} tokens")
+            raise ConfigError(f"{branch}={n} is out of range: use 0 (off) up to {GAMMA_MAX} "
+                              f"{'tokens' if branch == 'lookup' else 'nodes'}")
         if n and cfg.method not in LOOKUP_METHODS:
             raise ConfigError(f"{branch}={n} applies to the tree drafters only: use it with "
                               f"{' or '.join(LOOKUP_METHODS)}, not {cfg.method}")

@@ -3,13 +3,20 @@ a datastore of the target's own answers. No model: an n-gram index over token id
 
 The embedded target's datastore is its greedy answers to the licensed training prompts (assets/distill/, never
 Spec-Bench; attribution in LICENSES/). For the context's longest suffix of MAX_ORDER..MIN_ORDER tokens found in
-the datastore, up to CANDIDATES of its occurrences vote token by token: the continuation follows the most
-common next token among the occurrences still agreeing, while that token holds at least MIN_SHARE of them.
+the datastore, up to CANDIDATES of its occurrences vote: the draft is a small tree (a trie of what followed) of
+the continuations most of them share, grown best first, each node held by at least MIN_SHARE of the occurrences
+that agree with its parent: a chain where the vote is clear, a fork where it splits. On held-out answers a budget
+of 6 nodes accepted 1.17 tokens per position as such a tree against 1.04 as the chain drafted before (voted token by
+token while the top token held a quarter of the votes), for 5.2 nodes against 4.3 drafted; 8 nodes 1.34 against
+1.16 (assets/bench/datastore_tree.py, .txt).
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 from collections import Counter
+from pathlib import Path
 from typing import Iterable
 
 import numpy as np
@@ -19,7 +26,9 @@ from specviz.config import DEFAULT_TARGET
 MAX_ORDER = 4      # longest suffix looked up (tokens)
 MIN_ORDER = 2      # shortest: one token alone matches too much of everything
 CANDIDATES = 256   # occurrences that vote, evenly spaced over all of them (deterministic)
-MIN_SHARE = 0.25   # stop the continuation where its next token has less than this share of the votes
+MIN_SHARE = 0.1    # a node needs this share of the votes of the occurrences agreeing with its parent
+DATASTORE_FILE = "datastore.npy"  # a drafter trained on your own data keeps its answers beside its weights
+MAX_DEPTH = 8      # the deepest node drafted: a large budget goes to forks rather than ever deeper guesses
 
 
 class Datastore:
@@ -48,42 +57,64 @@ class Datastore:
     def __len__(self) -> int:
         return int((self.tokens >= 0).sum())
 
+    def save(self, path: str | Path) -> None:
+        """The token stream (answers separated by -1) as an int32 .npy file; load() indexes it again."""
+        np.save(Path(path), self.tokens.astype(np.int32), allow_pickle=False)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Datastore":
+        """A datastore saved by save() (a drafter's own, `DATASTORE_FILE` in its folder)."""
+        stream = np.load(Path(path), allow_pickle=False).astype(np.int64)
+        parts = np.split(stream, np.nonzero(stream < 0)[0] + 1)  # each answer with its -1
+        return cls(part[part >= 0].tolist() for part in parts if (part >= 0).any())
+
     def _key(self, suffix: list[int]) -> int:
         key = 0
         for token in reversed(suffix):
             key = (key << self.bits) | int(token)
         return key
 
-    def continuation(self, tokens: list[int], length: int) -> list[int]:
-        """Up to `length` tokens that most often followed the longest suffix of `tokens` found here."""
-        if length <= 0:
-            return []
+    def occurrences(self, tokens: list[int]) -> np.ndarray:
+        """Where the longest suffix of `tokens` found here ends (up to CANDIDATES of them, evenly spaced); empty when
+        no suffix of MIN_ORDER tokens or more occurs."""
         for n in range(min(self.max_order, len(tokens)), MIN_ORDER - 1, -1):
             suffix = tokens[-n:]
             if max(suffix) >= 1 << self.bits or min(suffix) < 0:
                 continue  # a token the datastore has never seen
             keys, where = self.tables[n]
-            key = self._key(suffix)
-            lo, hi = np.searchsorted(keys, np.uint64(key), "left"), np.searchsorted(keys, np.uint64(key), "right")
+            key = np.uint64(self._key(suffix))
+            lo, hi = np.searchsorted(keys, key, "left"), np.searchsorted(keys, key, "right")
             if hi > lo:
-                return self._vote(where[np.linspace(lo, hi - 1, min(CANDIDATES, hi - lo)).astype(np.int64)], length)
-        return []
+                return where[np.linspace(lo, hi - 1, min(CANDIDATES, hi - lo)).astype(np.int64)]
+        return np.zeros(0, dtype=np.int64)
 
-    def _vote(self, ends: np.ndarray, length: int) -> list[int]:
-        follow = self.tokens[np.minimum(ends[:, None] + np.arange(1, length + 1), len(self.tokens) - 1)]  # (c, L)
-        alive = np.ones(len(ends), dtype=bool)  # occurrences agreeing with the continuation so far
-        out: list[int] = []
-        for depth in range(length):
-            column = follow[alive, depth]
-            column = column[column >= 0]
-            if not len(column):
-                break
-            token, votes = Counter(column.tolist()).most_common(1)[0]
-            if votes < MIN_SHARE * alive.sum():
-                break
-            out.append(int(token))
-            alive &= follow[:, depth] == token
-        return out
+    def drafts(self, tokens: list[int], nodes: int, depth: int = MAX_DEPTH) -> list[list[int]]:
+        """The tree of up to `nodes` tokens (no deeper than `depth`) that most often followed the longest suffix of
+        `tokens` found here, as its root-to-leaf chains, the most voted first."""
+        ends = self.occurrences(tokens) if nodes > 0 else np.zeros(0, dtype=np.int64)
+        depth = min(depth, nodes, MAX_DEPTH)
+        if not len(ends) or depth <= 0:
+            return []
+        follow = self.tokens[np.minimum(ends[:, None] + np.arange(1, depth + 1), len(self.tokens) - 1)]  # (c, depth)
+        order = itertools.count()  # ties: the first pushed first
+        frontier = [(-len(ends), next(order), (), np.ones(len(ends), dtype=bool))]  # (-votes, tie, path, agreeing)
+        chosen: list[tuple[int, ...]] = []
+        while frontier and len(chosen) < nodes:
+            _, _, path, alive = heapq.heappop(frontier)
+            if path:
+                chosen.append(path)
+            if len(path) == depth:
+                continue
+            column = follow[alive, len(path)]
+            for token, votes in Counter(column[column >= 0].tolist()).most_common():
+                if votes < MIN_SHARE * alive.sum():
+                    break
+                heapq.heappush(frontier, (-votes, next(order), path + (token,),
+                                          alive & (follow[:, len(path)] == token)))
+        rank = {p: i for i, p in enumerate(chosen)}
+        leaves = [p for p in chosen if not any(len(q) > len(p) and q[:len(p)] == p for q in chosen)]
+        leaves.sort(key=lambda p: [rank[p[:k]] for k in range(1, len(p) + 1)])  # the first chosen branches first
+        return [list(p) for p in leaves]
 
 
 _stores: dict[str, Datastore] = {}

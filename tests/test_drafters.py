@@ -269,6 +269,14 @@ def test_training_smoke(tmp_path, kind):
     assert result.held_out["identical"] == "1/1"
     assert (result.folder / "model.safetensors").is_file() and "Reproduce" in (result.folder / "README.md").read_text()
     assert (tmp_path / "run" / "data.jsonl").is_file() and (tmp_path / "run" / "features.f16").is_file()
+    # your own data: its answers are the drafter's datastore, which serves --retrieve where the target has none
+    answers = [e["answer_ids"] for e in distill.read_examples(tmp_path / "run" / "data.jsonl")]
+    assert len(drafters.load(result.folder, target).datastore) == sum(map(len, answers))
+    if kind == "medusa":
+        cfg = DecodeConfig(method=kind, max_new_tokens=24, retrieve=4)
+        run = engines.generate(engines.build_trained(result.folder, target), [7, 8, 9], cfg)
+        ar = engines.generate(engines.build("ar", target), [7, 8, 9], DecodeConfig(method="ar", max_new_tokens=24))
+        assert run.token_ids == ar.token_ids
     opts.steps, opts.resume = 14, True
     resumed = train.train(opts, log=lambda *_: None, target=target)
     assert len(resumed.losses) == 2  # continued from step 12
@@ -661,7 +669,8 @@ def test_datastore_branch_needs_a_datastore(tiny_target):
 
     eng = engine_for(tiny_target, random_drafter(tiny_target, "eagle", torch.arange(0, 64, 2)), tree=True)
     with pytest.raises(ConfigError, match=r"^retrieve=3 needs a datastore of the target's own answers: there is one "
-                                          r"for smollm2-135m, not tiny-0$"):
+                                          r"for smollm2-135m and for drafters trained on your own data "
+                                          r"\(python -m specviz train --data\), not for tiny-0$"):
         engines.generate(eng, [5, 6], DecodeConfig(method="eagle", max_new_tokens=4, retrieve=3))
 
 

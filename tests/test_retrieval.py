@@ -7,30 +7,49 @@ from specviz.retrieval import Datastore
 def test_longest_suffix_and_the_vote():
     store = Datastore([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6], [9, 2, 3, 4, 5], [8, 3, 4, 7]])
     assert len(store) == 19
-    # (2, 3) occurs three times: 4 follows all of them, then 5 (2 of 3), then each answer ends
-    assert store.continuation([7, 2, 3], 4) == [4, 5]
-    # the longer suffix (1, 2, 3) decides where it occurs: 4, then 5 and 6 tie (first seen wins), then the end
-    assert store.continuation([1, 2, 3], 3) == [4, 5]
-    # (3, 4) occurs four times: 5 holds 2 of 4, so the draft follows it
-    assert store.continuation([0, 3, 4], 2) == [5]
-    assert store.continuation([3, 4], 0) == []
-    assert store.continuation([4], 3) == []               # one token is below the shortest suffix looked up
-    assert store.continuation([7, 7], 3) == []            # never seen
-    assert store.continuation([2, 3, 99999], 3) == []     # a token beyond the datastore's ids: no suffix has it
+    # (2, 3) occurs three times: 4 follows all of them, then 5 (2 votes) before 6 (1 vote), then each answer ends
+    assert store.drafts([7, 2, 3], 4) == [[4, 5], [4, 6]]
+    assert store.drafts([7, 2, 3], 2) == [[4, 5]]           # the budget goes to the most voted nodes
+    assert store.drafts([7, 2, 3], 4, depth=1) == [[4]]
+    # the longer suffix (1, 2, 3) decides where it occurs: 4, then 5 and 6 tie (the first seen first)
+    assert store.drafts([1, 2, 3], 3) == [[4, 5], [4, 6]]
+    # (3, 4) occurs four times: 5 (2 votes), 6 and 7 (1 each)
+    assert store.drafts([0, 3, 4], 3) == [[5], [6], [7]]
+    assert store.drafts([3, 4], 0) == []
+    assert store.drafts([4], 3) == []                 # one token is below the shortest suffix looked up
+    assert store.drafts([7, 7], 3) == []              # never seen
+    assert store.drafts([2, 3, 99999], 3) == []       # a token beyond the datastore's ids: no suffix has it
+
+
+def test_a_clear_vote_is_a_chain_and_a_split_one_a_fork():
+    # after (1, 2): 10 in 7 of 9 answers, then 20 in all of those; 11 and 12 once each
+    store = Datastore([[1, 2, 10, 20, 30]] * 7 + [[1, 2, 11], [1, 2, 12]])
+    assert store.drafts([1, 2], 3) == [[10, 20, 30]]
+    assert store.drafts([1, 2], 5) == [[10, 20, 30], [11], [12]]
+    assert store.drafts([1, 2], 8, depth=2) == [[10, 20], [11], [12]]
+    assert store.drafts([1, 2], 99) == store.drafts([1, 2], retrieval.MAX_DEPTH + 9)
 
 
 def test_a_split_vote_stops_the_draft():
-    # after (1, 2) five different tokens follow: none holds MIN_SHARE of the votes
-    store = Datastore([[1, 2, t] for t in (10, 11, 12, 13, 14)])
-    assert retrieval.MIN_SHARE > 1 / 5
-    assert store.continuation([1, 2], 3) == []
-    assert Datastore([]).continuation([1, 2], 3) == []
+    # after (1, 2) many different tokens follow: none holds MIN_SHARE of the votes
+    store = Datastore([[1, 2, t] for t in range(10, 30)])
+    assert retrieval.MIN_SHARE > 1 / 20
+    assert store.drafts([1, 2], 3) == []
+    assert Datastore([]).drafts([1, 2], 3) == []
 
 
 def test_sequences_do_not_run_into_each_other():
     store = Datastore([[1, 2], [3, 4]])
-    assert store.continuation([1, 2], 2) == []            # the first answer ended after 2
-    assert store.continuation([2, 3], 2) == []            # no answer holds 2 then 3
+    assert store.drafts([1, 2], 2) == []            # the first answer ended after 2
+    assert store.drafts([2, 3], 2) == []            # no answer holds 2 then 3
+
+
+def test_saved_and_loaded_it_drafts_the_same(tmp_path):
+    store = Datastore([[1, 2, 3, 4, 5], [], [1, 2, 3, 6], [8, 3, 4, 7]])
+    store.save(tmp_path / retrieval.DATASTORE_FILE)
+    loaded = Datastore.load(tmp_path / retrieval.DATASTORE_FILE)
+    assert len(loaded) == len(store) == 13
+    assert loaded.drafts([1, 2, 3], 4) == store.drafts([1, 2, 3], 4) == [[4, 5], [6]]
 
 
 def test_the_embedded_target_has_its_answers_as_datastore():

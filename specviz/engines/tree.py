@@ -214,7 +214,7 @@ class TreeRun:
     generator: torch.Generator
     prompt_len: int
     tokens: list[int]
-    datastore: Datastore | None = None  # cfg.retrieve: the target's own answers (retrieval.datastore_for)
+    datastore: Datastore | None = None  # cfg.retrieve: the drafter's own (Drafter.datastore), else the target's
     step: int = 0
     finish_reason: str | None = None
 
@@ -230,10 +230,11 @@ class TreeEngine:
             yield self.cycle(run)
 
     def start(self, prompt_ids: list[int], cfg: DecodeConfig) -> TreeRun:
-        store = datastore_for(self.target.name) if cfg.retrieve else None
+        store = (self.proposer.d.datastore or datastore_for(self.target.name)) if cfg.retrieve else None
         if cfg.retrieve and store is None:
             raise ConfigError(f"retrieve={cfg.retrieve} needs a datastore of the target's own answers: there is one "
-                              f"for {' and '.join(sorted(datastores()))}, not {self.target.name}")
+                              f"for {' and '.join(sorted(datastores()))} and for drafters trained on your own data "
+                              f"(python -m specviz train --data), not for {self.target.name}")
         return TreeRun(cfg, CachedLM.of(self.target),
                        self.proposer.start(self.target.vocab_size, self.target.eos_ids),
                        torch.Generator().manual_seed(cfg.seed), len(prompt_ids), list(prompt_ids), store)
@@ -301,7 +302,8 @@ class TreeEngine:
                         if cfg.lookup else ([], 0))
         prop = graft(prop, chain, LOOKUP_HEAD)
         if cfg.retrieve and order < cfg.pld_ngram_max:
-            prop = graft(prop, run.datastore.continuation(tokens, min(cfg.retrieve, cap)), RETRIEVAL_HEAD)
+            for chain in run.datastore.drafts(tokens, cfg.retrieve, cap):
+                prop = graft(prop, chain, RETRIEVAL_HEAD)
         return prop
 
     def _nodes(self, prop: TreeProposal, p_rows: torch.Tensor, path: list[int], rejected: bool) -> list[DraftToken]:
