@@ -13,6 +13,7 @@ checkpoints load too (see `read_layout`).
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -302,8 +303,9 @@ class DraftLM(nn.Module):
 class Drafter:
     """A trained drafter bound to its target: the module plus the target's embeddings and (compressed) LM head."""
 
-    def __init__(self, module: nn.Module, cfg: DrafterConfig, target_model: nn.Module, vocab_ids: torch.Tensor | None):
-        self.module, self.cfg = module.eval(), cfg
+    def __init__(self, module: nn.Module, cfg: DrafterConfig, target_model: nn.Module, vocab_ids: torch.Tensor | None,
+                 folder: Path | None = None):
+        self.module, self.cfg, self.folder = module.eval(), cfg, folder
         self.module.requires_grad_(False)
         self.embed = target_model.get_input_embeddings()
         self.final_norm = target_model.get_decoder().norm  # layerskip exits through the target's own norm
@@ -318,6 +320,15 @@ class Drafter:
         # one row than torch's emulated bf16 on AVX2: 0.99 against 1.43 ms for 8192 x 576, one thread)
         self.row_kernel = (isinstance(output, kernels.RowLinear) and self.head_weight.dtype == torch.bfloat16
                            and self.head_weight.is_contiguous())
+
+    @functools.cached_property
+    def datastore(self):
+        """The datastore of the answers it was trained on when they were your own data (train writes it beside the
+        weights, retrieval.DATASTORE_FILE), else None: the target's own datastore then serves (retrieval.datastore_for)."""
+        from specviz import retrieval
+
+        path = self.folder / retrieval.DATASTORE_FILE if self.folder else None
+        return retrieval.Datastore.load(path) if path and path.is_file() else None
 
     @property
     def features(self):
@@ -546,7 +557,7 @@ def load(folder: str | Path, target) -> Drafter:
     module.to(device=target.device, dtype=target.dtype)
     if target.matmul == "specviz row kernel":
         kernels.swap_in(module)  # its bias-free Linears on the target's bf16 row kernel, as its head (Drafter)
-    return Drafter(module, cfg, target.model, None if vocab_ids is None else vocab_ids.long().to(target.device))
+    return Drafter(module, cfg, target.model, None if vocab_ids is None else vocab_ids.long().to(target.device), folder)
 
 
 def load_into(module: nn.Module, state: dict, name: str) -> None:

@@ -595,6 +595,13 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     final = opts.out / "drafter"
     drafters.save(final, module, cfg, vocab_ids, card(cfg, opts))
     log(f"saved {final} ({drafters.n_params(module) / 1e6:.2f} M parameters)")
+    if data_files(opts):  # your own data: its answers become the drafter's datastore (the +ret branch)
+        from specviz import retrieval
+
+        store = retrieval.Datastore(e["answer_ids"] for e in examples)
+        store.save(final / retrieval.DATASTORE_FILE)
+        cfg.training["datastore"] = f"{retrieval.DATASTORE_FILE}: the target's answers in this data, {len(store)} tokens"
+        log(f"datastore: {final / retrieval.DATASTORE_FILE} ({len(store)} answer tokens; --retrieve drafts from it)")
     held = measure(final, target, held_out[:opts.eval_prompts], log)
     cfg.training["held_out"] = held
     drafters.save(final, module, cfg, vocab_ids, card(cfg, opts))
@@ -769,6 +776,7 @@ def card(cfg: drafters.DrafterConfig, opts: TrainOptions) -> str:
     lines = [f"# {cfg.kind} drafter for {cfg.target}", "", drafters.describe(cfg) + ".", "",
              f"Reproduce: `python -m specviz train {cfg.kind} --out {opts.out} --steps {opts.steps}"
              + (f" --init {opts.init}" if opts.init else "")
+             + (f" --lr {opts.lr:g}" if opts.lr != TrainOptions.lr else "")
              + (f" --draft-vocab {opts.draft_vocab}" if opts.draft_vocab is not None and (
                  opts.init or opts.draft_vocab != DRAFT_VOCAB) else "")
              + (" --features final" if cfg.kind == "eagle" and not cfg.feature_layers and not opts.init else "")
