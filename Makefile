@@ -51,14 +51,22 @@ data: setup
 # tokens: EAGLE's feature pass 30 minutes and 13 GB of disk, its 800 steps 46 minutes; the draft model's 700 steps
 # 17 minutes, Medusa's 400 steps 9). LayerSkip names the original self-distillation file (2280 answers, 401k tokens;
 # its card: 150 steps in 502 s on a 2-core AVX2 machine), since `train` without --data reads the growing chunks too.
+# EAGLE was trained in two runs: 800 steps on the original file and chunks 0-43 (all there was then), then, from those
+# weights (--init), 550 steps at a lower peak rate on chunks 44-77 (2733 s and 2629 s of training on a 2-core AMX Xeon;
+# that run was stopped at step 150 of 1000 and resumed with --steps 550, so its schedule shortened there).
 SHIPPED_DATA := assets/distill/smollm2-135m.jsonl.gz
+EAGLE_FIRST := $(shell seq -f 'assets/distill/prompts/chunk-%05g.jsonl.gz' 0 43)
+EAGLE_MORE := $(shell seq -f 'assets/distill/prompts/chunk-%05g.jsonl.gz' 44 77)
 drafters: setup
-	$(BIN)/python -m specviz train eagle --out out/train/eagle --steps 800 --resume
+	$(BIN)/python -m specviz train eagle --data $(SHIPPED_DATA) $(EAGLE_FIRST) --out out/train/eagle-first --steps 800 --resume
+	$(BIN)/python -m specviz train eagle --init out/train/eagle-first/drafter --data $(EAGLE_MORE) --out out/train/eagle \
+		--steps 550 --lr 0.0006 --resume
 	$(BIN)/python -m specviz train medusa --out out/train/medusa --steps 400 --resume
 	$(BIN)/python -m specviz train layerskip --data $(SHIPPED_DATA) --out out/train/layerskip --steps 150 --resume
 	$(BIN)/python -m specviz train draft --out out/train/draft --steps 700 --resume
 	for k in eagle medusa layerskip draft; do mkdir -p assets/drafters/smollm2-135m-$$k && \
-		cp out/train/$$k/drafter/* assets/drafters/smollm2-135m-$$k/; done
+		cp out/train/$$k/drafter/config.json out/train/$$k/drafter/model.safetensors out/train/$$k/drafter/README.md \
+			assets/drafters/smollm2-135m-$$k/; done  # not a datastore.npy: the shipped ones use the target's (all chunks)
 
 clean:
 	rm -rf $(VENV) out .pytest_cache
