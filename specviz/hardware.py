@@ -101,7 +101,9 @@ CPU_LOOKUPS = (("eagle", CPU_LOOKUP), ("medusa", CPU_LOOKUP))
 # 1.60x against 1.56x in a second run, assets/bench/spec_bench48-datastore-eos.json),
 # and 1.47x against 1.35x on the app's 10 examples. Its length was chosen on 24 training prompts the target has not
 # answered (not Spec-Bench): 4, 6 and 10 tokens ran 1.79x, 1.79x and 1.75x against 1.74x without the branch
-# (assets/bench/train-unanswered24-datastore.json).
+# (assets/bench/train-unanswered24-datastore.json). Since it drafts a tree of up to that many nodes, on a 2-core AMX
+# Xeon: 1.74x AR (tau 2.54) against 1.69x (tau 2.61) with 12 nodes, one Spec-Bench 48 run
+# (assets/bench/spec_bench48-amx-datastore-tree.json).
 CPU_RETRIEVE = 6
 CPU_RETRIEVES = (("eagle", CPU_RETRIEVE), ("medusa", CPU_RETRIEVE))
 CPU_GRAFTS = {"lookup": CPU_LOOKUP, "retrieve": CPU_RETRIEVE}  # bench `+pld` / `+ret` without a length
