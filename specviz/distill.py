@@ -480,7 +480,7 @@ def read_chunks(out_dir: str | Path = PROMPTS_OUT, verify: bool = True) -> list[
     examples = []
     for index in sorted(entries):
         for n, row in enumerate(read_examples(Path(out_dir) / entries[index]["file"])):
-            examples.append({"i": index * size + n, **row})
+            examples.append({**row, "i": index * size + n})
     return examples
 
 

@@ -39,7 +39,9 @@ def test_chunks_manifest_and_resume(tmp_path, tiny):
     assert manifest["prompts_sha256"] == distill.sha256_file(prompts) and manifest["prompts_total"] == 7
     rows = distill.read_examples(out / "chunk-00001.jsonl.gz")
     assert [r["id"] for r in rows] == ["p3", "p4", "p5"]  # file order, whatever the batching order
-    assert set(rows[0]) == {"id", "category", "prompt_ids", "answer_ids"}
+    with gzip.open(out / "chunk-00001.jsonl.gz", "rt") as f:  # stored: no index (read_examples adds the line number)
+        assert set(json.loads(f.readline())) == {"id", "category", "prompt_ids", "answer_ids"}
+    assert [r["i"] for r in rows] == [0, 1, 2]
     for r in rows:  # greedy answers, cut after EOS or at max_new_tokens
         assert 1 <= len(r["answer_ids"]) <= 4 and (len(r["answer_ids"]) == 4 or r["answer_ids"][-1] == 63)
     t = manifest["totals"]
