@@ -504,11 +504,13 @@ def parser() -> argparse.ArgumentParser:
                    "are kept (--draft-vocab re-chooses the vocabulary), and the other layout options above are ignored")
     t.add_argument("--seed", default="0")
     tr = sub.add_parser("tree", help="re-choose a trained Medusa or EAGLE drafter's tree from its held-out accuracy "
-                        "and the committed verify profile, without retraining")
+                        "and a verify profile (the committed one, or --profile), without retraining")
     tr.add_argument("drafter", help="a Medusa or EAGLE drafter folder trained here (e.g. assets/drafters/smollm2-135m-medusa)")
     tr.add_argument("--data", nargs="+", default=None, help="self-distillation ids (JSONL(.gz)) or distill folders whose "
                     "held-out split (every 20th example) is measured (default: the committed ids the drafter was trained on)")
     tr.add_argument("--held-out", default=str(TREE_HELD_OUT), help="held-out answers to measure (default %(default)s)")
+    tr.add_argument("--profile", default=None, help="a verify profile of this machine (python -m specviz profile --json "
+                    "FILE) to fit the tree to (default: the committed one, assets/bench/profile-bf16.json)")
     tr.add_argument("--write", action="store_true", help="save the new tree in the drafter's config.json and model card")
     d = sub.add_parser("distill", help="self-distillation data: the target answers a prompt file greedily, in resumable chunks")
     d.add_argument("--prompts", default=None, help="JSONL(.gz) of id, category, prompt (default: the shared prompt set, "
@@ -588,7 +590,8 @@ def cmd_tree(args) -> int:
             raise InputError(f"data file {f!r} does not exist: give a JSONL(.gz) of self-distillation ids or a "
                              "folder written by `distill`")
     try:
-        train.retree(Path(args.drafter), args.data, held, args.write, log=lambda line: print(line, flush=True))
+        train.retree(Path(args.drafter), args.data, held, args.write, log=lambda line: print(line, flush=True),
+                     profile=Path(args.profile) if args.profile else None)
     except drafters.DrafterError as exc:
         raise InputError(str(exc)) from None
     return 0

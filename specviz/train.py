@@ -431,13 +431,24 @@ def eagle_depth_accuracy(module, head, embed, batch, depth: int = 6, ranks: int 
     return torch.tensor([stats[f"ranks_{k}"] for k in range(1, depth + 1) if f"ranks_{k}" in stats])
 
 
-def profile_for(target_name: str) -> tuple[metrics.CostProfile, dict] | None:
-    """The committed verify profile and drafter costs of the default target in its default CPU dtype
-    (assets/bench/profile-bf16.json, `python -m specviz profile`), None for other targets."""
-    if target_name != DEFAULT_TARGET or not PROFILE.is_file():
-        return None
-    d = json.loads(PROFILE.read_text())
-    return metrics.CostProfile(**d["profile"]), {c["method"]: c.get("c") for c in d.get("costs", [])}
+def profile_for(target_name: str, path: Path | None = None) -> tuple[metrics.CostProfile, dict] | None:
+    """A verify profile and drafter costs (`python -m specviz profile --json`): the file at path, which must be the
+    target's (DrafterError otherwise), or by default the committed one of the default target in its default CPU
+    dtype (assets/bench/profile-bf16.json), None for other targets."""
+    if path is None:
+        if target_name != DEFAULT_TARGET or not PROFILE.is_file():
+            return None
+        path = PROFILE
+    try:
+        d = json.loads(Path(path).read_text())
+        profile = metrics.CostProfile(**d["profile"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise drafters.DrafterError(f"profile {str(path)!r} is not a verify profile written by `python -m specviz "
+                                    f"profile --json` ({type(exc).__name__}: {exc})") from None
+    if d.get("target", target_name) != target_name:
+        raise drafters.DrafterError(f"profile {str(path)!r} was measured on target {d['target']!r}, "
+                                    f"not on the drafter's target {target_name!r}")
+    return profile, {c["method"]: c.get("c") for c in d.get("costs", [])}
 
 
 @dataclass
@@ -646,11 +657,12 @@ def choose_eagle_tree(cfg, module, head, embed, held_batch, target_name: str, lo
     choose_tree_for_cost(cfg, accuracy, target_name, "eagle", log)
 
 
-def choose_tree_for_cost(cfg, accuracy: torch.Tensor, target_name: str, kind: str, log, max_size: int = 32) -> None:
+def choose_tree_for_cost(cfg, accuracy: torch.Tensor, target_name: str, kind: str, log, max_size: int = 32,
+                         profile_path: Path | None = None) -> None:
     """cfg.tree := the tree with the most expected tokens per unit of time (drafters.tree_for_cost) from the
-    held-out accuracy[depth, rank] and the committed verify profile with the drafter's measured cost: per tree
-    level for EAGLE, once per step for Medusa. Without a profile for the target the tree stays as it is."""
-    found = profile_for(target_name)
+    held-out accuracy[depth, rank] and a verify profile (default: the committed one) with the drafter's measured
+    cost: per tree level for EAGLE, once per step for Medusa. Without a profile for the target the tree stays."""
+    found = profile_for(target_name, profile_path)
     if found is None or not len(accuracy):
         return
     profile, costs = found
@@ -661,7 +673,8 @@ def choose_tree_for_cost(cfg, accuracy: torch.Tensor, target_name: str, kind: st
     cfg.training["tree_choice"] = {"nodes": len(tree), "expected_tokens_per_step": round(tokens, 3),
                                    "predicted_speedup": round(speed, 3),
                                    ("draft_cost_per_level" if kind == "eagle" else "draft_cost_per_step"): round(cost, 3),
-                                   "profile": str(PROFILE.relative_to(ASSETS.parent))}
+                                   "profile": str(PROFILE.relative_to(ASSETS.parent) if profile_path is None
+                                                  else profile_path)}
     log(f"tree: {len(tree)} nodes, {tokens:.2f} expected tokens per step, predicted {speed:.2f}× AR")
 
 
@@ -679,11 +692,11 @@ TREE_HELD_OUT = 60  # held-out answers `tree` measures by default
 
 
 def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OUT, write: bool = False, log=print,
-           target=None) -> dict:
+           target=None, profile: Path | None = None) -> dict:
     """A trained Medusa or EAGLE drafter's tree re-chosen from measurement without retraining: its rank accuracy
     (Medusa: per head; EAGLE: per draft depth, from its own features, as at training) on `held` held-out answers
-    (the split training uses; default data: the committed ids) and the committed verify profile
-    (choose_tree_for_cost). Returns {"old": tree, "new": tree, "accuracy": ...}; with write, config.json gets the
+    (the split training uses; default data: the committed ids) and a verify profile (default: the committed one;
+    give this machine's, `python -m specviz profile --json`, to fit the tree to it) (choose_tree_for_cost). Returns {"old": tree, "new": tree, "accuracy": ...}; with write, config.json gets the
     new tree and the figures, and the model card a line saying so."""
     folder = Path(folder)
     raw = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else None
@@ -693,6 +706,7 @@ def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OU
     if kind not in ("medusa", "eagle"):
         raise drafters.DrafterError(f"drafter {str(folder)!r} is a {kind} drafter: only Medusa's and EAGLE's trees "
                                     "are re-chosen (the others draft a chain)")
+    profile_for(raw["target"], profile)  # a bad profile file is reported before the features are computed
     from specviz import models
 
     target = target or models.get(raw["target"], torch.device("cpu"), torch.float32, attention="sdpa")
@@ -726,7 +740,7 @@ def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OU
     cfg.training = dict(cfg.training)
     cfg.training[key] = [[round(float(a), 3) for a in row] for row in accuracy]
     choose_tree_for_cost(cfg, accuracy, cfg.target, kind, log,
-                         max_size=max(len(old), TrainOptions.tree_size) if kind == "medusa" else 32)
+                         max_size=max(len(old), TrainOptions.tree_size) if kind == "medusa" else 32, profile_path=profile)
     log(f"tree: {len(old)} nodes before, {len(cfg.tree)} now: {cfg.tree}")
     if write:
         raw["tree"] = cfg.tree
@@ -734,7 +748,8 @@ def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OU
                            **({"tree_choice": cfg.training["tree_choice"]} if "tree_choice" in cfg.training else {})}
         (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
         choice = cfg.training.get("tree_choice", {})
-        given = (f" --data {' '.join(data)}" if data else "") + (f" --held-out {held}" if held != TREE_HELD_OUT else "")
+        given = ((f" --data {' '.join(data)}" if data else "") + (f" --held-out {held}" if held != TREE_HELD_OUT else "")
+                 + (f" --profile {profile}" if profile else ""))
         line = (f"\nTree re-chosen without retraining (`python -m specviz tree {folder}{given} --write`): {len(cfg.tree)} nodes "
                 f"instead of {len(old)}, from the {'heads' if kind == 'medusa' else 'draft depths'}' rank accuracy on "
                 f"{len(held_out)} held-out answers and the verify profile ({choice.get('expected_tokens_per_step')} "

@@ -553,19 +553,33 @@ def test_tree_command_rechooses_tree(tmp_path, monkeypatch, capsys, kind):
                               batch_tokens=512, lr=3e-3, draft_vocab=32, medusa_heads=2, max_new_tokens=16,
                               eval_prompts=1, checkpoint_every=6, tree_size=6)
     folder = train.train(opts, log=lambda *_: None, target=target).folder
-    flat = metrics.CostProfile("cpu", "float32", "sdpa", 8, 1, [1, 32], [1.0, 1.0], [1.0, 1.0])
-    monkeypatch.setattr(train, "profile_for", lambda name: (flat, {kind: 0.0}))
+    from dataclasses import asdict
+
     from specviz import models
 
+    def profile_file(name, profile, cost, target_name="tiny"):  # as `python -m specviz profile --json` writes it
+        path = tmp_path / name
+        path.write_text(json.dumps({"target": target_name, "profile": asdict(profile), "costs": [{"method": kind, "c": cost}]}))
+        return str(path)
+
+    flat = metrics.CostProfile("cpu", "float32", "sdpa", 8, 1, [1, 32], [1.0, 1.0], [1.0, 1.0])
     monkeypatch.setattr(models, "get", lambda *a, **k: target)  # the tiny target, not a hub model
     data_args = ["--data", str(tmp_path / "run" / "data.jsonl"), "--held-out", "4", "--write"]
-    assert main(["tree", str(folder), *data_args]) == 0
+    assert main(["tree", str(folder), *data_args, "--profile", profile_file("flat.json", flat, 0.0)]) == 0
     assert len(drafters.load(folder, target).cfg.tree) > 1  # where verifying more tokens costs nothing: a tree
     steep = metrics.CostProfile("cpu", "float32", "sdpa", 8, 1, [1, 2, 8], [1.0, 2.0, 8.0], [1.0, 2.0, 8.0])
-    monkeypatch.setattr(train, "profile_for", lambda name: (steep, {kind: 0.1}))
-    assert main(["tree", str(folder), *data_args]) == 0
+    steep_file = profile_file("steep.json", steep, 0.1)
+    assert main(["tree", str(folder), *data_args, "--profile", steep_file]) == 0
     d = drafters.load(folder, target)
     assert len(d.cfg.tree) == 1 and d.cfg.training["tree_choice"]["nodes"] == 1
+    assert d.cfg.training["tree_choice"]["profile"] == steep_file and f"--profile {steep_file}" in (folder / "README.md").read_text()
+    # a profile that is not one, or another target's: one line, and the drafter is left as it was
+    config = (folder / "config.json").read_text()
+    assert main(["tree", str(folder), *data_args, "--profile", str(tmp_path / "run" / "data.jsonl")]) == 2
+    assert "is not a verify profile written by `python -m specviz profile --json`" in capsys.readouterr().err
+    assert main(["tree", str(folder), *data_args, "--profile", profile_file("other.json", flat, 0.0, "smollm2-135m")]) == 2
+    assert "was measured on target 'smollm2-135m', not on the drafter's target 'tiny'" in capsys.readouterr().err
+    assert (folder / "config.json").read_text() == config
     accuracy = d.cfg.training["head_rank_accuracy_held_out" if kind == "medusa" else "depth_rank_accuracy_held_out"]
     assert len(accuracy) == 2 if kind == "medusa" else len(accuracy) >= 1
     assert "Tree re-chosen without retraining" in (folder / "README.md").read_text()
