@@ -118,9 +118,10 @@ def speed_figure(lanes: Mapping[str, Sequence[StepEvent]], labels: Optional[Mapp
 
 
 def accepted_length_counts(events: Sequence[StepEvent]) -> list[int]:
-    """counts[k] = how many drafting steps kept exactly k drafted tokens (k = 0..longest γ)."""
+    """counts[k] = how many drafting steps kept exactly k drafted tokens (k = 0 .. the longest γ or draft path: a
+    tree's nodes are many, but a step keeps one path, at most its depth)."""
     drafting = [e for e in events if e.drafts]
-    longest = max((max(e.gamma, len(e.drafts)) for e in drafting), default=-1)
+    longest = max((max(e.gamma, 1 + max(d.depth for d in e.drafts)) for e in drafting), default=-1)
     counts = [0] * (longest + 1)
     for e in drafting:
         counts[e.n_accepted] += 1

@@ -90,6 +90,12 @@ TREE = StepEvent(5, (
 ), (E(1, "A", V.ACCEPTED), E(3, "C", V.ACCEPTED), E(6, "F", V.RESAMPLED)), 0.01, 0.02, 3, 1, 3)
 
 
+def test_accept_histogram_of_a_tree_runs_to_its_depth_not_its_node_count():
+    wide = StepEvent(0, tuple(D(10 + i, "x", V.DISCARDED, 0.1, None, None, -1, 0) for i in range(12)), (), gamma=1)
+    assert plots.accepted_length_counts([TREE]) == [0, 0, 1, 0]  # 5 nodes, depth 3 (γ 3): kept A and C
+    assert plots.accepted_length_counts([wide]) == [1, 0]  # 12 siblings: a step keeps at most one of them
+
+
 def test_tree_layout_places_leaves_in_depth_first_order():
     assert plots.tree_layout(TREE.drafts) == [0.5, 2.0, 0.0, 1.0, 0.0]  # E, D, B are the leaves
     assert plots.tree_layout(PARTIAL.drafts) == [0.0, 0.0, 0.0, 0.0]  # a chain is one straight branch
