@@ -395,6 +395,23 @@ def test_split_forward_equals_the_full_model(tiny_target):
     assert torch.allclose(again, CachedLM(tiny_target.model, tiny_target.device).logits(tokens[:8], keep=2), atol=1e-4)
 
 
+def test_split_forward_runs_the_prompts_late_layers_alone(tiny_target):
+    """As plain decoding does: the prompt's late layers in a forward of their own, then the drafts' (on AMX CPUs
+    a forward past 32 rows takes other bf16 kernels, so prompt and drafts in one forward changed the prompt's
+    keys' bits, and 2 of 48 Spec-Bench answers differed from AR)."""
+    from specviz.cache import CachedLM
+
+    tokens = [3, 8, 13, 21, 34, 55, 2, 7, 9, 11]
+    lm = SplitLM(tiny_target.model, tiny_target.device, 1)
+    calls, layers = [], lm._layers
+    lm._layers = lambda hidden, start, which: calls.append((which[0], start, hidden.shape[1])) or layers(hidden, start, which)
+    lm.early(tokens[:6])  # the prompt, then two drafts through the first layer only
+    lm.early(tokens[:7])
+    split = lm.logits(tokens[:6], tokens[6:8], keep=3)
+    assert [c for c in calls if c[0] == 1] == [(1, 0, 6), (1, 6, 2)]
+    assert torch.allclose(split, CachedLM(tiny_target.model, tiny_target.device).logits(tokens[:8], keep=3), atol=1e-4)
+
+
 def test_exit_features_are_the_early_hidden_states(tmp_path, tiny_target):
     """What layerskip trains on: the hidden state after L layers, as the full model computes it."""
     ex = [{"i": 0, "prompt_ids": [3, 8, 13], "answer_ids": [21, 34, 55, 2]}]

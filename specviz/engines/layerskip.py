@@ -69,8 +69,15 @@ class SplitLM(CachedLM):
         full = list(tokens) + list(extra)
         if self.early_seen < len(full):
             self.early(full)
-        hidden = torch.cat(self.pending, dim=1)  # (1, n, d) the positions the last layers have not seen
-        hidden = self._layers(hidden, self.seen, range(self.exit_layer, len(self.decoder.layers)))
+        late, outs = range(self.exit_layer, len(self.decoder.layers)), []
+        if self.seen == 0 and len(self.pending) > 1:  # the prompt's last layers alone first, as plain decoding runs
+            # them, so its keys and values have the same bits (AMX CPUs take other bf16 kernels past 32 rows)
+            prompt = self.pending.pop(0)
+            outs.append(self._layers(prompt, 0, late))
+            self.seen = prompt.shape[1]
+        if self.pending:  # (1, n, d) the positions the last layers have not seen
+            outs.append(self._layers(torch.cat(self.pending, dim=1), self.seen, late))
+        hidden = torch.cat(outs, dim=1)
         self.pending, self.seen = [], self.early_seen
         return lm_head(self.model, self.decoder.norm(hidden[0, -keep:])).float().cpu()  # (keep, V)
 
