@@ -57,12 +57,15 @@ data: setup
 SHIPPED_DATA := assets/distill/smollm2-135m.jsonl.gz
 EAGLE_FIRST := $(shell seq -f 'assets/distill/prompts/chunk-%05g.jsonl.gz' 0 43)
 EAGLE_MORE := $(shell seq -f 'assets/distill/prompts/chunk-%05g.jsonl.gz' 44 77)
+LAYERSKIP_MORE := $(shell seq -f 'assets/distill/prompts/chunk-%05g.jsonl.gz' 44 55)
 drafters: setup
 	$(BIN)/python -m specviz train eagle --data $(SHIPPED_DATA) $(EAGLE_FIRST) --out out/train/eagle-first --steps 800 --resume
 	$(BIN)/python -m specviz train eagle --init out/train/eagle-first/drafter --data $(EAGLE_MORE) --out out/train/eagle \
 		--steps 550 --lr 0.0006 --resume
 	$(BIN)/python -m specviz train medusa --out out/train/medusa --steps 400 --resume
-	$(BIN)/python -m specviz train layerskip --data $(SHIPPED_DATA) --out out/train/layerskip --steps 150 --resume
+	$(BIN)/python -m specviz train layerskip --data $(SHIPPED_DATA) --out out/train/layerskip-first --steps 150 --resume
+	$(BIN)/python -m specviz train layerskip --init out/train/layerskip-first/drafter --draft-vocab 16384 \
+		--data $(LAYERSKIP_MORE) --out out/train/layerskip --steps 500 --resume
 	$(BIN)/python -m specviz train draft --out out/train/draft --steps 700 --resume
 	for k in eagle medusa layerskip draft; do mkdir -p assets/drafters/smollm2-135m-$$k && \
 		cp out/train/$$k/drafter/config.json out/train/$$k/drafter/model.safetensors out/train/$$k/drafter/README.md \
