@@ -118,10 +118,14 @@ def speed_figure(lanes: Mapping[str, Sequence[StepEvent]], labels: Optional[Mapp
 
 
 def accepted_length_counts(events: Sequence[StepEvent]) -> list[int]:
-    """counts[k] = how many drafting steps kept exactly k drafted tokens (k = 0 .. the longest γ or draft path: a
-    tree's nodes are many, but a step keeps one path, at most its depth)."""
+    """counts[k] = how many drafting steps kept exactly k drafted tokens (k = 0 .. the longest chain's γ or tree's
+    depth: a tree engine's event carries its node count as γ, but a step keeps one path, at most its depth)."""
+    def longest_kept(e: StepEvent) -> int:
+        chain = all(d.parent == i - 1 for i, d in enumerate(e.drafts))
+        return max(e.gamma if chain else 0, 1 + max(d.depth for d in e.drafts))
+
     drafting = [e for e in events if e.drafts]
-    longest = max((max(e.gamma, 1 + max(d.depth for d in e.drafts)) for e in drafting), default=-1)
+    longest = max((longest_kept(e) for e in drafting), default=-1)
     counts = [0] * (longest + 1)
     for e in drafting:
         counts[e.n_accepted] += 1

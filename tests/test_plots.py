@@ -1,6 +1,7 @@
 """Golden event lists -> Plotly figures: trace counts, values, the tree's accepted path (no model, no torch)."""
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -91,9 +92,12 @@ TREE = StepEvent(5, (
 
 
 def test_accept_histogram_of_a_tree_runs_to_its_depth_not_its_node_count():
-    wide = StepEvent(0, tuple(D(10 + i, "x", V.DISCARDED, 0.1, None, None, -1, 0) for i in range(12)), (), gamma=1)
-    assert plots.accepted_length_counts([TREE]) == [0, 0, 1, 0]  # 5 nodes, depth 3 (γ 3): kept A and C
+    # as the tree engine writes them: γ is the node count
+    wide = StepEvent(0, tuple(D(10 + i, "x", V.DISCARDED, 0.1, None, None, -1, 0) for i in range(12)), (), gamma=12)
+    tree = dataclasses.replace(TREE, gamma=len(TREE.drafts))
+    assert plots.accepted_length_counts([tree]) == [0, 0, 1, 0]  # 5 nodes, depth 3: kept A and C
     assert plots.accepted_length_counts([wide]) == [1, 0]  # 12 siblings: a step keeps at most one of them
+    assert len(plots.accepted_length_counts([PARTIAL])) == PARTIAL.gamma + 1  # a chain: up to its γ
 
 
 def test_tree_layout_places_leaves_in_depth_first_order():
