@@ -695,9 +695,9 @@ def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OU
            target=None, profile: Path | None = None) -> dict:
     """A trained Medusa or EAGLE drafter's tree re-chosen from measurement without retraining: its rank accuracy
     (Medusa: per head; EAGLE: per draft depth, from its own features, as at training) on `held` held-out answers
-    (the split training uses; default data: the committed ids) and a verify profile (default: the committed one;
-    give this machine's, `python -m specviz profile --json`, to fit the tree to it) (choose_tree_for_cost). Returns {"old": tree, "new": tree, "accuracy": ...}; with write, config.json gets the
-    new tree and the figures, and the model card a line saying so."""
+    (the split training uses; default data: the committed ids) and a verify profile (choose_tree_for_cost; default:
+    the committed one, or this machine's from `python -m specviz profile --json`). Returns {"old": tree, "new": tree,
+    "accuracy": ...}; with write, config.json gets the new tree and the figures, and the model card a line saying so."""
     folder = Path(folder)
     raw = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else None
     if raw is None or "kind" not in raw:
