@@ -172,13 +172,21 @@ def clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
+@torch.inference_mode()
 def keep_positions(cache, positions: list[int]) -> None:
-    """Keep only the given cache positions, in order (the accepted path of a tree), in every layer."""
+    """Keep only the given cache positions (increasing: the committed context, then the accepted path of a tree)
+    in every layer: the rows that move are written over the first dropped ones and the rest is cropped, so a step
+    copies its path's few rows, not the whole cache (index_select over every position was 3.7 ms a step of the
+    default race on a 2-core Xeon, 4% of it)."""
+    first = next((k for k, p in enumerate(positions) if p != k), len(positions))  # rows before it stay where they are
     index = None
     for layer in cache.layers:
         if getattr(layer, "keys", None) is None:
             continue
-        if index is None:
-            index = torch.tensor(positions, dtype=torch.long, device=layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, index)
-        layer.values = layer.values.index_select(-2, index)
+        if first < len(positions):
+            if index is None:
+                index = torch.tensor(positions[first:], dtype=torch.long, device=layer.keys.device)
+            layer.keys[..., first:len(positions), :] = layer.keys.index_select(-2, index)
+            layer.values[..., first:len(positions), :] = layer.values.index_select(-2, index)
+        layer.keys = layer.keys[..., :len(positions), :]
+        layer.values = layer.values[..., :len(positions), :]

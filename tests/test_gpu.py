@@ -122,7 +122,8 @@ def test_tree_verification_on_cuda(cuda_target):
     equals chain verification; keeping the accepted path's KV equals a fresh prefix."""
     test_trees.test_tree_logits_equal_chain_logits_per_path(cuda_target)
     test_trees.test_greedy_tree_acceptance_matches_chain_verification(cuda_target)
-    test_trees.test_keep_path_equals_fresh_prefix(cuda_target)
+    for path in ([1, 5], [0, 4, 7], [0, 3, 6], []):
+        test_trees.test_keep_path_equals_fresh_prefix(cuda_target, path)
 
 
 # ── the verify profile ───────────────────────────────────────────────────────────────────────────────

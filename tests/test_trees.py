@@ -92,13 +92,14 @@ def test_greedy_tree_acceptance_matches_chain_verification(tiny_target):
                 assert r.next_token == nxt
 
 
-def test_keep_path_equals_fresh_prefix(tiny_target):
+@pytest.mark.parametrize("path", [[1, 5], [0, 4, 7], [0, 3, 6], []])  # moved, partly in place, in place, none
+def test_keep_path_equals_fresh_prefix(tiny_target, path):
     tree = Tree.from_choices(CHOICES)
     nodes = node_tokens_for(tree, seed=3)
     lm = CachedLM(tiny_target.model, tiny_target.device)
     lm.tree_logits(PROMPT, tree, nodes)
-    path = [1, 5]
     lm.keep_path(len(PROMPT), path)
+    assert lm.cache.get_seq_length() == lm.seen == len(PROMPT) + len(path)
     kept = PROMPT + [nodes[i] for i in path]
     after = lm.logits(kept + [7])[0]
     fresh = CachedLM(tiny_target.model, tiny_target.device).logits(kept + [7])[0]
