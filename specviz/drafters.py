@@ -307,7 +307,8 @@ class Drafter:
                  folder: Path | None = None):
         self.module, self.cfg, self.folder = module.eval(), cfg, folder
         self.module.requires_grad_(False)
-        self.embed = target_model.get_input_embeddings()
+        self.dtype = next(module.parameters()).dtype  # what the module computes in (module_dtype)
+        self.target_embed = target_model.get_input_embeddings()
         self.final_norm = target_model.get_decoder().norm  # layerskip exits through the target's own norm
         output = target_model.get_output_embeddings()
         weight = output.weight
@@ -315,11 +316,19 @@ class Drafter:
         if getattr(module, "lm_head", None) is not None:  # a published EAGLE-3 drafter's own head over its vocabulary
             self.head_weight = module.lm_head.weight
         else:
-            self.head_weight = weight if vocab_ids is None else weight[vocab_ids].detach().clone()  # (N, d)
+            self.head_weight = weight if vocab_ids is None else weight[vocab_ids].detach().to(self.dtype)  # (N, d)
         # where the target's matmuls run on specviz's bf16 row kernel, the draft head does too (a third faster for
         # one row than torch's emulated bf16 on AVX2: 0.99 against 1.43 ms for 8192 x 576, one thread)
         self.row_kernel = (isinstance(output, kernels.RowLinear) and self.head_weight.dtype == torch.bfloat16
                            and self.head_weight.is_contiguous())
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The target's embeddings of ids, in the module's dtype."""
+        return self.target_embed(ids).to(self.dtype)
+
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """The target's features (or any tensor the module reads) on the module's device, in its dtype."""
+        return x.to(self.head_weight.device, self.dtype)
 
     @functools.cached_property
     def datastore(self):
@@ -352,6 +361,7 @@ class Drafter:
         if head is not None and self.cfg.own_lm_heads:
             out = self.module.heads[head][1](rows)
         else:
+            rows = rows.to(self.head_weight.dtype)
             out = (kernels.linear(rows.contiguous(), self.head_weight) if self.row_kernel
                    else torch.nn.functional.linear(rows, self.head_weight))  # (r, N)
         return out.reshape(*feats.shape[:-1], out.shape[-1])
@@ -554,10 +564,19 @@ def load(folder: str | Path, target) -> Drafter:
     vocab_ids = state.pop("vocab_ids", None)
     module = build_module(cfg)
     load_into(module, state, str(folder))
-    module.to(device=target.device, dtype=target.dtype)
-    if target.matmul == "specviz row kernel":
+    module.to(device=target.device, dtype=module_dtype(cfg, target))
+    if target.matmul == "specviz row kernel" and module_dtype(cfg, target) == torch.bfloat16:
         kernels.swap_in(module)  # its bias-free Linears on the target's bf16 row kernel, as its head (Drafter)
     return Drafter(module, cfg, target.model, None if vocab_ids is None else vocab_ids.long().to(target.device), folder)
+
+
+def module_dtype(cfg: DrafterConfig, target) -> torch.dtype:
+    """What a drafter's module computes in: fp32 on a CPU for the one-layer drafters (EAGLE, Medusa, LayerSkip's
+    exit), whose few-row matmuls ran at about half fp32's speed in bf16 (a 2-core Xeon with AMX: 84 against 34 us
+    for one row of 1152 x 576, a module call of one row 1.89 against 1.28 ms); else the target's dtype (the GPU,
+    and the draft model, a stack of the target's own layers). Drafts only propose: verification stays exact."""
+    small = cfg.kind in ("eagle", "medusa", "layerskip")
+    return torch.float32 if target.device.type == "cpu" and small else target.dtype
 
 
 def load_into(module: nn.Module, state: dict, name: str) -> None:

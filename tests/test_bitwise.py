@@ -195,3 +195,16 @@ def test_row_kernel_serves_the_bf16_target_where_bf16_is_emulated(target_bf16):
         assert not target_bf16.pad_one_row  # row-invariant by construction: no padding row needed
         copy = models.int8_copy(target_bf16).model  # the int8 copy quantizes plain Linear modules
         assert not any(isinstance(m, kernels.RowLinear) for m in copy.modules())
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa", "layerskip", "draft"])
+def test_one_layer_drafters_compute_in_fp32_on_a_cpu(target_bf16, kind):
+    """On a CPU the one-layer drafters run in fp32 (their few-row matmuls are faster there than in bf16), the
+    draft model in the target's bf16; either way the greedy output is plain decoding's."""
+    d = drafters.load(SHIPPED / f"{target_bf16.name}-{kind}", target_bf16)
+    expect = torch.bfloat16 if kind == "draft" else torch.float32
+    assert d.dtype == expect and {p.dtype for p in d.module.parameters()} == {expect}
+    ids = target_bf16.encode_prompt("List three facts about the moon.")
+    ar = engines.generate(engines.build("ar", target_bf16), ids, DecodeConfig(method="ar", max_new_tokens=24))
+    run = engines.generate(engines.build(kind, target_bf16), ids, DecodeConfig(method=kind, max_new_tokens=24))
+    assert run.token_ids == ar.token_ids and sum(e.n_accepted for e in run.events) > 0

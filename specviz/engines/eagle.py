@@ -70,7 +70,7 @@ class EagleSession(FeatureHistory):
         device = self.d.head_weight.device
         ids = torch.tensor(tokens[self.kv_len + 1:m + 1], dtype=torch.long, device=device)
         module = self.d.module
-        out, self.kv = module(module.lift(self.feats[self.kv_len:m][None].to(device)), self.d.embed(ids)[None],
+        out, self.kv = module(module.lift(self.d.inputs(self.feats[self.kv_len:m][None])), self.d.embed(ids)[None],
                               torch.arange(self.kv_len, m, device=device), self.kv)
         self.kv_len = m
         return out[0, -1]

@@ -105,7 +105,7 @@ class MedusaProposer:
                 generator: torch.Generator) -> TreeProposal | None:
         if state.feature is None:
             return None
-        feats = self.d.module(state.feature[None].to(self.d.head_weight.device))[:, 0]  # (K, d)
+        feats = self.d.module(self.d.inputs(state.feature[None]))[:, 0]  # (K, d)
         q_heads = torch.stack([warp(self.d.logits(f, head=k).float().cpu(), cfg) for k, f in enumerate(feats)])  # (K, N)
         if cfg.greedy:
             tree = Tree.from_choices([p for p in tree.paths if len(p) <= room])
@@ -136,7 +136,7 @@ class MedusaChainSession(FeatureHistory):
     def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, generator: torch.Generator) -> Proposal:
         if len(self.feats) < len(tokens) - 1 or not len(self.feats) or gamma <= 0:
             return self.nothing()
-        feats = self.d.module(self.feats[len(tokens) - 2][None].to(self.d.head_weight.device))[:, 0]  # (K, d)
+        feats = self.d.module(self.d.inputs(self.feats[len(tokens) - 2][None]))[:, 0]  # (K, d)
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
         for k in range(min(gamma, len(feats))):
