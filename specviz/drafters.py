@@ -564,8 +564,9 @@ def load(folder: str | Path, target) -> Drafter:
     vocab_ids = state.pop("vocab_ids", None)
     module = build_module(cfg)
     load_into(module, state, str(folder))
-    module.to(device=target.device, dtype=module_dtype(cfg, target))
-    if target.matmul == "specviz row kernel" and module_dtype(cfg, target) == torch.bfloat16:
+    dtype = module_dtype(cfg, target)
+    module.to(device=target.device, dtype=dtype)
+    if target.matmul == "specviz row kernel" and dtype == torch.bfloat16:
         kernels.swap_in(module)  # its bias-free Linears on the target's bf16 row kernel, as its head (Drafter)
     return Drafter(module, cfg, target.model, None if vocab_ids is None else vocab_ids.long().to(target.device), folder)
 

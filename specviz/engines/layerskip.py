@@ -102,7 +102,8 @@ class LayerSkipSession:
         qs: list[torch.Tensor] = []
         while len(drafted) < gamma:
             h = self.lm.early(tokens + drafted)
-            token, q, confidence = self.d.draw(self.d.logits(self.d.final_norm(self.d.module(self.d.inputs(h)))), cfg, generator)
+            logits = self.d.logits(self.d.final_norm(self.d.module(self.d.inputs(h))))
+            token, q, confidence = self.d.draw(logits, cfg, generator)
             drafted.append(token)
             qs.append(q)
             if stop_drafting(token, confidence, self.eos_ids, cfg):
