@@ -113,45 +113,111 @@ void linear_bf16(const uint16_t *xb, const uint16_t *w, uint16_t *y, long M, lon
     __builtin_free(x);
 }
 
+/* exp of 8 lanes (x <= 0 here: scores minus their max), Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r,
+   times 2^n; within 2 ulp of expf, and the same bits for the same input whatever the other lanes. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));  /* exp(-87) ~ 1.6e-38: nothing next to the max's 1 */
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(_mm256_mul_ps(y, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* the 8 sums of a[0..7]'s lanes, as one vector (lane i: a[i]'s sum) */
+static inline __m256 sums8(const __m256 *a) {
+    __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
 /* Row-wise attention over a bf16 KV cache. q (R, H, D) fp32 query rows; k, v: one sequence's cache, key/value
    head j at k + j*hs, position p at + p*D. Row r sees the cache positions idx[off[r] .. off[r+1]), in order.
    Query head h reads key/value head h / (H / KVH). out (R, H, D) fp32 = softmax(q . K^T * scale) . V.
-   Each (row, head) is one thread's fixed sequence of operations, so its bits never depend on R. D % 8 == 0. */
+   Each (row, head) is one thread's fixed sequence of operations, which depends only on its query and its
+   visible keys, so its bits never depend on R. A cache row is read 16 values at a time as 8 words: a shift
+   gives its even values in fp32, a mask its odd ones (no widening shuffles); the query is split the same way,
+   and the output joined back. Scores go 8 keys at a time (a last short block repeats its last key and drops
+   the extra lanes), the exponentials 8 at a time (exp8), the values one key at a time. D % 16 == 0, D <= 256. */
 void attend_bf16(const float *q, const uint16_t *k, const uint16_t *v, float *out, const int32_t *idx,
                  const int64_t *off, long R, long H, long KVH, long D, long hs, float scale, int threads) {
     long g = H / KVH, maxn = 1;
     for (long r = 0; r < R; ++r) if (off[r + 1] - off[r] > maxn) maxn = off[r + 1] - off[r];
     #pragma omp parallel num_threads(threads)
     {
-        float *s = (float *)__builtin_malloc(maxn * sizeof(float));
-        __m256 acc[32];
+        float *s = (float *)__builtin_malloc((maxn + 8) * sizeof(float));
+        const __m256 high = _mm256_castsi256_ps(_mm256_set1_epi32((int)0xffff0000u));
+        __m256 qe[16], qo[16], ae[16], ao[16];
         #pragma omp for schedule(static)
         for (long t = 0; t < R * H; ++t) {
-            long r = t / H, h = t % H, n = off[r + 1] - off[r];
+            long r = t / H, h = t % H, n = off[r + 1] - off[r], nb = D / 16;
             const float *qr = q + t * D;
             const uint16_t *kh = k + (h / g) * hs, *vh = v + (h / g) * hs;
             const int32_t *ix = idx + off[r];
-            float m = -__builtin_inff();
-            for (long j = 0; j < n; ++j) {
-                const uint16_t *kr = kh + (long)ix[j] * D;
-                __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();  /* two chains: D/8 FMAs in flight */
-                for (long d = 0; d < D; d += 16) {
-                    a = _mm256_fmadd_ps(load_bf16(kr + d), _mm256_loadu_ps(qr + d), a);
-                    if (d + 8 < D) b = _mm256_fmadd_ps(load_bf16(kr + d + 8), _mm256_loadu_ps(qr + d + 8), b);
-                }
-                s[j] = hsum(_mm256_add_ps(a, b)) * scale;
-                if (s[j] > m) m = s[j];
+            for (long b = 0; b < nb; ++b) {  /* the query's even and odd values of each block of 16 */
+                float e[8], o[8];
+                for (int i = 0; i < 8; ++i) { e[i] = qr[16 * b + 2 * i]; o[i] = qr[16 * b + 2 * i + 1]; }
+                qe[b] = _mm256_loadu_ps(e);
+                qo[b] = _mm256_loadu_ps(o);
             }
-            float sum = 0.f;
-            for (long j = 0; j < n; ++j) { s[j] = __builtin_expf(s[j] - m); sum += s[j]; }
-            for (long d = 0; d < D / 8; ++d) acc[d] = _mm256_setzero_ps();
+            __m256 mx = _mm256_set1_ps(-__builtin_inff());
+            for (long j0 = 0; j0 < n; j0 += 8) {
+                const uint16_t *kr[8];
+                for (int i = 0; i < 8; ++i) kr[i] = kh + (long)ix[j0 + i < n ? j0 + i : n - 1] * D;
+                __m256 a[8];
+                for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
+                for (long b = 0; b < nb; ++b)
+                    for (int i = 0; i < 8; ++i) {
+                        __m256 w = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(kr[i] + 16 * b)));
+                        a[i] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(w), 16)), qe[b], a[i]);
+                        a[i] = _mm256_fmadd_ps(_mm256_and_ps(w, high), qo[b], a[i]);
+                    }
+                __m256 sc = _mm256_mul_ps(sums8(a), _mm256_set1_ps(scale));
+                _mm256_storeu_ps(s + j0, sc);  /* lanes past n are copies of the last key's score */
+                mx = _mm256_max_ps(mx, sc);
+            }
+            float lanes[8], m;
+            _mm256_storeu_ps(lanes, mx);
+            m = lanes[0];
+            for (int i = 1; i < 8; ++i) if (lanes[i] > m) m = lanes[i];
+            __m256 total = _mm256_setzero_ps(), mv = _mm256_set1_ps(m);
+            for (long j0 = 0; j0 < n; j0 += 8) {
+                __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j0), mv));
+                if (n - j0 < 8) {  /* zero the lanes past n */
+                    __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                    e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - j0)), lane)));
+                }
+                _mm256_storeu_ps(s + j0, e);
+                total = _mm256_add_ps(total, e);
+            }
+            float sum = hsum(total);
+            for (long b = 0; b < nb; ++b) ae[b] = ao[b] = _mm256_setzero_ps();
             for (long j = 0; j < n; ++j) {
                 const uint16_t *vr = vh + (long)ix[j] * D;
                 __m256 p = _mm256_set1_ps(s[j]);
-                for (long d = 0; d < D / 8; ++d) acc[d] = _mm256_fmadd_ps(p, load_bf16(vr + 8 * d), acc[d]);
+                for (long b = 0; b < nb; ++b) {
+                    __m256 w = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * b)));
+                    ae[b] = _mm256_fmadd_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(w), 16)), ae[b]);
+                    ao[b] = _mm256_fmadd_ps(p, _mm256_and_ps(w, high), ao[b]);
+                }
             }
             __m256 inv = _mm256_set1_ps(1.f / sum);
-            for (long d = 0; d < D / 8; ++d) _mm256_storeu_ps(out + t * D + 8 * d, _mm256_mul_ps(acc[d], inv));
+            float *o = out + t * D;
+            for (long b = 0; b < nb; ++b) {
+                float e[8], d[8];
+                _mm256_storeu_ps(e, _mm256_mul_ps(ae[b], inv));
+                _mm256_storeu_ps(d, _mm256_mul_ps(ao[b], inv));
+                for (int i = 0; i < 8; ++i) { o[16 * b + 2 * i] = e[i]; o[16 * b + 2 * i + 1] = d[i]; }
+            }
         }
         __builtin_free(s);
     }
@@ -264,9 +330,9 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, index: t
 
 
 def can_attend(query: torch.Tensor, key: torch.Tensor) -> bool:
-    """Whether `attend` takes this call: one sequence, a bf16 cache on CPU, head size a multiple of 8 (≤ 256)."""
+    """Whether `attend` takes this call: one sequence, a bf16 cache on CPU, head size a multiple of 16 (≤ 256)."""
     return (query.device.type == "cpu" and query.shape[0] == 1 and key.dtype == torch.bfloat16
-            and query.shape[-1] % 8 == 0 and query.shape[-1] <= 256 and available())
+            and query.shape[-1] % 16 == 0 and query.shape[-1] <= 256 and available())
 
 
 class RowLinear(torch.nn.Module):
