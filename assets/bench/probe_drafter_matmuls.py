@@ -1,0 +1,16 @@
+"""One and three rows through the drafter's matmul shapes: torch fp32, torch bf16 and specviz's bf16 row kernel. Usage: PYTHONPATH=. python assets/bench/probe_drafter_matmuls.py"""
+import torch, time, statistics
+from specviz import kernels
+torch.set_num_threads(2)
+assert kernels.available()
+def timeit(f, n=300):
+    for _ in range(10): f()
+    v = []
+    for _ in range(n):
+        a = time.perf_counter(); f(); v.append(time.perf_counter() - a)
+    return round(statistics.median(v) * 1e6, 1)
+for (i, o) in ((2304, 576), (1152, 576), (576, 1536), (1536, 576), (576, 8192)):
+    w = torch.randn(o, i); wb = w.bfloat16().contiguous()
+    for m in (1, 3):
+        x = torch.randn(m, i); xb = x.bfloat16()
+        print(i, o, "rows", m, "fp32 torch", timeit(lambda: torch.nn.functional.linear(x, w)), "bf16 torch", timeit(lambda: torch.nn.functional.linear(xb, wb)), "bf16 C", timeit(lambda: kernels.linear(xb, wb)))
