@@ -132,91 +132,129 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-/* the 8 sums of a[0..7]'s lanes, as one vector (lane i: a[i]'s sum) */
-static inline __m256 sums8(const __m256 *a) {
-    __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-    __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+/* the 4 sums of a[0..3]'s lanes (lane i: a[i]'s sum), each ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7)) */
+static inline __m128 sums4(const __m256 *a) {
+    __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+
+/* G query heads (G <= 3, a compile-time constant once inlined) that read one key/value head, for one row: q (G, D)
+   fp32, kh / vh that head's keys and values, ix the row's n visible positions, s G score buffers of `room` floats,
+   out (G, D). A cache row is read 16 values at a time as 8 words: a shift gives its even values in fp32, a mask its
+   odd ones (no widening shuffles), and each read serves all G heads; the query is split the same way, and the output
+   joined back. Scores go 4 keys at a time (a last short block repeats its last key and drops the extra lanes), the
+   exponentials 8 at a time (exp8), the values one key at a time over two blocks of 16 values. What a head computes
+   does not depend on G or on the other rows: one fixed sequence of operations per (row, head). */
+static inline __attribute__((always_inline)) void attend_heads(const int G, const float *q, const uint16_t *kh,
+        const uint16_t *vh, const int32_t *ix, long n, long D, float scale, float *s, long room, float *out) {
+    const __m256 high = _mm256_castsi256_ps(_mm256_set1_epi32((int)0xffff0000u));
+    long nb = D / 16;
+    __m256 qe[3][16], qo[3][16];
+    for (int hh = 0; hh < G; ++hh)
+        for (long b = 0; b < nb; ++b) {
+            float e[8], o[8];
+            for (int i = 0; i < 8; ++i) { e[i] = q[hh * D + 16 * b + 2 * i]; o[i] = q[hh * D + 16 * b + 2 * i + 1]; }
+            qe[hh][b] = _mm256_loadu_ps(e);
+            qo[hh][b] = _mm256_loadu_ps(o);
+        }
+    __m128 mx[3];
+    for (int hh = 0; hh < G; ++hh) mx[hh] = _mm_set1_ps(-__builtin_inff());
+    for (long j0 = 0; j0 < n; j0 += 4) {
+        const uint16_t *kr[4];
+        for (int i = 0; i < 4; ++i) kr[i] = kh + (long)ix[j0 + i < n ? j0 + i : n - 1] * D;
+        __m256 a[3][4];
+        for (int hh = 0; hh < G; ++hh)
+            for (int i = 0; i < 4; ++i) a[hh][i] = _mm256_setzero_ps();
+        for (long b = 0; b < nb; ++b)
+            for (int i = 0; i < 4; ++i) {
+                __m256 w = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(kr[i] + 16 * b)));
+                __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(w), 16)), wo = _mm256_and_ps(w, high);
+                for (int hh = 0; hh < G; ++hh) {
+                    a[hh][i] = _mm256_fmadd_ps(we, qe[hh][b], a[hh][i]);
+                    a[hh][i] = _mm256_fmadd_ps(wo, qo[hh][b], a[hh][i]);
+                }
+            }
+        for (int hh = 0; hh < G; ++hh) {
+            __m128 sc = _mm_mul_ps(sums4(a[hh]), _mm_set1_ps(scale));
+            _mm_storeu_ps(s + hh * room + j0, sc);  /* lanes past n are copies of the last key's score */
+            mx[hh] = _mm_max_ps(mx[hh], sc);
+        }
+    }
+    float sum[3];
+    for (int hh = 0; hh < G; ++hh) {
+        float lanes[4], m;
+        float *sh = s + hh * room;
+        _mm_storeu_ps(lanes, mx[hh]);
+        m = lanes[0];
+        for (int i = 1; i < 4; ++i) if (lanes[i] > m) m = lanes[i];
+        __m256 total = _mm256_setzero_ps(), mv = _mm256_set1_ps(m);
+        for (long j0 = 0; j0 < n; j0 += 8) {
+            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sh + j0), mv));
+            if (n - j0 < 8) {  /* zero the lanes past n */
+                __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - j0)), lane)));
+            }
+            _mm256_storeu_ps(sh + j0, e);
+            total = _mm256_add_ps(total, e);
+        }
+        sum[hh] = hsum(total);
+    }
+    for (long b0 = 0; b0 < nb; b0 += 2) {
+        int two = nb - b0 >= 2;
+        __m256 ae[3][2], ao[3][2];
+        for (int hh = 0; hh < G; ++hh) ae[hh][0] = ae[hh][1] = ao[hh][0] = ao[hh][1] = _mm256_setzero_ps();
+        for (long j = 0; j < n; ++j) {
+            const uint16_t *vr = vh + (long)ix[j] * D + 16 * b0;
+            for (int bb = 0; bb < 2; ++bb) {
+                if (bb && !two) break;
+                __m256 w = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * bb)));
+                __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(w), 16)), wo = _mm256_and_ps(w, high);
+                for (int hh = 0; hh < G; ++hh) {
+                    __m256 p = _mm256_broadcast_ss(s + hh * room + j);
+                    ae[hh][bb] = _mm256_fmadd_ps(p, we, ae[hh][bb]);
+                    ao[hh][bb] = _mm256_fmadd_ps(p, wo, ao[hh][bb]);
+                }
+            }
+        }
+        for (int hh = 0; hh < G; ++hh) {
+            __m256 inv = _mm256_set1_ps(1.f / sum[hh]);
+            for (int bb = 0; bb < 1 + two; ++bb) {
+                float e[8], d[8], *o = out + hh * D + 16 * (b0 + bb);
+                _mm256_storeu_ps(e, _mm256_mul_ps(ae[hh][bb], inv));
+                _mm256_storeu_ps(d, _mm256_mul_ps(ao[hh][bb], inv));
+                for (int i = 0; i < 8; ++i) { o[2 * i] = e[i]; o[2 * i + 1] = d[i]; }
+            }
+        }
+    }
 }
 
 /* Row-wise attention over a bf16 KV cache. q (R, H, D) fp32 query rows; k, v: one sequence's cache, key/value
    head j at k + j*hs, position p at + p*D. Row r sees the cache positions idx[off[r] .. off[r+1]), in order.
    Query head h reads key/value head h / (H / KVH). out (R, H, D) fp32 = softmax(q . K^T * scale) . V.
-   Each (row, head) is one thread's fixed sequence of operations, which depends only on its query and its
-   visible keys, so its bits never depend on R. A cache row is read 16 values at a time as 8 words: a shift
-   gives its even values in fp32, a mask its odd ones (no widening shuffles); the query is split the same way,
-   and the output joined back. Scores go 8 keys at a time (a last short block repeats its last key and drops
-   the extra lanes), the exponentials 8 at a time (exp8), the values one key at a time. D % 16 == 0, D <= 256. */
+   One task per (row, key/value head): its query heads go three at a time through attend_heads, so each cache
+   read serves them all. Each (row, head) is one fixed sequence of operations, which depends only on its query
+   and its visible keys, so its bits never depend on R. D % 16 == 0, D <= 256. */
 void attend_bf16(const float *q, const uint16_t *k, const uint16_t *v, float *out, const int32_t *idx,
                  const int64_t *off, long R, long H, long KVH, long D, long hs, float scale, int threads) {
     long g = H / KVH, maxn = 1;
     for (long r = 0; r < R; ++r) if (off[r + 1] - off[r] > maxn) maxn = off[r + 1] - off[r];
+    long room = maxn + 8;
     #pragma omp parallel num_threads(threads)
     {
-        float *s = (float *)__builtin_malloc((maxn + 8) * sizeof(float));
-        const __m256 high = _mm256_castsi256_ps(_mm256_set1_epi32((int)0xffff0000u));
-        __m256 qe[16], qo[16], ae[16], ao[16];
+        float *s = (float *)__builtin_malloc(3 * room * sizeof(float));
         #pragma omp for schedule(static)
-        for (long t = 0; t < R * H; ++t) {
-            long r = t / H, h = t % H, n = off[r + 1] - off[r], nb = D / 16;
-            const float *qr = q + t * D;
-            const uint16_t *kh = k + (h / g) * hs, *vh = v + (h / g) * hs;
+        for (long t = 0; t < R * KVH; ++t) {
+            long r = t / KVH, j = t % KVH, n = off[r + 1] - off[r];
+            const uint16_t *kh = k + j * hs, *vh = v + j * hs;
             const int32_t *ix = idx + off[r];
-            for (long b = 0; b < nb; ++b) {  /* the query's even and odd values of each block of 16 */
-                float e[8], o[8];
-                for (int i = 0; i < 8; ++i) { e[i] = qr[16 * b + 2 * i]; o[i] = qr[16 * b + 2 * i + 1]; }
-                qe[b] = _mm256_loadu_ps(e);
-                qo[b] = _mm256_loadu_ps(o);
-            }
-            __m256 mx = _mm256_set1_ps(-__builtin_inff());
-            for (long j0 = 0; j0 < n; j0 += 8) {
-                const uint16_t *kr[8];
-                for (int i = 0; i < 8; ++i) kr[i] = kh + (long)ix[j0 + i < n ? j0 + i : n - 1] * D;
-                __m256 a[8];
-                for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
-                for (long b = 0; b < nb; ++b)
-                    for (int i = 0; i < 8; ++i) {
-                        __m256 w = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(kr[i] + 16 * b)));
-                        a[i] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(w), 16)), qe[b], a[i]);
-                        a[i] = _mm256_fmadd_ps(_mm256_and_ps(w, high), qo[b], a[i]);
-                    }
-                __m256 sc = _mm256_mul_ps(sums8(a), _mm256_set1_ps(scale));
-                _mm256_storeu_ps(s + j0, sc);  /* lanes past n are copies of the last key's score */
-                mx = _mm256_max_ps(mx, sc);
-            }
-            float lanes[8], m;
-            _mm256_storeu_ps(lanes, mx);
-            m = lanes[0];
-            for (int i = 1; i < 8; ++i) if (lanes[i] > m) m = lanes[i];
-            __m256 total = _mm256_setzero_ps(), mv = _mm256_set1_ps(m);
-            for (long j0 = 0; j0 < n; j0 += 8) {
-                __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j0), mv));
-                if (n - j0 < 8) {  /* zero the lanes past n */
-                    __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-                    e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - j0)), lane)));
+            for (long h = j * g; h < (j + 1) * g; h += 3) {
+                const float *qh = q + (r * H + h) * D;
+                float *oh = out + (r * H + h) * D;
+                switch ((j + 1) * g - h < 3 ? (j + 1) * g - h : 3) {
+                    case 1: attend_heads(1, qh, kh, vh, ix, n, D, scale, s, room, oh); break;
+                    case 2: attend_heads(2, qh, kh, vh, ix, n, D, scale, s, room, oh); break;
+                    default: attend_heads(3, qh, kh, vh, ix, n, D, scale, s, room, oh); break;
                 }
-                _mm256_storeu_ps(s + j0, e);
-                total = _mm256_add_ps(total, e);
-            }
-            float sum = hsum(total);
-            for (long b = 0; b < nb; ++b) ae[b] = ao[b] = _mm256_setzero_ps();
-            for (long j = 0; j < n; ++j) {
-                const uint16_t *vr = vh + (long)ix[j] * D;
-                __m256 p = _mm256_set1_ps(s[j]);
-                for (long b = 0; b < nb; ++b) {
-                    __m256 w = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * b)));
-                    ae[b] = _mm256_fmadd_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(w), 16)), ae[b]);
-                    ao[b] = _mm256_fmadd_ps(p, _mm256_and_ps(w, high), ao[b]);
-                }
-            }
-            __m256 inv = _mm256_set1_ps(1.f / sum);
-            float *o = out + t * D;
-            for (long b = 0; b < nb; ++b) {
-                float e[8], d[8];
-                _mm256_storeu_ps(e, _mm256_mul_ps(ae[b], inv));
-                _mm256_storeu_ps(d, _mm256_mul_ps(ao[b], inv));
-                for (int i = 0; i < 8; ++i) { o[16 * b + 2 * i] = e[i]; o[16 * b + 2 * i + 1] = d[i]; }
             }
         }
         __builtin_free(s);
