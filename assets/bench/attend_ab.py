@@ -15,6 +15,7 @@ from specviz import attention, kernels
 from specviz.cache import CachedLM
 from specviz.models import load
 from specviz.trees import Tree
+from timing import median_seconds
 
 torch.set_num_threads(2)
 revision = sys.argv[1] if len(sys.argv) > 1 else "3bde054"
@@ -24,15 +25,6 @@ old = types.ModuleType("old_kernels")
 exec(subprocess.check_output(["git", "show", f"{revision}:specviz/kernels.py"]).decode(), old.__dict__)
 assert old.available()
 libs[revision] = old._lib
-
-
-def median_ms(f, reps):
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
 
 
 generator = torch.Generator().manual_seed(0)
@@ -49,8 +41,7 @@ for rows in (2, 16):
     for name, lib in libs.items():
         call = lambda: lib.attend_bf16(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), index.data_ptr(),
                                        offsets.data_ptr(), rows, heads, kv_heads, dim, k.stride(0), dim ** -0.5, 2)
-        median_ms(call, 20)
-        print(f"  {rows} rows, {name}: {30 * median_ms(call, 300):.2f}")
+        print(f"  {rows} rows, {name}: {30e3 * median_seconds(call, 300, warmup=20):.2f}")
 
 target = load("smollm2-135m")
 questions = [json.loads(line) for line in open("../shared/data/spec_bench/question.jsonl")]

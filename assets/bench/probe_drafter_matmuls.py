@@ -1,14 +1,11 @@
 """One and three rows through the drafter's matmul shapes: torch fp32, torch bf16 and specviz's bf16 row kernel. Usage: PYTHONPATH=. python assets/bench/probe_drafter_matmuls.py"""
-import torch, time, statistics
+import torch
 from specviz import kernels
+from timing import median_seconds
 torch.set_num_threads(2)
 assert kernels.available()
-def timeit(f, n=300):
-    for _ in range(10): f()
-    v = []
-    for _ in range(n):
-        a = time.perf_counter(); f(); v.append(time.perf_counter() - a)
-    return round(statistics.median(v) * 1e6, 1)
+def timeit(f):
+    return round(median_seconds(f, 300, warmup=10) * 1e6, 1)
 for (i, o) in ((2304, 576), (1152, 576), (576, 1536), (1536, 576), (576, 8192)):
     w = torch.randn(o, i); wb = w.bfloat16().contiguous()
     for m in (1, 3):

@@ -1,7 +1,8 @@
 """One call of the shipped EAGLE module (one row, or three rows with the fused features) and one read of its draft head, 300 cached positions, with an op profile. Usage: PYTHONPATH=. python assets/bench/probe_eagle_call.py"""
-import time, torch, statistics
+import torch
 from specviz.models import load
 from specviz import drafters
+from timing import median_seconds
 torch.set_num_threads(2)
 t = load("smollm2-135m")
 d = drafters.load("assets/drafters/smollm2-135m-eagle", t)
@@ -10,12 +11,8 @@ print(type(m).__name__, d.dtype)
 S = 300
 feats = torch.randn(1, S, d.feature_size)
 ids = torch.randint(0, 1000, (S,))
-def timeit(f, n=100):
-    for _ in range(5): f()
-    v = []
-    for _ in range(n):
-        a = time.perf_counter(); f(); v.append(time.perf_counter() - a)
-    return round(statistics.median(v) * 1000, 3)
+def timeit(f):
+    return round(median_seconds(f, 100) * 1000, 3)
 with torch.inference_mode():
     out, kv = m(m.lift(d.inputs(feats)), d.embed(ids)[None], torch.arange(S), None)
     one = lambda n: m(out[:, :n], d.embed(ids[:n])[None], torch.arange(S, S + n), kv)

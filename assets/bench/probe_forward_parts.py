@@ -1,9 +1,9 @@
 """Timers around the target forward's parts (the attention kernel, the Linear layers, the LM head) for AR's one token and a tree of 16 rows at 300 cached tokens. Usage: PYTHONPATH=. python assets/bench/probe_forward_parts.py"""
-import time, torch, json, collections, functools
+import time, torch, json, collections
 from specviz.models import load
 from specviz.cache import CachedLM
 from specviz.trees import Tree
-from specviz import kernels, attention
+from specviz import kernels
 torch.set_num_threads(2)
 t = load("smollm2-135m")
 q = json.loads(open("../shared/data/spec_bench/question.jsonl").readline())
@@ -33,4 +33,5 @@ for name, f in (("ar", ar), ("tree(+1 single)", tr), ("single(n_fed=1 via rollba
     for _ in range(n): f()
     tot = time.perf_counter() - s
     print(name, "total ms", round(1000 * tot / n, 1), {k: round(1000 * v / n, 1) for k, v in acc.items()})
-print("the tree forward alone: the second line minus the third (each of its runs refills the root with one single forward)")
+print("the tree forward alone: the second line minus the third (each of its runs refills the root with one single forward);\n"
+      "'linear' counts every nn.Linear, the LM head ('head') included")
