@@ -8,9 +8,14 @@ kernel streams each weight row once for up to 8 activation rows: it widens bf16 
 fixed sequence of operations over k, whatever the number of rows, so a row's bits never depend on the
 other rows: verification stays bitwise one-token decoding with no padding row.
 
+The same source holds the row-wise attention over a bf16 KV cache that every bf16 CPU forward uses (attend):
+one fixed sequence of operations per (row, head), so a row's bits never depend on the other rows either.
+
 The C source below is compiled once with the system C compiler into a per-user cache (about a second) and
-called through ctypes. Where there is no compiler, or the CPU lacks AVX2/FMA, `available()` is False and
-the stock torch kernels run (a Space's image without gcc, say); nothing else changes.
+called through ctypes: for AVX2/FMA, and also for AVX-512 where the CPU has it, whose attention takes 16-lane
+registers and gives the AVX2 build's bits (one tree of 16 rows over 800 keys, 30 layers: 21.7 against 15.4 ms
+on 2 cores, assets/bench/attend_ab_avx512.txt). Where there is no compiler, or the CPU lacks AVX2/FMA, `available()` is
+False and the stock torch kernels run (a Space's image without gcc, say); nothing else changes.
 """
 from __future__ import annotations
 
@@ -228,6 +233,133 @@ static inline __attribute__((always_inline)) void attend_heads(const int G, cons
     }
 }
 
+#ifdef __AVX512F__
+/* attend_heads with 16-lane registers where the CPU has AVX-512, bit-identical to it: each lane runs the same
+   sequence of operations as the same 8-lane lane there. Scores take two keys per register (the low half one
+   key's block, the high half the next key's), the exponentials 16 at a time (summed one half after the other),
+   the values two blocks per register (4 blocks per pass over the keys). */
+static inline __m512 pair512(__m256 lo, __m256 hi) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+
+static inline __m256 high256(__m512 v) {
+    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
+
+static inline __m512 exp16(__m512 x) {  /* exp8's operations on 16 lanes */
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+
+static inline __attribute__((always_inline)) void attend_heads512(const int G, const float *q, const uint16_t *kh,
+        const uint16_t *vh, const int32_t *ix, long n, long D, float scale, float *s, long room, float *out) {
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    long nb = D / 16;
+    __m512 qe[3][16], qo[3][16];  /* block b's even / odd query values, in both halves */
+    for (int hh = 0; hh < G; ++hh)
+        for (long b = 0; b < nb; ++b) {
+            float e[8], o[8];
+            for (int i = 0; i < 8; ++i) { e[i] = q[hh * D + 16 * b + 2 * i]; o[i] = q[hh * D + 16 * b + 2 * i + 1]; }
+            qe[hh][b] = pair512(_mm256_loadu_ps(e), _mm256_loadu_ps(e));
+            qo[hh][b] = pair512(_mm256_loadu_ps(o), _mm256_loadu_ps(o));
+        }
+    __m128 mx[3];
+    for (int hh = 0; hh < G; ++hh) mx[hh] = _mm_set1_ps(-__builtin_inff());
+    for (long j0 = 0; j0 < n; j0 += 4) {
+        const uint16_t *kr[4];
+        for (int i = 0; i < 4; ++i) kr[i] = kh + (long)ix[j0 + i < n ? j0 + i : n - 1] * D;
+        __m512 a[3][2];
+        for (int hh = 0; hh < G; ++hh) a[hh][0] = a[hh][1] = _mm512_setzero_ps();
+        for (long b = 0; b < nb; ++b)
+            for (int p = 0; p < 2; ++p) {
+                __m512i w = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(kr[2 * p] + 16 * b))),
+                    _mm256_loadu_si256((const __m256i *)(kr[2 * p + 1] + 16 * b)), 1);
+                __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+                __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(w, high));
+                for (int hh = 0; hh < G; ++hh) {
+                    a[hh][p] = _mm512_fmadd_ps(we, qe[hh][b], a[hh][p]);
+                    a[hh][p] = _mm512_fmadd_ps(wo, qo[hh][b], a[hh][p]);
+                }
+            }
+        for (int hh = 0; hh < G; ++hh) {
+            __m256 four[4] = {_mm512_castps512_ps256(a[hh][0]), high256(a[hh][0]),
+                              _mm512_castps512_ps256(a[hh][1]), high256(a[hh][1])};
+            __m128 sc = _mm_mul_ps(sums4(four), _mm_set1_ps(scale));
+            _mm_storeu_ps(s + hh * room + j0, sc);
+            mx[hh] = _mm_max_ps(mx[hh], sc);
+        }
+    }
+    float sum[3];
+    for (int hh = 0; hh < G; ++hh) {
+        float lanes[4], m;
+        float *sh = s + hh * room;
+        _mm_storeu_ps(lanes, mx[hh]);
+        m = lanes[0];
+        for (int i = 1; i < 4; ++i) if (lanes[i] > m) m = lanes[i];
+        __m256 total = _mm256_setzero_ps();
+        __m512 mv = _mm512_set1_ps(m);
+        for (long j0 = 0; j0 < n; j0 += 16) {
+            __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sh + j0), mv));
+            if (n - j0 < 16)  /* zero the lanes past n */
+                e = _mm512_maskz_mov_ps((__mmask16)((1u << (n - j0)) - 1u), e);
+            _mm512_storeu_ps(sh + j0, e);
+            total = _mm256_add_ps(total, _mm512_castps512_ps256(e));
+            if (n - j0 > 8) total = _mm256_add_ps(total, high256(e));
+        }
+        sum[hh] = hsum(total);
+    }
+    for (long b0 = 0; b0 < nb; b0 += 4) {
+        long left = nb - b0 < 4 ? nb - b0 : 4;  /* blocks this pass: 1 to 4, two per register */
+        __mmask16 m0 = left >= 2 ? 0xffff : 0x00ff, m1 = left >= 4 ? 0xffff : (left == 3 ? 0x00ff : 0);
+        __m512 ae[3][2], ao[3][2];
+        for (int hh = 0; hh < G; ++hh) ae[hh][0] = ae[hh][1] = ao[hh][0] = ao[hh][1] = _mm512_setzero_ps();
+        for (long j = 0; j < n; ++j) {
+            const uint16_t *vr = vh + (long)ix[j] * D + 16 * b0;
+            for (int pp = 0; pp < 2; ++pp) {
+                __mmask16 mk = pp ? m1 : m0;
+                if (!mk) break;
+                __m512i w = _mm512_maskz_loadu_epi32(mk, vr + 32 * pp);
+                __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+                __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(w, high));
+                for (int hh = 0; hh < G; ++hh) {
+                    __m512 p = _mm512_set1_ps(s[hh * room + j]);
+                    ae[hh][pp] = _mm512_fmadd_ps(p, we, ae[hh][pp]);
+                    ao[hh][pp] = _mm512_fmadd_ps(p, wo, ao[hh][pp]);
+                }
+            }
+        }
+        for (int hh = 0; hh < G; ++hh) {
+            __m512 inv = _mm512_set1_ps(1.f / sum[hh]);
+            for (int pp = 0; pp < 2; ++pp) {
+                float e[16], d[16];
+                long blocks = left - 2 * pp < 2 ? left - 2 * pp : 2;
+                if (blocks <= 0) break;
+                _mm512_storeu_ps(e, _mm512_mul_ps(ae[hh][pp], inv));
+                _mm512_storeu_ps(d, _mm512_mul_ps(ao[hh][pp], inv));
+                float *o = out + hh * D + 16 * (b0 + 2 * pp);
+                for (int i = 0; i < 8 * blocks; ++i) { o[2 * i] = e[i]; o[2 * i + 1] = d[i]; }
+            }
+        }
+    }
+}
+#define ATTEND_HEADS attend_heads512
+#else
+#define ATTEND_HEADS attend_heads
+#endif
+
 /* Row-wise attention over a bf16 KV cache. q (R, H, D) fp32 query rows; k, v: one sequence's cache, key/value
    head j at k + j*hs, position p at + p*D. Row r sees the cache positions idx[off[r] .. off[r+1]), in order.
    Query head h reads key/value head h / (H / KVH). out (R, H, D) fp32 = softmax(q . K^T * scale) . V.
@@ -238,7 +370,7 @@ void attend_bf16(const float *q, const uint16_t *k, const uint16_t *v, float *ou
                  const int64_t *off, long R, long H, long KVH, long D, long hs, float scale, int threads) {
     long g = H / KVH, maxn = 1;
     for (long r = 0; r < R; ++r) if (off[r + 1] - off[r] > maxn) maxn = off[r + 1] - off[r];
-    long room = maxn + 8;
+    long room = maxn + 16;  /* score stores run up to 15 past n */
     #pragma omp parallel num_threads(threads)
     {
         float *s = (float *)__builtin_malloc(3 * room * sizeof(float));
@@ -251,9 +383,9 @@ void attend_bf16(const float *q, const uint16_t *k, const uint16_t *v, float *ou
                 const float *qh = q + (r * H + h) * D;
                 float *oh = out + (r * H + h) * D;
                 switch ((j + 1) * g - h < 3 ? (j + 1) * g - h : 3) {
-                    case 1: attend_heads(1, qh, kh, vh, ix, n, D, scale, s, room, oh); break;
-                    case 2: attend_heads(2, qh, kh, vh, ix, n, D, scale, s, room, oh); break;
-                    default: attend_heads(3, qh, kh, vh, ix, n, D, scale, s, room, oh); break;
+                    case 1: ATTEND_HEADS(1, qh, kh, vh, ix, n, D, scale, s, room, oh); break;
+                    case 2: ATTEND_HEADS(2, qh, kh, vh, ix, n, D, scale, s, room, oh); break;
+                    default: ATTEND_HEADS(3, qh, kh, vh, ix, n, D, scale, s, room, oh); break;
                 }
             }
         }
@@ -283,9 +415,26 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(cpuinfo("flags", "Features").split())
 
 
-def _build() -> ctypes.CDLL | None:
-    """Compile SOURCE once per source version into ~/.cache/specviz (or a temp folder) and load it."""
-    if not {"avx2", "fma"} <= cpu_flags():
+# the instruction sets SOURCE is compiled for: the compiler flags and the CPU flags each needs. The attention
+# kernel takes 16-lane registers under AVX-512 (bit-identical to its 8-lane AVX2 form); the matmul is the same code.
+ISAS = {"avx2": (("-mavx2", "-mfma"), {"avx2", "fma"}),
+        "avx512": (("-mavx2", "-mfma", "-mavx512f"), {"avx2", "fma", "avx512f"})}
+
+
+def best_isa() -> str | None:
+    """The widest instruction set in ISAS this CPU has (SPECVIZ_KERNEL_ISA=avx2 keeps the AVX2 build); None where
+    it lacks AVX2/FMA."""
+    fit = [isa for isa, (_, needs) in ISAS.items() if needs <= cpu_flags()]
+    asked = os.environ.get("SPECVIZ_KERNEL_ISA")
+    return asked if asked in fit else (fit[-1] if fit else None)
+
+
+@functools.lru_cache(maxsize=None)
+def library(isa: str) -> ctypes.CDLL | None:
+    """SOURCE compiled for `isa` once per source version into ~/.cache/specviz (or a temp folder) and loaded; None
+    where this CPU lacks the instruction set or there is no compiler."""
+    flags, needs = ISAS[isa]
+    if not needs <= cpu_flags():
         return None
     digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
     folder = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specviz"
@@ -294,14 +443,14 @@ def _build() -> ctypes.CDLL | None:
     except OSError:
         folder = Path(tempfile.gettempdir()) / "specviz-kernels"
         folder.mkdir(parents=True, exist_ok=True)
-    lib = folder / f"linear_bf16-{digest}.so"
+    lib = folder / f"kernels-{isa}-{digest}.so"
     if not lib.exists():
-        src = folder / f"linear_bf16-{digest}.c"
+        src = folder / f"kernels-{digest}.c"
         src.write_text(SOURCE)
-        tmp = folder / f"linear_bf16-{digest}.{os.getpid()}.so"
+        tmp = folder / f"kernels-{isa}-{digest}.{os.getpid()}.so"
         cc = os.environ.get("CC", "cc")
         try:
-            subprocess.run([cc, "-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared", str(src), "-o", str(tmp), "-lm"],
+            subprocess.run([cc, "-O3", *flags, "-fopenmp", "-fPIC", "-shared", str(src), "-o", str(tmp), "-lm"],
                            check=True, capture_output=True, timeout=120)
         except (OSError, subprocess.SubprocessError):
             return None
@@ -325,7 +474,8 @@ def available() -> bool:
         if not _tried:
             _tried = True
             if os.environ.get("SPECVIZ_NO_KERNELS") != "1":
-                _lib = _build()
+                isa = best_isa()
+                _lib = library(isa) if isa else None
         return _lib is not None
 
 
@@ -352,9 +502,10 @@ ATTEND_PARALLEL = 1 << 13  # (visible keys summed over rows) x heads from which 
 
 
 def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor,
-           scale: float) -> torch.Tensor:
+           scale: float, isa: str | None = None) -> torch.Tensor:
     """query (q, h, d) fp32; key, value (h_kv, kv, d) bf16 with rows of d contiguous; row i attends over the
-    cache positions index[offsets[i]:offsets[i + 1]] (int32, int64). Returns (q, h, d) fp32."""
+    cache positions index[offsets[i]:offsets[i + 1]] (int32, int64). Returns (q, h, d) fp32. `isa` picks a build
+    (ISAS; tests and benches compare them), else the one `available()` loaded."""
     q_len, h, d = query.shape
     if key.stride(-1) != 1 or key.stride(-2) != d or value.stride() != key.stride():
         key, value = key.contiguous(), value.contiguous()
@@ -362,7 +513,7 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, index: t
     out = torch.empty_like(query)
     # a step's rows are microseconds of work: one thread, no fork/join (threads never change the bits)
     count = threads() if index.numel() * h >= ATTEND_PARALLEL else 1
-    _lib.attend_bf16(query.data_ptr(), key.data_ptr(), value.data_ptr(), out.data_ptr(), index.data_ptr(),
+    (library(isa) if isa else _lib).attend_bf16(query.data_ptr(), key.data_ptr(), value.data_ptr(), out.data_ptr(), index.data_ptr(),
                      offsets.data_ptr(), q_len, h, key.shape[0], d, key.stride(0), scale, count)
     return out
 

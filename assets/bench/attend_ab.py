@@ -1,7 +1,8 @@
 """The row-wise attention kernel of this tree against the one at a git revision (default 3bde054, before the
-even/odd rewrite), interleaved in one process: the kernel alone (300 cached keys, 9 heads over 3 key/value heads,
+even/odd rewrite), or against this tree's own AVX2 build (`avx2`: the AVX-512 build is what runs where the CPU has
+it), interleaved in one process: the kernel alone (300 cached keys, 9 heads over 3 key/value heads,
 30 layers) and the default target's forward (AR's one token, padded to two rows, against a tree of the root and 15
-nodes) at 150 and 450 cached tokens. Usage: PYTHONPATH=. python assets/bench/attend_ab.py [REVISION]"""
+nodes) at 150, 450 and 800 cached tokens. Usage: PYTHONPATH=. python assets/bench/attend_ab.py [REVISION | avx2]"""
 import json
 import statistics
 import subprocess
@@ -20,19 +21,22 @@ from timing import median_seconds
 torch.set_num_threads(2)
 revision = sys.argv[1] if len(sys.argv) > 1 else "3bde054"
 assert kernels.available(), "no C compiler or no AVX2/FMA here"
-libs = {"this tree": kernels._lib}
-old = types.ModuleType("old_kernels")
-exec(subprocess.check_output(["git", "show", f"{revision}:specviz/kernels.py"]).decode(), old.__dict__)
-assert old.available()
-libs[revision] = old._lib
+libs = {f"this tree ({kernels.best_isa()})": kernels._lib}
+if revision in kernels.ISAS:
+    libs[f"this tree ({revision})"] = kernels.library(revision)
+else:
+    old = types.ModuleType("old_kernels")
+    exec(subprocess.check_output(["git", "show", f"{revision}:specviz/kernels.py"]).decode(), old.__dict__)
+    assert old.available()
+    libs[revision] = old._lib
 
 
 generator = torch.Generator().manual_seed(0)
-heads, kv_heads, dim, length = 9, 3, 64, 300
-k = torch.randn(kv_heads, length, dim, generator=generator).bfloat16()
-v = torch.randn(kv_heads, length, dim, generator=generator).bfloat16()
-print("kernel alone, 300 keys, x30 layers, 2 threads (ms, median of 300)")
-for rows in (2, 16):
+heads, kv_heads, dim = 9, 3, 64
+print("kernel alone, x30 layers, 2 threads (ms, median of 300)")
+for length, rows in ((300, 2), (300, 16), (800, 2), (800, 16)):
+    k = torch.randn(kv_heads, length, dim, generator=generator).bfloat16()
+    v = torch.randn(kv_heads, length, dim, generator=generator).bfloat16()
     mask = torch.ones(1, 1, rows, length, dtype=torch.bool)
     mask[0, 0] = torch.arange(length)[None, :] <= (length - rows + torch.arange(rows))[:, None]
     index, offsets = attention.visible_index(mask, rows, length)
@@ -41,13 +45,13 @@ for rows in (2, 16):
     for name, lib in libs.items():
         call = lambda: lib.attend_bf16(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), index.data_ptr(),
                                        offsets.data_ptr(), rows, heads, kv_heads, dim, k.stride(0), dim ** -0.5, 2)
-        print(f"  {rows} rows, {name}: {30e3 * median_seconds(call, 300, warmup=20):.2f}")
+        print(f"  {length} keys, {rows} rows, {name}: {30e3 * median_seconds(call, 300, warmup=20):.2f}")
 
 target = load("smollm2-135m")
 questions = [json.loads(line) for line in open("../shared/data/spec_bench/question.jsonl")]
 tree = Tree.from_choices([(0,), (0, 0), (0, 0, 0)] + [(1,) + (0,) * i for i in range(6)] + [(2,) + (0,) * i for i in range(6)])
 print("the target's forward (ms, median of 25, the two kernels interleaved)")
-for context in (150, 450):
+for context in (150, 450, 800):
     ids = sum((target.encode_prompt(q["turns"][0]) for q in questions[:20]), [])[:context]
     lm = CachedLM.of(target)
     lm.logits(ids, keep=1)
@@ -79,4 +83,4 @@ for context in (150, 450):
     for name in libs:
         a, b = (1000 * statistics.median(times[(name, kind)]) for kind in ("ar", "tree"))
         print(f"  {context} cached, {name}: AR {a:.1f}, tree of 16 rows {b:.1f}, ratio {b / a:.2f}")
-kernels._lib = libs["this tree"]
+kernels._lib = next(iter(libs.values()))
