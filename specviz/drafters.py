@@ -317,10 +317,10 @@ class Drafter:
             self.head_weight = module.lm_head.weight
         else:
             self.head_weight = weight if vocab_ids is None else weight[vocab_ids].detach().to(self.dtype)  # (N, d)
-        # where the target's matmuls run on specviz's bf16 row kernel, the draft head does too (a third faster for
-        # one row than torch's emulated bf16 on AVX2: 0.99 against 1.43 ms for 8192 x 576, one thread)
-        self.row_kernel = (isinstance(output, kernels.RowLinear) and self.head_weight.dtype == torch.bfloat16
-                           and self.head_weight.is_contiguous())
+        # where the target's or the module's matmuls run on specviz's bf16 row kernel, the draft head does too (a third
+        # faster for one row than torch's emulated bf16 on AVX2: 0.99 against 1.43 ms for 8192 x 576, one thread)
+        on_kernel = any(isinstance(m, kernels.RowLinear) for m in (output, *module.modules()))
+        self.row_kernel = on_kernel and self.head_weight.dtype == torch.bfloat16 and self.head_weight.is_contiguous()
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The target's embeddings of ids, in the module's dtype."""
@@ -566,18 +566,25 @@ def load(folder: str | Path, target) -> Drafter:
     load_into(module, state, str(folder))
     dtype = module_dtype(cfg, target)
     module.to(device=target.device, dtype=dtype)
-    if target.matmul == "specviz row kernel" and dtype == torch.bfloat16:
-        kernels.swap_in(module)  # its bias-free Linears on the target's bf16 row kernel, as its head (Drafter)
+    if target.device.type == "cpu" and dtype == torch.bfloat16 and (cfg.kind in SMALL_KINDS
+                                                                     or target.matmul == "specviz row kernel"):
+        kernels.swap_in(module, bias=True)  # its Linears on specviz's bf16 row kernel, as its head (Drafter)
     return Drafter(module, cfg, target.model, None if vocab_ids is None else vocab_ids.long().to(target.device), folder)
 
 
+SMALL_KINDS = ("eagle", "medusa", "layerskip")  # one-layer drafters: a few rows through small matmuls per call
+
+
 def module_dtype(cfg: DrafterConfig, target) -> torch.dtype:
-    """What a drafter's module computes in: fp32 on a CPU for the one-layer drafters (EAGLE, Medusa, LayerSkip's
-    exit), whose few-row matmuls ran at about half fp32's speed in bf16 (a 2-core Xeon with AMX: 84 against 34 us
-    for one row of 1152 x 576, a module call of one row 1.89 against 1.28 ms); else the target's dtype (the GPU,
-    and the draft model, a stack of the target's own layers). Drafts only propose: verification stays exact."""
-    small = cfg.kind in ("eagle", "medusa", "layerskip")
-    return torch.float32 if target.device.type == "cpu" and small else target.dtype
+    """What a drafter's module computes in. On a CPU beside a bf16 target the one-layer drafters (SMALL_KINDS) run in
+    bf16 on specviz's row kernel (kernels.linear reads the bf16 weights as they are; torch's bf16 matmul ran their
+    one-row matmuls at about half fp32's speed), or in fp32 where that kernel is not built. On a 2-core Xeon with AMX
+    the row kernel drafted the default race's trees in 8.8 against fp32's 10.0 ms a step (Medusa 7.3 against 9.1),
+    the same drafts (assets/bench/drafter_dtype_ab.py). Elsewhere, the target's dtype (the GPU; the draft model, a
+    stack of the target's own layers). Drafts only propose: verification stays exact."""
+    if target.device.type != "cpu" or cfg.kind not in SMALL_KINDS:
+        return target.dtype
+    return torch.bfloat16 if target.dtype == torch.bfloat16 and kernels.available() else torch.float32
 
 
 def load_into(module: nn.Module, state: dict, name: str) -> None:

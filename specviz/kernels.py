@@ -525,34 +525,41 @@ def can_attend(query: torch.Tensor, key: torch.Tensor) -> bool:
 
 
 class RowLinear(torch.nn.Module):
-    """An nn.Linear (bias-free, bf16, CPU) computed by `linear`; shares the original weight tensor."""
+    """An nn.Linear (bf16, CPU) computed by `linear`, its bias (if any) added to the rounded product; shares the
+    original weight and bias tensors."""
 
     def __init__(self, linear_module: torch.nn.Linear):
         super().__init__()
         self.weight = linear_module.weight  # contiguous: a freshly loaded (N, K) parameter
         if not self.weight.is_contiguous():
             self.weight.data = self.weight.data.contiguous()
+        self.bias = linear_module.bias
         self.in_features, self.out_features = linear_module.in_features, linear_module.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight)
+        out = linear(x, self.weight)
+        return out if self.bias is None else out + self.bias
 
     def to_linear(self) -> torch.nn.Linear:
-        out = torch.nn.Linear(self.in_features, self.out_features, bias=False, device=self.weight.device,
-                              dtype=self.weight.dtype)
+        out = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
+                              device=self.weight.device, dtype=self.weight.dtype)
         out.weight = self.weight
+        if self.bias is not None:
+            out.bias = self.bias
         return out
 
 
-def swap_in(model: torch.nn.Module) -> int:
-    """Replace every bias-free bf16 nn.Linear of `model` (the LM head included) by a RowLinear; returns how many."""
+def swap_in(model: torch.nn.Module, bias: bool = False) -> int:
+    """Replace every bf16 nn.Linear of `model` (the LM head included) by a RowLinear: the bias-free ones, and with
+    `bias` (a drafter's module) those with a bias too; returns how many."""
     count = 0
     for name, child in model.named_children():
-        if isinstance(child, torch.nn.Linear) and child.bias is None and child.weight.dtype == torch.bfloat16:
+        if (isinstance(child, torch.nn.Linear) and (bias or child.bias is None)
+                and child.weight.dtype == torch.bfloat16):
             setattr(model, name, RowLinear(child))
             count += 1
         else:
-            count += swap_in(child)
+            count += swap_in(child, bias)
     return count
 
 

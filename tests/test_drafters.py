@@ -718,3 +718,35 @@ def test_lookup_is_for_tree_drafters():
     with pytest.raises(ConfigError, match="retrieve=17 is out of range"):
         DecodeConfig(method="medusa", retrieve=17)
     assert DecodeConfig(method="medusa", retrieve="5").retrieve == 5
+
+
+def test_small_drafters_run_in_bf16_on_the_row_kernel_beside_a_bf16_cpu_target(target_bf16):
+    """With a bf16 target on a CPU, the one-layer drafters compute in bf16 on specviz's row kernel (their weights
+    read as they are) and draft as the fp32 module does: the same top-1 token at nearly every position of a real
+    answer."""
+    from specviz import kernels
+
+    if not kernels.available():
+        pytest.skip("no C compiler or no AVX2/FMA here: the drafters stay in fp32")
+    folder = Path(__file__).parents[1] / "assets" / "drafters" / "smollm2-135m-eagle"
+    d = drafters.load(folder, target_bf16)
+    assert d.dtype == torch.bfloat16 and d.row_kernel
+    assert any(isinstance(m, kernels.RowLinear) for m in d.module.modules())
+    cfg, state = drafters.read_layout(folder, target_bf16)
+    state.pop("vocab_ids", None)
+    fp32 = drafters.build_module(cfg)
+    drafters.load_into(fp32, state, "fp32 copy")
+    ids = target_bf16.encode_prompt("Explain why the sky is blue in two sentences.")
+    answer = engines.generate(engines.build("ar", target_bf16), ids, DecodeConfig(method="ar", max_new_tokens=24)).token_ids
+    with torch.inference_mode():
+        out = target_bf16.model(torch.tensor([ids + answer]), output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[i] for i in cfg.feature_layers], -1)[:, :-1]  # (1, n - 1, 3d)
+        nxt = torch.tensor([ids + answer])[:, 1:]
+        pos = torch.arange(feats.shape[1])
+        tops = []
+        for module, dtype in ((d.module, torch.bfloat16), (fp32.eval(), torch.float32)):
+            h, _ = module(module.lift(feats.to(dtype)), target_bf16.model.get_input_embeddings()(nxt).to(dtype), pos)
+            rows = module.readout(h[0]).to(dtype)
+            tops.append(torch.nn.functional.linear(rows, d.head_weight.to(dtype)).argmax(-1))
+    agree = float((tops[0] == tops[1]).float().mean())
+    assert agree >= 0.9, agree
