@@ -118,24 +118,25 @@ void linear_bf16(const uint16_t *xb, const uint16_t *w, uint16_t *y, long M, lon
     __builtin_free(x);
 }
 
-/* exp of 8 lanes (x <= 0 here: scores minus their max), Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r,
-   times 2^n; within 2 ulp of expf, and the same bits for the same input whatever the other lanes. */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));  /* exp(-87) ~ 1.6e-38: nothing next to the max's 1 */
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(_mm256_mul_ps(y, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+/* exp of each lane (x <= 0 here: scores minus their max), Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r,
+   times 2^n; within 2 ulp of expf, and the same bits for the same input whatever the other lanes or the width.
+   EXP(name, vector type, its integer type, intrinsics prefix, round to nearest, integer bits as floats). */
+#define EXP(NAME, V, VI, P, ROUND, AS_PS) static inline V NAME(V x) {                                 \
+    x = P##_max_ps(x, P##_set1_ps(-87.0f));  /* exp(-87) ~ 1.6e-38: nothing next to the max's 1 */     \
+    V n = ROUND(P##_mul_ps(x, P##_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); \
+    V r = P##_fnmadd_ps(n, P##_set1_ps(0.693359375f), x);                                              \
+    r = P##_fnmadd_ps(n, P##_set1_ps(-2.12194440e-4f), r);                                             \
+    V y = P##_set1_ps(1.9875691500e-4f);                                                               \
+    y = P##_fmadd_ps(y, r, P##_set1_ps(1.3981999507e-3f));                                             \
+    y = P##_fmadd_ps(y, r, P##_set1_ps(8.3334519073e-3f));                                             \
+    y = P##_fmadd_ps(y, r, P##_set1_ps(4.1665795894e-2f));                                             \
+    y = P##_fmadd_ps(y, r, P##_set1_ps(1.6666665459e-1f));                                             \
+    y = P##_fmadd_ps(y, r, P##_set1_ps(5.0000001201e-1f));                                             \
+    y = P##_fmadd_ps(P##_mul_ps(y, r), r, P##_add_ps(r, P##_set1_ps(1.0f)));                           \
+    VI e = P##_slli_epi32(P##_add_epi32(P##_cvtps_epi32(n), P##_set1_epi32(127)), 23);                 \
+    return P##_mul_ps(y, AS_PS(e));                                                                    \
 }
+EXP(exp8, __m256, __m256i, _mm256, _mm256_round_ps, _mm256_castsi256_ps)
 
 /* the 4 sums of a[0..3]'s lanes (lane i: a[i]'s sum), each ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7)) */
 static inline __m128 sums4(const __m256 *a) {
@@ -246,22 +247,7 @@ static inline __m256 high256(__m512 v) {
     return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
 }
 
-static inline __m512 exp16(__m512 x) {  /* exp8's operations on 16 lanes */
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
-}
+EXP(exp16, __m512, __m512i, _mm512, _mm512_roundscale_ps, _mm512_castsi512_ps)
 
 static inline __attribute__((always_inline)) void attend_heads512(const int G, const float *q, const uint16_t *kh,
         const uint16_t *vh, const int32_t *ix, long n, long D, float scale, float *s, long room, float *out) {
