@@ -144,6 +144,20 @@ static inline __m128 sums4(const __m256 *a) {
     return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
 }
 
+/* a block of 16 query values split into its 8 even and its 8 odd ones (the layout cache rows are read in) */
+static inline void split16(const float *q, float *even, float *odd) {
+    for (int i = 0; i < 8; ++i) { even[i] = q[2 * i]; odd[i] = q[2 * i + 1]; }
+}
+
+/* the largest of v's 4 lanes, taken in lane order */
+static inline float max4(__m128 v) {
+    float lanes[4], m;
+    _mm_storeu_ps(lanes, v);
+    m = lanes[0];
+    for (int i = 1; i < 4; ++i) if (lanes[i] > m) m = lanes[i];
+    return m;
+}
+
 /* G query heads (G <= 3, a compile-time constant once inlined) that read one key/value head, for one row: q (G, D)
    fp32, kh / vh that head's keys and values, ix the row's n visible positions, s G score buffers of `room` floats,
    out (G, D). A cache row is read 16 values at a time as 8 words: a shift gives its even values in fp32, a mask its
@@ -159,7 +173,7 @@ static inline __attribute__((always_inline)) void attend_heads(const int G, cons
     for (int hh = 0; hh < G; ++hh)
         for (long b = 0; b < nb; ++b) {
             float e[8], o[8];
-            for (int i = 0; i < 8; ++i) { e[i] = q[hh * D + 16 * b + 2 * i]; o[i] = q[hh * D + 16 * b + 2 * i + 1]; }
+            split16(q + hh * D + 16 * b, e, o);
             qe[hh][b] = _mm256_loadu_ps(e);
             qo[hh][b] = _mm256_loadu_ps(o);
         }
@@ -188,11 +202,7 @@ static inline __attribute__((always_inline)) void attend_heads(const int G, cons
     }
     float sum[3];
     for (int hh = 0; hh < G; ++hh) {
-        float lanes[4], m;
-        float *sh = s + hh * room;
-        _mm_storeu_ps(lanes, mx[hh]);
-        m = lanes[0];
-        for (int i = 1; i < 4; ++i) if (lanes[i] > m) m = lanes[i];
+        float m = max4(mx[hh]), *sh = s + hh * room;
         __m256 total = _mm256_setzero_ps(), mv = _mm256_set1_ps(m);
         for (long j0 = 0; j0 < n; j0 += 8) {
             __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sh + j0), mv));
@@ -257,7 +267,7 @@ static inline __attribute__((always_inline)) void attend_heads512(const int G, c
     for (int hh = 0; hh < G; ++hh)
         for (long b = 0; b < nb; ++b) {
             float e[8], o[8];
-            for (int i = 0; i < 8; ++i) { e[i] = q[hh * D + 16 * b + 2 * i]; o[i] = q[hh * D + 16 * b + 2 * i + 1]; }
+            split16(q + hh * D + 16 * b, e, o);
             qe[hh][b] = pair512(_mm256_loadu_ps(e), _mm256_loadu_ps(e));
             qo[hh][b] = pair512(_mm256_loadu_ps(o), _mm256_loadu_ps(o));
         }
@@ -290,11 +300,7 @@ static inline __attribute__((always_inline)) void attend_heads512(const int G, c
     }
     float sum[3];
     for (int hh = 0; hh < G; ++hh) {
-        float lanes[4], m;
-        float *sh = s + hh * room;
-        _mm_storeu_ps(lanes, mx[hh]);
-        m = lanes[0];
-        for (int i = 1; i < 4; ++i) if (lanes[i] > m) m = lanes[i];
+        float m = max4(mx[hh]), *sh = s + hh * room;
         __m256 total = _mm256_setzero_ps();
         __m512 mv = _mm512_set1_ps(m);
         for (long j0 = 0; j0 < n; j0 += 16) {
@@ -499,8 +505,9 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, index: t
     out = torch.empty_like(query)
     # a step's rows are microseconds of work: one thread, no fork/join (threads never change the bits)
     count = threads() if index.numel() * h >= ATTEND_PARALLEL else 1
-    (library(isa) if isa else _lib).attend_bf16(query.data_ptr(), key.data_ptr(), value.data_ptr(), out.data_ptr(), index.data_ptr(),
-                     offsets.data_ptr(), q_len, h, key.shape[0], d, key.stride(0), scale, count)
+    lib = library(isa) if isa else _lib
+    lib.attend_bf16(query.data_ptr(), key.data_ptr(), value.data_ptr(), out.data_ptr(), index.data_ptr(),
+                    offsets.data_ptr(), q_len, h, key.shape[0], d, key.stride(0), scale, count)
     return out
 
 
