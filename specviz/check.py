@@ -31,6 +31,7 @@ from specviz.config import CHECK_METHODS, GAMMA_MAX, TRAINED_METHODS, ConfigErro
 from specviz.engines import AREngine, SpeculativeEngine
 from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.pld import PromptLookupDrafter
+from specviz.lookup import RepeatSplit
 from specviz.engines.speculative import Drafter
 from specviz.events import StepEvent
 from specviz.metrics import CostProfile
@@ -396,6 +397,7 @@ class Payoff:
     gamma_curve: list[dict]             # γ, Leviathan, with hardware profile
     profile: Optional[CostProfile]
     batch_curve: list[dict]             # b, speedup at the run's γ, best γ at b and its speedup
+    first_draft: dict = field(default_factory=dict)  # RepeatSplit.to_dict(): does the drafter copy?
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -409,7 +411,7 @@ def _best(values: dict[int, float]) -> tuple[Optional[int], Optional[float]]:
 
 
 def payoff(results: list[PromptResult], ar_events: list[list[StepEvent]], spec_events: list[list[StepEvent]],
-           profile: Optional[CostProfile], options: CheckOptions) -> Payoff:
+           profile: Optional[CostProfile], options: CheckOptions, prompt_ids: Optional[list[list[int]]] = None) -> Payoff:
     ar_all = metrics.summarize("ar", [e for run in ar_events for e in run])
     spec_flat = [e for run in spec_events for e in run]
     spec_all = metrics.summarize("spec", spec_flat)
@@ -455,9 +457,10 @@ def payoff(results: list[PromptResult], ar_events: list[list[StepEvent]], spec_e
                 batch_curve.append({"batch": b, "gamma": g_run, "speedup": at_b[g_run], "best_gamma": g_b,
                                     "best_speedup": s_b, "verify_tokens": b * (g_run + 1),
                                     "extrapolated": b * (g_run + 1) > max(profile.tokens)})
+    split = sum((RepeatSplit.of(ids, run) for ids, run in zip(prompt_ids or [], spec_events)), RepeatSplit())
     return Payoff(gamma_mean, alpha, spec_all.tau, spec_all.alpha_by_position, reached, c, basis,
                   ar_all.tok_per_s, spec_all.tok_per_s, speedup, speedup_total, predicted, best_g, best_s, best_hw, best_hw_s,
-                  by_cat, curve, profile, batch_curve)
+                  by_cat, curve, profile, batch_curve, split.to_dict())
 
 
 # ── the whole check ─────────────────────────────────────────────────────────────────────────────────
@@ -605,7 +608,7 @@ def run_check(target: LoadedModel, drafter: Drafter, draft: Optional[LoadedModel
     profile = cost_profile(target, options, lambda done: report(STAGES[3], done, len(options.profile_sizes)))
     seconds["profile"] = time.perf_counter() - t0
 
-    pay = payoff(results, ar_runs, spec_runs, profile, options)
+    pay = payoff(results, ar_runs, spec_runs, profile, options, encoded)
     correct, problems, verdict = conclude(results, fidelity, synthetic, pay, options)
     opts = asdict(options)
     return CheckReport(verdict, correct, problems, target.name, getattr(drafter, "name", type(drafter).__name__),

@@ -232,6 +232,7 @@ def cmd_bench(args) -> int:
     from tqdm import tqdm
 
     from specviz import drafters, engines, hardware, metrics, models
+    from specviz.lookup import RepeatSplit
 
     methods = _bench_methods(args.method or ["vanilla", "pld"], args)
     cfgs = {label: _config(args, m, grafts).with_(**({"gamma": parse_gamma(g)} if g else {}))
@@ -258,14 +259,14 @@ def cmd_bench(args) -> int:
         for m in methods:
             run = engines.generate(built[m], ids, cfgs[m])
             s = metrics.summarize(m, run.events)
-            results.append((m, run.token_ids, s.seconds, s.alpha, s.tau))
+            results.append((m, run.token_ids, s.seconds, s.alpha, s.tau, RepeatSplit.of(ids, run.events)))
         for label, engine in refs.items():
             ref = engines.generate(engine, ids, base)
-            results.append((label, ref.token_ids, metrics.summarize("ar", ref.events).seconds, None, None))
+            results.append((label, ref.token_ids, metrics.summarize("ar", ref.events).seconds, None, None, None))
         if draft is not None:
             hf_ids, hf_s = _hf_assisted(target, draft, ids, base)
-            results.append(("hf-assisted", hf_ids, hf_s, None, None))
-        for m, token_ids, seconds, alpha, tau in results:
+            results.append(("hf-assisted", hf_ids, hf_s, None, None, None))
+        for m, token_ids, seconds, alpha, tau, split in results:
             n = len(token_ids)
             rows.append({
                 "id": row["id"], "category": row["category"], "method": m, "new_tokens": n,
@@ -276,6 +277,8 @@ def cmd_bench(args) -> int:
                 "identical_to_ar": (token_ids == ar_run.token_ids) if base.greedy else None,
                 # the share of AR's tokens a compressed draft vocabulary holds (the rest can never be drafted)
                 "draft_vocab_coverage": drafters.coverage(vocabs.get(m), ar_run.token_ids),
+                # the first draft where the answer repeats its context and elsewhere (does the drafter copy?)
+                "first_draft": split.to_dict() if split else None,
             })
     summary = [_summarize_rows(m, [r for r in rows if r["method"] == m]) for m in dict.fromkeys(r["method"] for r in rows)]
     report = {
@@ -330,16 +333,30 @@ def _summarize_rows(method: str, rows: list[dict]) -> dict:
         "identical_all": None if None in identical else all(identical),
         "draft_vocab_coverage": (sum(r["draft_vocab_coverage"] * r["ar_new_tokens"] for r in rows) / ar_tokens
                                  if ar_tokens and all(r.get("draft_vocab_coverage") is not None for r in rows) else None),
+        "first_draft": _first_draft_total(rows),
     }
+
+
+def _first_draft_total(rows: list[dict]) -> dict | None:
+    """The rows' RepeatSplit counts added up (None for the reference runs, which draft nothing)."""
+    from specviz.lookup import RepeatSplit
+
+    splits = [RepeatSplit(**{k: r["first_draft"][k] for k in RepeatSplit.__dataclass_fields__})
+              for r in rows if r.get("first_draft")]
+    return sum(splits, RepeatSplit()).to_dict() if splits else None
 
 
 def format_summary(summary: list[dict]) -> str:
     f = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
-    lines = ["| method | prompts | tokens | tok/s | AR tok/s | speedup | α | τ | identical |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | prompts | tokens | tok/s | AR tok/s | speedup | α | τ | identical "
+             "| 1st draft right: repeats / new (share repeating) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
+        fd = s.get("first_draft") or {}
+        split = (f"{f(fd.get('repeat_rate'), '.2f')} / {f(fd.get('new_rate'), '.2f')} ({f(fd.get('repeat_share'), '.0%')})"
+                 if fd else "-")
         lines.append(f"| {s['method']} | {s['prompts']} | {s['new_tokens']} | {f(s['tok_per_s'], '.1f')} | "
                      f"{f(s['ar_tok_per_s'], '.1f')} | {f(s['speedup'], '.2f')}× | {f(s['alpha'], '.2f')} | "
-                     f"{f(s['tau'], '.2f')} | {f(s['identical_all'], '')} |")
+                     f"{f(s['tau'], '.2f')} | {f(s['identical_all'], '')} | {split} |")
     return "\n".join(lines)
 
 
@@ -385,6 +402,8 @@ def cmd_check(args) -> int:
 
 def format_check(d: dict) -> str:
     """The check's answers in order, for the terminal."""
+    from specviz.lookup import first_draft_sentence
+
     f = lambda v, spec=".2f": "-" if v is None else format(v, spec)  # noqa: E731
     c, g, fid, p = d["compatibility"], d["greedy"], d["fidelity"], d["payoff"]
     fit = fid["fit"]
@@ -409,6 +428,8 @@ def format_check(d: dict) -> str:
                  f"(Leviathan {f(p['predicted_speedup'])}×) · best γ {p['best_gamma']} (Leviathan), "
                  f"{p['best_gamma_hw']} (with this device's verify cost)")
     lines.append("   α by position: " + " ".join(f(a) for a in p["alpha_by_position"]))
+    if p.get("first_draft"):
+        lines.append("   " + first_draft_sentence(p["first_draft"]))
     for cat in p["by_category"]:
         lines.append(f"   {cat['name']}: α={f(cat['alpha'])} τ={f(cat['tau'])} speedup {f(cat['speedup'])}×")
     if p["batch_curve"]:

@@ -6,6 +6,8 @@ from typing import Optional
 
 import plotly.graph_objects as go
 
+from specviz.lookup import first_draft_sentence
+
 # figure colours: Okabe-Ito (colour-blind safe), as render.COLOURS
 GREEN, RED, BLUE, ORANGE, GREY = "#009E73", "#D55E00", "#0072B2", "#E69F00", "#8C8C8C"
 
@@ -223,6 +225,10 @@ def _payoff(p: dict, options: dict, fig: _Figures) -> str:
                f"{_f(p['speedup_total'])}×. "
                f"c is measured {escape(p['cost_ratio_basis'])}. τ counts the resampled/bonus token (AR has τ = 1), "
                "as Spec-Bench, EAGLE and vLLM do.</p>")
+    if p.get("first_draft"):
+        out.append(f"<p class='meta'>Does it copy? {escape(first_draft_sentence(p['first_draft']))}. A position repeats "
+                   "its context when the longest earlier match of its last 3–6 tokens predicts the target's token there "
+                   "(text copied from the prompt, or a loop): prompt lookup drafts exactly those.</p>")
     out.append("<h3>By category</h3>" + _table(
         ["category", "prompts", "tokens", "α", "τ", "speedup"],
         [[escape(c["name"]), str(c["prompts"]), str(c["new_tokens"]), _f(c["alpha"]), _f(c["tau"]), _f(c["speedup"]) + "×"]

@@ -82,6 +82,8 @@ def test_run_check_on_tiny_pair_reports_every_part(tiny_target, tiny_draft):
     assert {"alpha", "tau", "alpha_by_position", "cost_ratio", "speedup", "predicted_speedup", "best_gamma",
             "best_gamma_hw", "by_category", "gamma_curve", "profile", "batch_curve"} <= set(d["payoff"])
     assert [c["name"] for c in d["payoff"]["by_category"]] == ["a", "b"]
+    fd = d["payoff"]["first_draft"]  # every step after each prompt's first drafts: split into repeats and new
+    assert fd["repeat_steps"] + fd["new_steps"] > 0 and 0 <= fd["repeat_accepted"] <= fd["repeat_steps"]
 
 
 def test_check_of_a_feature_drafter_conditions_on_the_prefill(tiny_target):
@@ -180,10 +182,13 @@ def test_check_cli_reports_on_real_pair(target, tmp_path, capsys, which):
     assert d["fidelity"]["with_drafts"] > 0
     assert d["compatibility"]["draft_tokenizer"] == (which[0] == "--draft")
     assert d["payoff"]["profile"]["tokens"] == list(profile.SIZES) and d["payoff"]["batch_curve"]
+    fd = d["payoff"]["first_draft"]
+    assert fd["repeat_steps"] + fd["new_steps"] > 0 and "where the answer repeats its context" in out
     assert d["greedy"]["verify_logit_max_abs_diff"] < 1e-3 and d["greedy"]["judged_positions"] >= 16
     assert d["greedy"]["guarantee"] == "identical in practice" and d["environment"]["dtype"] == "float32"
     html = out_html.read_text()
     assert d["verdict"] in html.replace("&#x27;", "'") and "Plotly.newPlot" in html and "plotly.js v" in html
+    assert "Does it copy? first draft accepted" in html
     assert not re.search(r"<script[^>]+src=", html)  # self-contained: plotly.js is inlined, nothing is fetched
 
 

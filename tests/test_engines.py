@@ -169,6 +169,32 @@ def test_prompt_lookup():
     assert lookup([1, 2, 3, 4, 9, 2], 3, 3, 1, stop=frozenset({4})) == [3, 4]  # never past an EOS
 
 
+def test_repeat_split_asks_whether_the_first_draft_copies():
+    """Each step's first own draft is filed under "repeats" when prompt lookup's 3..6-token rule predicts the
+    target's token there, else "new"; grafted nodes and the drafter's rank-1 guesses never count."""
+    from specviz.events import LOOKUP_HEAD, DraftToken, EmittedToken, StepEvent
+    from specviz.lookup import RepeatSplit, first_draft_sentence
+
+    def step(i, drafts, emitted):
+        return StepEvent(i, tuple(DraftToken(t, "", v, 0.5, depth=dep, rank=r, head=h) for t, v, dep, r, h in drafts),
+                         tuple(EmittedToken(t, "", Verdict.ACCEPTED) for t in emitted))
+    A, R = Verdict.ACCEPTED, Verdict.REJECTED
+    prompt = [7, 1, 2, 3, 4, 9, 1, 2]
+    events = [step(0, [], [3]),  # the prefill drafts nothing: not counted
+              step(1, [(4, A, 0, 0, 0), (9, A, 1, 0, 1)], [4, 9, 5]),  # after 1 2 3 the context says 4: repeats, right
+              step(2, [(8, R, 0, 0, 0), (6, A, 0, 1, 0), (6, A, 0, 0, LOOKUP_HEAD)], [6]),  # after 9 5: new, own top wrong
+              step(3, [(1, R, 0, 0, 0)], [2]),  # after 5 6: new (no match), wrong
+              step(4, [(3, A, 0, 0, 0)], [3])]  # after 5 6 2: no 3-token match (only "2" recurs): new, right
+    split = RepeatSplit.of(prompt, events)
+    assert (split.repeat_steps, split.repeat_accepted, split.new_steps, split.new_accepted) == (1, 1, 3, 1)
+    assert split.repeat_share == 0.25 and split.repeat_rate == 1.0 and split.new_rate == 1 / 3
+    total = split + split
+    assert total.to_dict()["repeat_steps"] == 2 and total.new_rate == split.new_rate
+    assert RepeatSplit().repeat_rate is None and RepeatSplit().repeat_share is None
+    assert first_draft_sentence(split.to_dict()) == ("first draft accepted 100% of 1 steps where the answer repeats "
+                                                      "its context (25% of steps), 33% of 3 elsewhere")
+
+
 def test_model_drafter_reports_its_distribution(tiny_target, tiny_draft):
     session = ModelDrafter(tiny_draft).session(64, frozenset())
     cfg = DecodeConfig(temperature=1.0)

@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from specviz import distill
-from specviz.engines.pld import match
+from specviz.lookup import match
 from specviz.retrieval import Datastore
 
 L = 6

@@ -5,27 +5,7 @@ import torch
 
 from specviz.config import DecodeConfig
 from specviz.engines.speculative import Proposal
-
-
-def lookup(tokens: list[int], gamma: int, n_max: int, n_min: int, stop: frozenset[int] = frozenset()) -> list[int]:
-    """The up-to-γ tokens after the most recent earlier match of the longest suffix n-gram, up to and including the
-    first `stop` token (an EOS: what follows it in the context, such as the chat template's next turn, is never
-    generated, and would only cost verification rows)."""
-    return match(tokens, gamma, n_max, n_min, stop)[0]
-
-
-def match(tokens: list[int], gamma: int, n_max: int, n_min: int,
-          stop: frozenset[int] = frozenset()) -> tuple[list[int], int]:
-    """lookup's tokens and the length n of the suffix n-gram they follow (0: no match)."""
-    for n in range(min(n_max, len(tokens) - 1), n_min - 1, -1):
-        suffix = tokens[-n:]
-        for start in range(len(tokens) - n - 1, -1, -1):  # most recent match first
-            if tokens[start:start + n] == suffix:
-                follow = tokens[start + n:start + n + gamma]
-                ends = [i for i, t in enumerate(follow) if t in stop]
-                if follow:
-                    return follow[:ends[0] + 1] if ends else follow, n
-    return [], 0
+from specviz.lookup import lookup
 
 
 class PromptLookupDrafter:
@@ -48,3 +28,4 @@ class PromptLookupSession:
 
     def rollback(self, n_valid: int) -> None:
         pass  # stateless: it reads the committed tokens each step
+

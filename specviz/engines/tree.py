@@ -21,7 +21,7 @@ from specviz.config import ConfigError, DecodeConfig
 from specviz.drafters import Drafter
 from specviz.engines.base import commit
 from specviz.engines.eagle import EagleSession, FeatureHistory
-from specviz.engines.pld import match
+from specviz.lookup import match
 from specviz.engines.speculative import Proposal, stop_drafting
 from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD, DraftToken, StepEvent, Verdict
 from specviz.models import LoadedModel
