@@ -79,6 +79,12 @@ def check_figures_html(data: dict) -> str:
          f"Leviathan {f(p['best_gamma_speedup'])}×; with this device's verify cost: γ={p['best_gamma_hw']} "
          f"{f(p['best_gamma_hw_speedup'])}×"),
     ]
+    split = p.get("first_draft")
+    if split:  # does the drafter copy? (lookup.RepeatSplit)
+        pct = lambda v: "–" if v is None else f"{v:.0%}"  # noqa: E731
+        cards.append(("copies? repeats / new", f"{pct(split['repeat_rate'])} / {pct(split['new_rate'])}",
+                      f"first draft accepted where the answer repeats its context ({split['repeat_steps']} of "
+                      f"{split['repeat_steps'] + split['new_steps']} steps) / elsewhere; prompt lookup drafts the former"))
     return '<div class="sv-summary"><div class="sv-cards">' + "".join(_card(*c) for c in cards) + "</div></div>"
 
 

@@ -75,6 +75,7 @@ def test_check_in_browser(app_url, browser):
     page.wait_for_selector("#check-html a", timeout=30_000)
     verdict = page.locator("#check-verdict").inner_text()
     assert "correct" in verdict
+    assert "copies? repeats / new" in page.locator("#check-figures").text_content()
     page.wait_for_timeout(800)
     for plot in ("check-plot-fidelity", "check-plot-alpha", "check-plot-gamma", "check-plot-batch"):
         assert plot_traces(page, plot) >= 1, plot
