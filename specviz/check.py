@@ -31,9 +31,9 @@ from specviz.config import CHECK_METHODS, GAMMA_MAX, TRAINED_METHODS, ConfigErro
 from specviz.engines import AREngine, SpeculativeEngine
 from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.pld import PromptLookupDrafter
-from specviz.lookup import RepeatSplit
 from specviz.engines.speculative import Drafter
 from specviz.events import StepEvent
+from specviz.lookup import RepeatSplit
 from specviz.metrics import CostProfile
 from specviz.models import COMPRESSED_DRAFTS, LoadedModel, ModelError
 from specviz.profile import SIZES as PROFILE_SIZES

@@ -341,8 +341,7 @@ def _first_draft_total(rows: list[dict]) -> dict | None:
     """The rows' RepeatSplit counts added up (None for the reference runs, which draft nothing)."""
     from specviz.lookup import RepeatSplit
 
-    splits = [RepeatSplit(**{k: r["first_draft"][k] for k in RepeatSplit.__dataclass_fields__})
-              for r in rows if r.get("first_draft")]
+    splits = [RepeatSplit.from_dict(r["first_draft"]) for r in rows if r.get("first_draft")]
     return sum(splits, RepeatSplit()).to_dict() if splits else None
 
 

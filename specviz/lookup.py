@@ -67,6 +67,11 @@ class RepeatSplit:
                 "new_rate": self.new_rate}
 
     @classmethod
+    def from_dict(cls, d: dict) -> "RepeatSplit":
+        """Back from to_dict() (the rates are derived, so they are dropped)."""
+        return cls(d["repeat_steps"], d["repeat_accepted"], d["new_steps"], d["new_accepted"])
+
+    @classmethod
     def of(cls, prompt_ids: list[int], events: Iterable[StepEvent]) -> "RepeatSplit":
         tokens, counts = list(prompt_ids), [0, 0, 0, 0]
         for e in events:

@@ -82,7 +82,7 @@ def test_run_check_on_tiny_pair_reports_every_part(tiny_target, tiny_draft):
     assert {"alpha", "tau", "alpha_by_position", "cost_ratio", "speedup", "predicted_speedup", "best_gamma",
             "best_gamma_hw", "by_category", "gamma_curve", "profile", "batch_curve"} <= set(d["payoff"])
     assert [c["name"] for c in d["payoff"]["by_category"]] == ["a", "b"]
-    fd = d["payoff"]["first_draft"]  # every step after each prompt's first drafts: split into repeats and new
+    fd = d["payoff"]["first_draft"]  # every step that drafted, split into repeats and new
     assert fd["repeat_steps"] + fd["new_steps"] > 0 and 0 <= fd["repeat_accepted"] <= fd["repeat_steps"]
 
 

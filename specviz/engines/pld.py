@@ -28,4 +28,3 @@ class PromptLookupSession:
 
     def rollback(self, n_valid: int) -> None:
         pass  # stateless: it reads the committed tokens each step
-

@@ -21,9 +21,9 @@ from specviz.config import ConfigError, DecodeConfig
 from specviz.drafters import Drafter
 from specviz.engines.base import commit
 from specviz.engines.eagle import EagleSession, FeatureHistory
-from specviz.lookup import match
 from specviz.engines.speculative import Proposal, stop_drafting
 from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD, DraftToken, StepEvent, Verdict
+from specviz.lookup import match
 from specviz.models import LoadedModel
 from specviz.retrieval import Datastore, datastore_for, datastores
 from specviz.sampling import pick, verify_chain, warp
