@@ -85,6 +85,10 @@ def check_figures_html(data: dict) -> str:
         cards.append(("copies? repeats / new", f"{pct(split['repeat_rate'])} / {pct(split['new_rate'])}",
                       f"first draft accepted where the answer repeats its context ({split['repeat_steps']} of "
                       f"{split['repeat_steps'] + split['new_steps']} steps) / elsewhere; prompt lookup drafts the former"))
+    vocab = p.get("draft_vocab")
+    if vocab:  # a compressed draft vocabulary caps what can be drafted
+        cards.append(("draft vocabulary", f"{vocab['coverage']:.1%}",
+                      f"of AR's tokens are among its {vocab['size']}; it can never draft the rest"))
     return '<div class="sv-summary"><div class="sv-cards">' + "".join(_card(*c) for c in cards) + "</div></div>"
 
 

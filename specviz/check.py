@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 import torch
 
-from specviz import metrics, stats
+from specviz import drafters, metrics, stats
 from specviz.cache import CachedLM, Traced
 from specviz.config import CHECK_METHODS, GAMMA_MAX, TRAINED_METHODS, ConfigError, DecodeConfig, Gamma, _number, check_prompt
 from specviz.engines import AREngine, SpeculativeEngine
@@ -181,7 +181,7 @@ def drafter_for(method: str, target: LoadedModel, draft_spec: Optional[str]) -> 
     if method == "pld":
         return PromptLookupDrafter(), None
     if method in CHECKED_TRAINED:
-        from specviz import drafters, engines
+        from specviz import engines
         from specviz.engines.draft_model import DistilledDrafter
         from specviz.engines.eagle import EagleDrafter
         from specviz.engines.tree import MedusaChainDrafter
@@ -398,6 +398,7 @@ class Payoff:
     profile: Optional[CostProfile]
     batch_curve: list[dict]             # b, speedup at the run's γ, best γ at b and its speedup
     first_draft: dict = field(default_factory=dict)  # RepeatSplit.to_dict(): does the drafter copy?
+    draft_vocab: Optional[dict] = None  # a compressed draft vocabulary: {"size", "coverage" of AR's tokens}; None: full
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -411,7 +412,8 @@ def _best(values: dict[int, float]) -> tuple[Optional[int], Optional[float]]:
 
 
 def payoff(results: list[PromptResult], ar_events: list[list[StepEvent]], spec_events: list[list[StepEvent]],
-           profile: Optional[CostProfile], options: CheckOptions, prompt_ids: Optional[list[list[int]]] = None) -> Payoff:
+           profile: Optional[CostProfile], options: CheckOptions, prompt_ids: Optional[list[list[int]]] = None,
+           vocab_ids: Optional[torch.Tensor] = None) -> Payoff:
     ar_all = metrics.summarize("ar", [e for run in ar_events for e in run])
     spec_flat = [e for run in spec_events for e in run]
     spec_all = metrics.summarize("spec", spec_flat)
@@ -458,9 +460,12 @@ def payoff(results: list[PromptResult], ar_events: list[list[StepEvent]], spec_e
                                     "best_speedup": s_b, "verify_tokens": b * (g_run + 1),
                                     "extrapolated": b * (g_run + 1) > max(profile.tokens)})
     split = sum((RepeatSplit.of(ids, run) for ids, run in zip(prompt_ids or [], spec_events)), RepeatSplit())
+    ar_ids = [t for r in results for t in r.ar_ids]
+    covered = drafters.coverage(vocab_ids, ar_ids)
+    vocab = None if covered is None else {"size": len(vocab_ids), "coverage": covered}
     return Payoff(gamma_mean, alpha, spec_all.tau, spec_all.alpha_by_position, reached, c, basis,
                   ar_all.tok_per_s, spec_all.tok_per_s, speedup, speedup_total, predicted, best_g, best_s, best_hw, best_hw_s,
-                  by_cat, curve, profile, batch_curve, split.to_dict())
+                  by_cat, curve, profile, batch_curve, split.to_dict(), vocab)
 
 
 # ── the whole check ─────────────────────────────────────────────────────────────────────────────────
@@ -608,7 +613,8 @@ def run_check(target: LoadedModel, drafter: Drafter, draft: Optional[LoadedModel
     profile = cost_profile(target, options, lambda done: report(STAGES[3], done, len(options.profile_sizes)))
     seconds["profile"] = time.perf_counter() - t0
 
-    pay = payoff(results, ar_runs, spec_runs, profile, options, encoded)
+    trained = getattr(drafter, "drafter", None)  # a trained drafter (drafters.Drafter), whose vocabulary may be compressed
+    pay = payoff(results, ar_runs, spec_runs, profile, options, encoded, getattr(trained, "vocab_ids", None))
     correct, problems, verdict = conclude(results, fidelity, synthetic, pay, options)
     opts = asdict(options)
     return CheckReport(verdict, correct, problems, target.name, getattr(drafter, "name", type(drafter).__name__),

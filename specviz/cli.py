@@ -402,6 +402,7 @@ def cmd_check(args) -> int:
 def format_check(d: dict) -> str:
     """The check's answers in order, for the terminal."""
     from specviz.lookup import first_draft_sentence
+    from specviz.metrics import vocab_sentence
 
     f = lambda v, spec=".2f": "-" if v is None else format(v, spec)  # noqa: E731
     c, g, fid, p = d["compatibility"], d["greedy"], d["fidelity"], d["payoff"]
@@ -429,6 +430,8 @@ def format_check(d: dict) -> str:
     lines.append("   α by position: " + " ".join(f(a) for a in p["alpha_by_position"]))
     if p.get("first_draft"):
         lines.append("   " + first_draft_sentence(p["first_draft"]))
+    if p.get("draft_vocab"):
+        lines.append("   " + vocab_sentence(p["draft_vocab"]))
     for cat in p["by_category"]:
         lines.append(f"   {cat['name']}: α={f(cat['alpha'])} τ={f(cat['tau'])} speedup {f(cat['speedup'])}×")
     if p["batch_curve"]:

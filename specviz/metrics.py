@@ -180,3 +180,9 @@ def compare(ar_events: list[StepEvent], spec_events: list[StepEvent], method: st
     div = first_divergence(ar_ids, spec_ids) if greedy else None
     identical = (div is None) if greedy else None
     return Comparison(ar, spec, speedup, c, mean_gamma, predicted, identical, div)
+
+
+def vocab_sentence(vocab: dict) -> str:
+    """A compressed draft vocabulary's ceiling, from Payoff.draft_vocab: the share of the target's tokens it holds."""
+    return (f"draft vocabulary of {vocab['size']} tokens holds {vocab['coverage']:.1%} of the target's tokens here; "
+            "it can never draft the rest")

@@ -7,6 +7,7 @@ from typing import Optional
 import plotly.graph_objects as go
 
 from specviz.lookup import first_draft_sentence
+from specviz.metrics import vocab_sentence
 
 # figure colours: Okabe-Ito (colour-blind safe), as render.COLOURS
 GREEN, RED, BLUE, ORANGE, GREY = "#009E73", "#D55E00", "#0072B2", "#E69F00", "#8C8C8C"
@@ -229,6 +230,8 @@ def _payoff(p: dict, options: dict, fig: _Figures) -> str:
         out.append(f"<p class='meta'>Does it copy? {escape(first_draft_sentence(p['first_draft']))}. A position repeats "
                    "its context when the longest earlier match of its last 3–6 tokens predicts the target's token there "
                    "(text copied from the prompt, or a loop): prompt lookup drafts exactly those.</p>")
+    if p.get("draft_vocab"):
+        out.append(f"<p class='meta'>Its {escape(vocab_sentence(p['draft_vocab']))} (AR's answers to these prompts).</p>")
     out.append("<h3>By category</h3>" + _table(
         ["category", "prompts", "tokens", "α", "τ", "speedup"],
         [[escape(c["name"]), str(c["prompts"]), str(c["new_tokens"]), _f(c["alpha"]), _f(c["tau"]), _f(c["speedup"]) + "×"]

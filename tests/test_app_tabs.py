@@ -81,6 +81,7 @@ def test_check_tab_produces_a_verdict_and_reports(client, method):
     assert "correct" in verdict and "sv-verdict-ok" in verdict
     assert "greedy identity" in figures and "1/1" in figures
     assert "copies? repeats / new" in figures  # the first draft where the answer repeats its context, and elsewhere
+    assert ("tokens are among its 8192" in figures) == (method == "medusa")  # a compressed draft vocabulary
     assert sum(p is not None for p in plots) >= 2
     data = json.loads(Path(json_file).read_text())
     assert data["method"] == method and data["fidelity"]["samples"] == 20 and data["verdict"] in verdict

@@ -66,6 +66,8 @@ def test_check_in_browser(app_url, browser):
     page.goto(app_url)
     page.get_by_role("tab", name="Check a drafter").click()
     page.wait_for_selector("#check-run")
+    page.locator("#check-method input").click()  # the shipped EAGLE, the drafter of the app's default race
+    page.locator("[role=option]", has_text="eagle").first.click()
     set_number(page, "check-samples", 60)
     set_number(page, "check-prompts", 2)
     set_number(page, "check-max-new-tokens", 16)
@@ -75,7 +77,8 @@ def test_check_in_browser(app_url, browser):
     page.wait_for_selector("#check-html a", timeout=30_000)
     verdict = page.locator("#check-verdict").inner_text()
     assert "correct" in verdict
-    assert "copies? repeats / new" in page.locator("#check-figures").text_content()
+    figures = page.locator("#check-figures").text_content()
+    assert "copies? repeats / new" in figures and "of AR's tokens are among its" in figures
     page.wait_for_timeout(800)
     for plot in ("check-plot-fidelity", "check-plot-alpha", "check-plot-gamma", "check-plot-batch"):
         assert plot_traces(page, plot) >= 1, plot

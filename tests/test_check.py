@@ -2,6 +2,7 @@
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +13,8 @@ from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.speculative import Proposal
 from specviz.models import ModelError, int8_copy
 from specviz.sampling import pick, warp
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 TWO_PROMPTS = [{"id": "qa", "category": "qa", "prompt": "Name three colours of the rainbow."},
                {"id": "story", "category": "writing", "prompt": "Write one sentence about a cat."}]
@@ -184,11 +187,19 @@ def test_check_cli_reports_on_real_pair(target, tmp_path, capsys, which):
     assert d["payoff"]["profile"]["tokens"] == list(profile.SIZES) and d["payoff"]["batch_curve"]
     fd = d["payoff"]["first_draft"]
     assert fd["repeat_steps"] + fd["new_steps"] > 0 and "where the answer repeats its context" in out
+    vocab = d["payoff"]["draft_vocab"]  # the shipped trained drafters compress their vocabulary; the others draft any token
+    if which[0] == "--method" and which[1] != "pld":
+        shipped = json.loads((ASSETS / "drafters" / f"smollm2-135m-{which[1]}" / "config.json").read_text())["draft_vocab"]
+        assert vocab["size"] == shipped and 0.5 < vocab["coverage"] <= 1.0
+        assert f"draft vocabulary of {shipped} tokens holds {vocab['coverage']:.1%} of the target's tokens here" in out
+    else:
+        assert vocab is None and "draft vocabulary" not in out
     assert d["greedy"]["verify_logit_max_abs_diff"] < 1e-3 and d["greedy"]["judged_positions"] >= 16
     assert d["greedy"]["guarantee"] == "identical in practice" and d["environment"]["dtype"] == "float32"
     html = out_html.read_text()
     assert d["verdict"] in html.replace("&#x27;", "'") and "Plotly.newPlot" in html and "plotly.js v" in html
     assert "Does it copy? first draft accepted" in html
+    assert ("tokens holds" in html and "it can never draft the rest" in html) == (vocab is not None)
     assert not re.search(r"<script[^>]+src=", html)  # self-contained: plotly.js is inlined, nothing is fetched
 
 
