@@ -231,7 +231,8 @@ def _payoff(p: dict, options: dict, fig: _Figures) -> str:
                    "its context when the longest earlier match of its last 3–6 tokens predicts the target's token there "
                    "(text copied from the prompt, or a loop): prompt lookup drafts exactly those.</p>")
     if p.get("draft_vocab"):
-        out.append(f"<p class='meta'>Its {escape(vocab_sentence(p['draft_vocab']))} (AR's answers to these prompts).</p>")
+        out.append(f"<p class='meta'>Its {escape(vocab_sentence(p['draft_vocab']))}. Here: AR's answers to these "
+                   "prompts.</p>")
     out.append("<h3>By category</h3>" + _table(
         ["category", "prompts", "tokens", "α", "τ", "speedup"],
         [[escape(c["name"]), str(c["prompts"]), str(c["new_tokens"]), _f(c["alpha"]), _f(c["tau"]), _f(c["speedup"]) + "×"]
