@@ -11,12 +11,14 @@ import os
 
 import gradio as gr
 
-from specviz import app_tabs, hardware, render, zerogpu
-from specviz.app_logic import (DEFAULT_PROMPT, DEFAULTS, SPEC_METHODS, empty_view, example_rows,
+from specviz.ui import tabs as app_tabs, render
+
+from specviz import hardware, zerogpu
+from specviz.ui.logic import (DEFAULT_PROMPT, DEFAULTS, SPEC_METHODS, empty_view, example_rows,
                                live_views, make_config, race_result, race_stream, status_html, user_message)
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX
 from specviz.policy import Policy
-from specviz import plots
+from specviz.ui import plots
 
 CONCURRENCY_ID = "cpu"  # one queue worker for the one device: runs never disturb each other's timing
 DRAFT_CHOICES = [DEFAULT_DRAFT, DEFAULT_TARGET]
@@ -253,7 +255,8 @@ def warm_up(on_zero_gpu: bool = False) -> None:
     """Load this machine's default pair once (and the embedded target the trained drafters are tied to), then
     run a few tokens so the first click answers at once. On ZeroGPU no GPU is attached outside the wrapped
     handlers: the models load (each worker inherits them) and nothing runs."""
-    from specviz import models, profile, retrieval
+    from specviz.models import loader as models
+    from specviz.core import profile, retrieval
 
     pair = hardware.default_pair()
     if pair.note:

@@ -1,3 +1,3 @@
-from specviz.cli import main
+from specviz.cli.main import main
 
 raise SystemExit(main())

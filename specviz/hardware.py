@@ -88,7 +88,7 @@ CPU_METHOD = "eagle"
 # of its tree chosen from held-out accuracy and the verify profile (a chain of 2 then, eagle:2 1.26x against eagle:1
 # 1.22x on the app's examples; now [(0), (1), (0, 0)], `python -m specviz tree`); the other trained chain drafters 1 (draft:1 0.95x against draft:4 0.60x on 48
 # questions, assets/bench/trained-drafters-gamma.json; the verify profile's best γ is 1 for layerskip and draft too,
-# assets/bench/profile-bf16.json). Medusa's γ caps its tree's depth and vanilla was not measured faster at another γ:
+# assets/profiles/profile-bf16.json). Medusa's γ caps its tree's depth and vanilla was not measured faster at another γ:
 # both keep DecodeConfig's.
 CPU_GAMMAS = (("pld", 2), ("eagle", 2), ("layerskip", 1), ("draft", 1))
 # Prompt lookup's branch on the tree drafters' trees (DecodeConfig.lookup), its length chosen on the app's 10 examples
@@ -165,7 +165,8 @@ def dtype_name(dtype: object) -> str:
 def cpu_name() -> str:
     """The CPU's model name as the kernel reports it (e.g. 'AMD EPYC'), with whether it computes bf16 natively:
     timings on 2 cores differ by 2x between machines, so a committed measurement names the one it came from."""
-    from specviz import kernels, models
+    from specviz.models import kernels
+    from specviz.models import loader as models
 
     name = kernels.cpuinfo("model name") or platform.processor() or platform.machine() or "unknown CPU"
     return f"{name}, {'native bf16 (AVX512-BF16/AMX)' if models.native_bf16() else 'no native bf16'}"

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from specviz import models
+from specviz.models import loader as models
 from tiny import TinyTokenizer, tiny_model  # noqa: F401  (tests import tiny_model from here)
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)

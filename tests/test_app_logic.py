@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from specviz import app_logic as logic
+from specviz.ui import logic
 from specviz.config import ConfigError, DecodeConfig
 from specviz.metrics import compare
 from test_render import AR, FULL, NO_DRAFT, PARTIAL
@@ -109,11 +109,11 @@ def test_live_views_redraw_plots_about_once_a_second_and_in_full_at_the_end():
 
 
 def test_app_examples_file_matches_the_app():
-    """assets/bench/app-examples.jsonl (what `bench --prompts` measures the default race on, README) is the app's own
+    """assets/profiles/app-examples.jsonl (what `bench --prompts` measures the default race on, README) is the app's own
     example prompts, in order."""
     import json
     from pathlib import Path
 
-    rows = [json.loads(line) for line in (Path(__file__).parent.parent / "assets/bench/app-examples.jsonl").open()]
+    rows = [json.loads(line) for line in (Path(__file__).parent.parent / "assets/profiles/app-examples.jsonl").open()]
     assert [(r["category"], r["prompt"]) for r in rows] == [(c, p) for c, ps in logic.EXAMPLES.items() for p in ps]
     assert logic.DEFAULT_PROMPT in [r["prompt"] for r in rows]

@@ -7,11 +7,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specviz import check, drafters, engines, models, profile
-from specviz.cache import CachedLM
+from specviz.check import run as check
+
+from specviz.drafters import trained as drafters
+
+from specviz import engines
+
+from specviz.models import loader as models
+
+from specviz.core import profile
+from specviz.core.cache import CachedLM
 from specviz.config import DecodeConfig
 from specviz.engines import SHIPPED
-from specviz.trees import Tree
+from specviz.core.trees import Tree
 
 PROMPT = "Explain why the sky is blue, in three sentences."
 
@@ -129,7 +137,7 @@ def test_verify_profile_and_costs(tiny_target):
 def test_row_kernel_is_row_invariant_and_accurate():
     """specviz/kernels.py: each output row has the same bits whatever the other rows, and matches an fp32
     matmul of the same bf16 values to bf16 rounding."""
-    from specviz import kernels
+    from specviz.models import kernels
 
     if not kernels.available():
         pytest.skip("no C compiler or no AVX2/FMA here: the stock torch kernels run")
@@ -149,7 +157,7 @@ def test_kernels_compile_where_the_cpu_has_avx2_and_a_compiler():
     """A kernel that fails to compile falls back to torch silently at run time; here it must not."""
     import shutil
 
-    from specviz import kernels
+    from specviz.models import kernels
 
     if not {"avx2", "fma"} <= kernels.cpu_flags() or shutil.which("cc") is None:
         pytest.skip("no AVX2/FMA or no C compiler here")
@@ -161,7 +169,7 @@ def test_attention_kernel_is_row_invariant_and_accurate(length, rows, dim):
     """specviz/kernels.py's row-wise attention: a row's bits are the same alone or among others (a chain and a
     tree-like mask), and match the torch row-by-row computation to fp32 rounding; rows that see fewer keys than
     one block of 8, and blocks cut short, included."""
-    from specviz import attention, kernels
+    from specviz.models import attention, kernels
 
     if not kernels.available():
         pytest.skip("no C compiler or no AVX2/FMA here: the stock torch kernels run")
@@ -193,7 +201,7 @@ def test_attention_kernel_is_row_invariant_and_accurate(length, rows, dim):
 def test_attention_kernel_builds_agree_bit_for_bit(length, rows, dim, heads, kv_heads):
     """The AVX-512 build of the row-wise attention (16-lane registers) gives the AVX2 build's bits, so a greedy
     answer never depends on which one the CPU runs: odd block counts (D 80, 48), short rows and a branch included."""
-    from specviz import kernels
+    from specviz.models import kernels
 
     builds = {isa: kernels.library(isa) for isa in kernels.ISAS}
     if any(lib is None for lib in builds.values()):
@@ -213,7 +221,7 @@ def test_attention_kernel_builds_agree_bit_for_bit(length, rows, dim, heads, kv_
 
 
 def test_row_kernel_serves_the_bf16_target_where_bf16_is_emulated(target_bf16):
-    from specviz import kernels
+    from specviz.models import kernels
 
     expected = models.uses_row_kernel(target_bf16.device, torch.bfloat16)
     assert (target_bf16.matmul == "specviz row kernel") == expected
@@ -228,7 +236,7 @@ def test_one_layer_drafters_dtype_on_a_cpu(target_bf16, kind):
     """On a CPU beside a bf16 target the one-layer drafters run in bf16 on specviz's row kernel (fp32 where it is not
     built: torch's bf16 few-row matmuls are slower than fp32's), the draft model in the target's bf16 as it is;
     either way the greedy output is plain decoding's."""
-    from specviz import kernels
+    from specviz.models import kernels
 
     d = drafters.load(SHIPPED / f"{target_bf16.name}-{kind}", target_bf16)
     expect = torch.bfloat16 if kind == "draft" or kernels.available() else torch.float32

@@ -5,7 +5,7 @@ import time
 
 
 from specviz import hardware
-from specviz.app_logic import method_label
+from specviz.ui.logic import method_label
 from tests.browser_kit import ASSETS, set_number
 
 PROMPT = "Write a haiku about the sea."

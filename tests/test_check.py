@@ -7,12 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from specviz import check, metrics, profile, stats
-from specviz.cli import main
+from specviz.check import run as check, stats
+
+from specviz import metrics
+
+from specviz.core import profile
+from specviz.cli.main import main
 from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.speculative import Proposal
-from specviz.models import ModelError, int8_copy
-from specviz.sampling import pick, warp
+from specviz.models.loader import ModelError, int8_copy
+from specviz.core.sampling import pick, warp
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -92,7 +96,7 @@ def test_run_check_on_tiny_pair_reports_every_part(tiny_target, tiny_draft):
 def test_check_of_a_feature_drafter_conditions_on_the_prefill(tiny_target):
     """EAGLE's first step is the target's prefill (it drafts nothing): the sampling test counts the next step,
     over the seeds whose prefill emitted the target's most likely first token, against p(. | prompt, that token)."""
-    from specviz import drafters
+    from specviz.drafters import trained as drafters
     from specviz.engines.eagle import EagleDrafter
 
     cfg = drafters.DrafterConfig.for_target("eagle", tiny_target.name, tiny_target.model.config)

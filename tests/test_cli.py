@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from specviz import models
-from specviz.cli import main, read_prompts
+from specviz.models import loader as models
+from specviz.cli.main import main, read_prompts
 from specviz.config import ConfigError, DecodeConfig, check_prompt
 
 BAD = [

@@ -7,8 +7,10 @@ import json
 import pytest
 import torch
 
-from specviz import distill, models
-from specviz.cli import main
+from specviz.train import distill
+
+from specviz.models import loader as models
+from specviz.cli.main import main
 from tiny import tiny_model
 
 SETTINGS = {"target": "tiny", "gguf_file": None, "dtype": "float32", "attention": "sdpa", "max_new_tokens": 4,

@@ -9,15 +9,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from specviz import distill, drafters, engines, train
-from specviz.cli import main
+from specviz.train import distill, loop as train
+
+from specviz.drafters import trained as drafters
+
+from specviz import engines
+from specviz.cli.main import main
 from specviz.config import DecodeConfig
 from specviz.engines.draft_model import DistilledDrafter
 from specviz.engines.eagle import EagleDrafter
 from specviz.engines.layerskip import LayerSkipEngine, SplitLM
 from specviz.engines.tree import eagle_tree_engine, medusa_engine
 from specviz.events import Verdict
-from specviz.models import ModelError
+from specviz.models.loader import ModelError
 
 from tiny import random_drafter, tiny_model
 
@@ -303,7 +307,7 @@ def test_training_smoke(tmp_path, kind):
 
 def test_training_takes_generated_ids_and_prompts_together(tmp_path):
     """--data mixes files: self-distillation ids are used as they are, prompts are answered by the target."""
-    from specviz import distill
+    from specviz.train import distill
 
     target = tiny_model(0)
     prompts = tmp_path / "prompts.txt"
@@ -357,9 +361,9 @@ def test_shipped_drafter_greedy_identity_real_target(target, kind):
 def test_eagle_tree_top_path_equals_the_chain(tiny_target):
     """The level-by-level tree expansion (masks, positions, KV) drafts, along its all-rank-0 path, exactly
     the tokens the chain drafter drafts one by one."""
-    from specviz.cache import CachedLM
+    from specviz.core.cache import CachedLM
     from specviz.engines.tree import EagleProposer
-    from specviz.trees import Tree
+    from specviz.core.trees import Tree
 
     d = random_drafter(tiny_target, "eagle", torch.arange(0, 64, 2), seed=4)
     tokens = [3, 8, 13, 21, 34, 55, 2, 7]
@@ -380,7 +384,7 @@ def test_eagle_tree_top_path_equals_the_chain(tiny_target):
 def test_split_forward_equals_the_full_model(tiny_target):
     """LayerSkip's two halves over one cache (early layers while drafting, late layers at verification,
     a crop after a rejection) give the full model's logits."""
-    from specviz.cache import CachedLM
+    from specviz.core.cache import CachedLM
 
     tokens = [3, 8, 13, 21, 34, 55, 2, 7, 9, 11]
     lm = SplitLM(tiny_target.model, tiny_target.device, 1)
@@ -399,7 +403,7 @@ def test_split_forward_runs_the_prompts_late_layers_alone(tiny_target):
     """As plain decoding does: the prompt's late layers in a forward of their own, then the drafts' (on AMX CPUs
     a forward past 32 rows takes other bf16 kernels, so prompt and drafts in one forward changed the prompt's
     keys' bits, and 2 of 48 Spec-Bench answers differed from AR)."""
-    from specviz.cache import CachedLM
+    from specviz.core.cache import CachedLM
 
     tokens = [3, 8, 13, 21, 34, 55, 2, 7, 9, 11]
     lm = SplitLM(tiny_target.model, tiny_target.device, 1)
@@ -425,7 +429,7 @@ def test_exit_features_are_the_early_hidden_states(tmp_path, tiny_target):
 @pytest.mark.parametrize("kind", ["eagle", "medusa", "layerskip", "draft"])
 def test_step_through_takes_the_shipped_chain_drafters(target, kind):
     """The step-through view runs chain cycles, even for Medusa and for EAGLE whose shipped config drafts a tree."""
-    from specviz import teach
+    from specviz.ui import teach
 
     cfg = DecodeConfig(method=kind, max_new_tokens=16)
     session = teach.start("Name three colours.", cfg, target, None)
@@ -438,7 +442,7 @@ def test_step_through_takes_the_shipped_chain_drafters(target, kind):
 def test_fused_features_are_the_hidden_states_of_those_layers(tiny_target):
     """CachedLM.logits with a tuple of layers returns those hidden states of every fed position, side by side
     (what EAGLE-3 reads), the same as one full forward computes, and none for a padding row."""
-    from specviz.cache import CachedLM
+    from specviz.core.cache import CachedLM
 
     lm = CachedLM(tiny_target.model, tiny_target.device, pad_one_row=True)
     seq = [5, 9, 11, 13, 2, 7]
@@ -561,7 +565,7 @@ def test_tree_command_rechooses_tree(tmp_path, monkeypatch, capsys, kind):
     accuracy (per head, per draft depth) and a verify profile, saved in config.json and the card; the drafter still
     loads and decodes exactly. Where each verified token costs a whole step, one node is best."""
     from specviz import metrics
-    from specviz.cli import main
+    from specviz.cli.main import main
 
     target = tiny_model(0)
     data = tmp_path / "prompts.txt"
@@ -572,7 +576,7 @@ def test_tree_command_rechooses_tree(tmp_path, monkeypatch, capsys, kind):
     folder = train.train(opts, log=lambda *_: None, target=target).folder
     from dataclasses import asdict
 
-    from specviz import models
+    from specviz.models import loader as models
 
     def profile_file(name, profile, cost, target_name="tiny"):  # as `python -m specviz profile --json` writes it
         path = tmp_path / name
@@ -611,7 +615,7 @@ def test_tree_command_rechooses_tree(tmp_path, monkeypatch, capsys, kind):
 def test_graft_follows_the_tree_then_grows_a_branch():
     from specviz.engines.tree import TreeProposal, graft
     from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD
-    from specviz.trees import Tree
+    from specviz.core.trees import Tree
 
     tree = Tree.from_choices([(0,), (1,), (0, 0)])
     prop = TreeProposal(tree, [10, 20, 30], [0.6, 0.3, 0.5], None, 2)
@@ -650,7 +654,7 @@ def test_lookup_branch_keeps_greedy_output_and_shows_its_nodes(tiny_target, kind
 def test_datastore_branch_keeps_greedy_output_and_shows_its_nodes(tiny_target, kind, extra):
     """A tree drafter with a datastore's continuation grafted on (both branches at once): greedy output equals AR,
     the datastore's nodes carry RETRIEVAL_HEAD, and sampling verifies the drafter's own chain only."""
-    from specviz import retrieval
+    from specviz.core import retrieval
     from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD
 
     eng = engine_for(tiny_target, random_drafter(tiny_target, kind, torch.arange(0, 64, 2), **extra), tree=True)
@@ -679,8 +683,8 @@ def test_datastore_branch_steps_aside_behind_a_full_lookup_match():
 
     from specviz.engines.tree import TreeEngine, TreeProposal, TreeRun
     from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD
-    from specviz.retrieval import Datastore
-    from specviz.trees import Tree
+    from specviz.core.retrieval import Datastore
+    from specviz.core.trees import Tree
 
     store = Datastore([[2, 3, 40, 41], [9, 3, 40, 41]])
     prop = TreeProposal(Tree.from_choices([(0,)]), [99], [0.5], None, 1)
@@ -724,7 +728,7 @@ def test_small_drafters_run_in_bf16_on_the_row_kernel_beside_a_bf16_cpu_target(t
     """With a bf16 target on a CPU, the one-layer drafters compute in bf16 on specviz's row kernel (their weights
     read as they are) and draft as the fp32 module does: the same top-1 token at nearly every position of a real
     answer."""
-    from specviz import kernels
+    from specviz.models import kernels
 
     if not kernels.available():
         pytest.skip("no C compiler or no AVX2/FMA here: the drafters stay in fp32")

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from specviz import engines
-from specviz.cache import CachedLM
+from specviz.core.cache import CachedLM
 from specviz.config import DecodeConfig
 from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.pld import lookup
@@ -173,7 +173,7 @@ def test_repeat_split_asks_whether_the_first_draft_copies():
     """Each step's first own draft is filed under "repeats" when prompt lookup's 3..6-token rule predicts the
     target's token there, else "new"; grafted nodes and the drafter's rank-1 guesses never count."""
     from specviz.events import LOOKUP_HEAD, DraftToken, EmittedToken, StepEvent
-    from specviz.lookup import RepeatSplit, first_draft_sentence
+    from specviz.core.lookup import RepeatSplit, first_draft_sentence
 
     def step(i, drafts, emitted):
         return StepEvent(i, tuple(DraftToken(t, "", v, 0.5, depth=dep, rank=r, head=h) for t, v, dep, r, h in drafts),

@@ -18,7 +18,9 @@ import torch
 import test_drafters
 import test_engines
 import test_trees
-from specviz import check, engines, hardware, profile, stats
+from specviz.check import run as check, stats
+from specviz import engines, hardware
+from specviz.core import profile
 from specviz.config import DecodeConfig
 from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.speculative import SpeculativeEngine

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from specviz import cli, hardware
+from specviz.cli import main as cli
+
+from specviz import hardware
 from specviz.hardware import CPU_LOOKUP, EMBEDDED_PAIR, GPU_DRAFT, GPU_PAIR, GPU_TARGET
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"

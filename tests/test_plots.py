@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import pytest
 from pathlib import Path
 
-from specviz import plots
+from specviz.ui import plots
 from specviz.events import DraftToken as D, EmittedToken as E, StepEvent, Verdict as V
 from test_render import AR, FULL, NO_DRAFT, PARTIAL
 
@@ -140,7 +140,7 @@ def test_tree_of_a_step_without_drafts_and_the_empty_tree():
 
 
 def test_plots_and_handler_logic_do_not_import_torch():
-    code = "import sys, specviz.plots, specviz.app_logic; sys.exit('torch' in sys.modules)"
+    code = "import sys, specviz.ui.plots, specviz.ui.logic; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=str(ROOT)).returncode == 0
 
 

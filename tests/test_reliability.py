@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from specviz import engines, models
-from specviz.app_logic import make_config
+from specviz import engines
+
+from specviz.models import loader as models
+from specviz.ui.logic import make_config
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client.utils import Status  # noqa: E402
@@ -114,7 +116,7 @@ def test_eight_concurrent_sessions_each_get_their_own_results(app_url, target):
         if cfg.greedy:
             assert out["spec_text"] == out["ar_text"], i
     # a sampled speculative lane is reproduced by its seed alone
-    from specviz.app_logic import race_result
+    from specviz.ui.logic import race_result
     i = 1
     cfg = make_config(SESSIONS[i]["method"], "4", SESSIONS[i]["temperature"], 1.0, N, SESSIONS[i]["seed"])
     assert race_result(SESSIONS[i]["prompt"], cfg)["spec_text"] == results[i]["spec_text"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from specviz import render
+from specviz.ui import render
 from specviz.events import DraftToken as D, EmittedToken as E, StepEvent, Verdict as V
 
 # step 0: four drafts, two kept, the third refused (the fourth never judged), the target resamples " looks"

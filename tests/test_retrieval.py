@@ -1,7 +1,7 @@
 """The datastore of the target's own answers (specviz/retrieval.py): what a retrieval draft continues with."""
-from specviz import retrieval
+from specviz.core import retrieval
 from specviz.config import DEFAULT_TARGET
-from specviz.retrieval import Datastore
+from specviz.core.retrieval import Datastore
 
 
 def test_longest_suffix_and_the_vote():

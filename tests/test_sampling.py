@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from specviz.config import DecodeConfig
-from specviz.sampling import residual, verify_chain, warp
-from specviz.stats import first_tokens as first_token_counts, random_dist, synthetic_pq, tv_bound, tv_distance as tv
+from specviz.core.sampling import residual, verify_chain, warp
+from specviz.check.stats import first_tokens as first_token_counts, random_dist, synthetic_pq, tv_bound, tv_distance as tv
 
 N = 20000
 
 
 def first_tokens(p, q, n=N, **kwargs):
-    """Empirical distribution of the first emitted token (see specviz.stats.first_tokens)."""
+    """Empirical distribution of the first emitted token (see specviz.check.stats.first_tokens)."""
     return first_token_counts(p, q, n, **kwargs) / n
 
 

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from specviz.cache import CachedLM
-from specviz.sampling import verify_chain
-from specviz.trees import Tree, TreeError, greedy_walk
+from specviz.core.cache import CachedLM
+from specviz.core.sampling import verify_chain
+from specviz.core.trees import Tree, TreeError, greedy_walk
 
 CHOICES = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0)]
 PROMPT = [5, 9, 17, 3, 22, 9, 17, 3]

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specviz.models import ModelError
-from specviz.weights import load_state_dict
+from specviz.models.loader import ModelError
+from specviz.models.weights import load_state_dict
 
 
 class Exploit:

@@ -10,7 +10,9 @@ import textwrap
 
 import pytest
 
-from specviz import teach, zerogpu
+from specviz.ui import teach
+
+from specviz import zerogpu
 from specviz.config import DecodeConfig
 from specviz.policy import Policy
 
@@ -84,7 +86,7 @@ def test_without_the_variable_nothing_is_wrapped_and_spaces_is_not_imported(stan
 
 
 def test_with_zero_gpu_the_model_handlers_are_wrapped(stand_in):
-    from specviz import app_tabs
+    from specviz.ui import tabs as app_tabs
 
     stand_in.setenv(zerogpu.ENV, "1")
     assert zerogpu.activate() and "spaces" in sys.modules
@@ -135,7 +137,7 @@ def test_a_step_through_session_pickles_as_its_recipe(target):
 
 def test_step_handlers_take_a_session_that_crossed_a_process(target):
     """What ZeroGPU does between clicks: the state comes back pickled; the next step continues the same run."""
-    from specviz import app_tabs
+    from specviz.ui import tabs as app_tabs
 
     settings = dict(prompt="Repeat: one two three, one two three.", method="pld", draft="", gamma="4",
                     temperature=1.0, seed=5, max_new_tokens=12, alpha=0.7, c=0.1)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from specviz import drafters, models
+from specviz.drafters import trained as drafters
+
+from specviz.models import loader as models
 
 
 class TinyTokenizer:

@@ -2,7 +2,8 @@
 for assets/bench/copy_split.py. Usage: PYTHONPATH=. python assets/bench/ar_answers.py OUT.json"""
 import sys
 import json, torch
-from specviz import cli, engines
+from specviz.cli import main as cli
+from specviz import engines
 p = cli.parser().parse_args(["bench","--prompts","../shared/data/spec_bench/question.jsonl","--json","/dev/null"])
 cli._default_pair(p); target = cli._target(p)
 prompts = cli.read_prompts("../shared/data/spec_bench/question.jsonl", None, 48)

@@ -12,10 +12,10 @@ import types
 
 import torch
 
-from specviz import attention, kernels
-from specviz.cache import CachedLM
-from specviz.models import load
-from specviz.trees import Tree
+from specviz.models import attention, kernels
+from specviz.core.cache import CachedLM
+from specviz.models.loader import load
+from specviz.core.trees import Tree
 from timing import median_seconds
 
 torch.set_num_threads(2)

@@ -12,7 +12,11 @@ import time
 
 import torch
 
-from specviz import distill, drafters, models, train
+from specviz.train import distill, loop as train
+
+from specviz.drafters import trained as drafters
+
+from specviz.models import loader as models
 
 torch.set_num_threads(2)
 chunks = lambda r: [e for c in r for e in distill.read_examples(f"assets/distill/prompts/chunk-{c:05d}.jsonl.gz")]

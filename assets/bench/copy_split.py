@@ -5,7 +5,8 @@ predicts another ("copy_wrong") or none ("other").
 Usage: PYTHONPATH=. python assets/bench/copy_split.py ANSWERS.json [DRAFTER]
 ANSWERS: a JSON list of {category, prompt_ids, answer_ids} (assets/bench/ar_answers.py writes Spec-Bench's)."""
 import json, sys, torch
-from specviz import cli, drafters
+from specviz.cli import main as cli
+from specviz.drafters import trained as drafters
 p = cli.parser().parse_args(["bench","--prompts","../shared/data/spec_bench/question.jsonl","--json","/dev/null"])
 cli._default_pair(p); target = cli._target(p)
 folder = sys.argv[2] if len(sys.argv) > 2 else "assets/drafters/smollm2-135m-eagle"

@@ -2,7 +2,8 @@
 (the longest earlier 3..6-token suffix match predicts the true next token) weighted W times the others.
 Usage: PYTHONPATH=. python assets/bench/copy_weight_train.py W -- <python -m specviz train eagle's arguments>"""
 import sys, torch, torch.nn.functional as F
-from specviz import train, cli
+from specviz.train import loop as train
+from specviz.cli import main as cli
 W = float(sys.argv[1]); args = sys.argv[3:]
 
 def copy_mask(ids, nmin=3, nmax=6):

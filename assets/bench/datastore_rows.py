@@ -7,9 +7,9 @@ matched (0 = no match). No model runs:
 from collections import defaultdict
 from pathlib import Path
 
-from specviz import distill
-from specviz.lookup import match
-from specviz.retrieval import Datastore
+from specviz.train import distill
+from specviz.core.lookup import match
+from specviz.core.retrieval import Datastore
 
 L = 6
 folder = Path("assets/distill/prompts")

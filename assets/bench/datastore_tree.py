@@ -7,8 +7,10 @@ branch alone, and the nodes it costs. No model runs:
     PYTHONPATH=. python assets/bench/datastore_tree.py > assets/bench/datastore_tree.txt"""
 from collections import Counter
 
-from specviz import distill, retrieval
-from specviz.retrieval import Datastore
+from specviz.train import distill
+
+from specviz.core import retrieval
+from specviz.core.retrieval import Datastore
 
 FORMER_SHARE = 0.25
 

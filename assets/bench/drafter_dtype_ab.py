@@ -2,7 +2,10 @@
 CPU target), in the default race's trees (+pld:6+ret:6), interleaved over 12 Spec-Bench questions, 128 new tokens,
 greedy: drafting ms a step, the whole step, τ and tok/s. Usage: PYTHONPATH=. python assets/bench/drafter_dtype_ab.py"""
 import torch
-from specviz import cli, engines, drafters, kernels, metrics
+from specviz.cli import main as cli
+from specviz import engines, metrics
+from specviz.drafters import trained as drafters
+from specviz.models import kernels
 from specviz.engines.tree import eagle_tree_engine, medusa_engine
 p = cli.parser().parse_args(["bench","--prompts","../shared/data/spec_bench/question.jsonl","--json","/dev/null"])
 cli._default_pair(p); target = cli._target(p)

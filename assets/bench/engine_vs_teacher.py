@@ -2,7 +2,10 @@
 step (its 3-node tree, greedy) and its top-1 on the same answer given the target's true features in one forward.
 Usage: PYTHONPATH=. python assets/bench/engine_vs_teacher.py QUESTION_ID ..."""
 import json, sys, torch
-from specviz import cli, engines, drafters, metrics, train
+from specviz.cli import main as cli
+from specviz import engines, metrics
+from specviz.drafters import trained as drafters
+from specviz.train import loop as train
 from specviz.engines.tree import eagle_tree_engine
 p = cli.parser().parse_args(["bench","--prompts","../shared/data/spec_bench/question.jsonl","--json","/dev/null"])
 cli._default_pair(p); target = cli._target(p)

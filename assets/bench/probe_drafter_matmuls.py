@@ -1,6 +1,6 @@
 """One and three rows through the drafter's matmul shapes: torch fp32, torch bf16 and specviz's bf16 row kernel. Usage: PYTHONPATH=. python assets/bench/probe_drafter_matmuls.py"""
 import torch
-from specviz import kernels
+from specviz.models import kernels
 from timing import median_seconds
 torch.set_num_threads(2)
 assert kernels.available()

@@ -1,7 +1,7 @@
 """One call of the shipped EAGLE module (one row, or three rows with the fused features) and one read of its draft head, 300 cached positions, with an op profile. Usage: PYTHONPATH=. python assets/bench/probe_eagle_call.py"""
 import torch
-from specviz.models import load
-from specviz import drafters
+from specviz.models.loader import load
+from specviz.drafters import trained as drafters
 from timing import median_seconds
 torch.set_num_threads(2)
 t = load("smollm2-135m")

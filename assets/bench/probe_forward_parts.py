@@ -1,9 +1,9 @@
 """Timers around the target forward's parts (the attention kernel, the Linear layers, the LM head) for AR's one token and a tree of 16 rows at 300 cached tokens. Usage: PYTHONPATH=. python assets/bench/probe_forward_parts.py"""
 import time, torch, json, collections
-from specviz.models import load
-from specviz.cache import CachedLM
-from specviz.trees import Tree
-from specviz import kernels
+from specviz.models.loader import load
+from specviz.core.cache import CachedLM
+from specviz.core.trees import Tree
+from specviz.models import kernels
 torch.set_num_threads(2)
 t = load("smollm2-135m")
 q = json.loads(open("../shared/data/spec_bench/question.jsonl").readline())
@@ -17,7 +17,7 @@ def wrap(obj, name, label):
     setattr(obj, name, g)
 wrap(kernels, "attend", "attend")
 wrap(torch.nn.Linear, "forward", "linear")
-import specviz.cache as C
+import specviz.core.cache as C
 wrap(C, "lm_head", "head")
 tree15 = Tree.from_choices([(0,), (0,0), (0,0,0)] + [(1,)+(0,)*i for i in range(6)] + [(2,)+(0,)*i for i in range(6)])
 def ar():

@@ -7,8 +7,9 @@ Usage: PYTHONPATH=. python assets/bench/vocab_size.py ANSWERS.json [DRAFTER]
 ANSWERS: assets/bench/ar_answers.py's output (the target's greedy answers to 48 Spec-Bench questions)."""
 import gzip, json, sys, torch
 from pathlib import Path
-from specviz import cli, drafters
-from specviz.lookup import lookup
+from specviz.cli import main as cli
+from specviz.drafters import trained as drafters
+from specviz.core.lookup import lookup
 p = cli.parser().parse_args(["bench", "--prompts", "../shared/data/spec_bench/question.jsonl", "--json", "/dev/null"])
 cli._default_pair(p); target = cli._target(p)
 d = drafters.load(sys.argv[2] if len(sys.argv) > 2 else "assets/drafters/smollm2-135m-eagle", target)

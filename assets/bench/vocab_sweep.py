@@ -6,7 +6,9 @@ and a folder CHUNKS of chunks 0-43 of assets/distill/prompts (the data that draf
 import sys
 import torch
 from pathlib import Path
-from specviz import distill, drafters, models, train
+from specviz.train import distill, loop as train
+from specviz.drafters import trained as drafters
+from specviz.models import loader as models
 torch.set_num_threads(1)
 target = models.get("smollm2-135m", torch.device("cpu"), torch.bfloat16)
 folder = Path("assets/drafters/smollm2-135m-eagle")

@@ -9,11 +9,12 @@ from specviz.engines.base import Engine, generate
 from specviz.engines.draft_model import DistilledDrafter, ModelDrafter
 from specviz.engines.pld import PromptLookupDrafter
 from specviz.engines.speculative import SpeculativeEngine
-from specviz.models import LoadedModel, load_draft
+from specviz.models.loader import LoadedModel, load_draft
+from specviz.paths import DRAFTERS
 
 __all__ = ["AREngine", "Engine", "SpeculativeEngine", "build", "build_trained", "generate"]
 
-SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "drafters"
+SHIPPED = DRAFTERS
 
 
 def drafter_folder(method: str, target: LoadedModel, draft: str | None) -> Path:
@@ -45,7 +46,7 @@ def _download(repo_id: str) -> Path:
 def build_trained(folder: str | Path, target: LoadedModel, chain: bool = False) -> Engine:
     """A trained drafter's engine: Medusa verifies trees and EAGLE drafts one when its config names one;
     with chain=True (the step-through view) both draft a chain, as LayerSkip and the draft model always do."""
-    from specviz import drafters
+    from specviz.drafters import trained as drafters
     from specviz.engines.eagle import EagleDrafter
     from specviz.engines.tree import MedusaChainDrafter, eagle_tree_engine, medusa_engine
 

@@ -5,12 +5,12 @@ from typing import Iterator
 
 import torch
 
-from specviz.cache import CachedLM, clock
+from specviz.core.cache import CachedLM, clock
 from specviz.config import DecodeConfig
 from specviz.engines.base import commit
 from specviz.events import StepEvent, Verdict
-from specviz.models import LoadedModel
-from specviz.sampling import pick, warp
+from specviz.models.loader import LoadedModel
+from specviz.core.sampling import pick, warp
 
 
 class AREngine:

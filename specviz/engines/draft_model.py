@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from specviz.cache import CachedLM
+from specviz.core.cache import CachedLM
 from specviz.config import DecodeConfig
 from specviz.engines.speculative import Proposal, stop_drafting
-from specviz.models import LoadedModel
-from specviz.sampling import pick, warp
+from specviz.models.loader import LoadedModel
+from specviz.core.sampling import pick, warp
 
 
 class ModelDrafter:

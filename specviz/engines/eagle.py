@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from specviz.config import DecodeConfig
-from specviz.drafters import Drafter
+from specviz.drafters.trained import Drafter
 from specviz.engines.speculative import Proposal, stop_drafting
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from specviz.cache import CachedLM, lm_head
+from specviz.core.cache import CachedLM, lm_head
 from specviz.config import DecodeConfig
-from specviz.drafters import Drafter
+from specviz.drafters.trained import Drafter
 from specviz.engines.speculative import Proposal, RunState, SpeculativeEngine, stop_drafting
-from specviz.models import LoadedModel
+from specviz.models.loader import LoadedModel
 
 
 class SplitLM(CachedLM):

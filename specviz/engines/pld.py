@@ -5,7 +5,7 @@ import torch
 
 from specviz.config import DecodeConfig
 from specviz.engines.speculative import Proposal
-from specviz.lookup import lookup
+from specviz.core.lookup import lookup
 
 
 class PromptLookupDrafter:

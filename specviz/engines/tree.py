@@ -16,18 +16,18 @@ from typing import Iterator, Protocol
 
 import torch
 
-from specviz.cache import CachedLM, clock
+from specviz.core.cache import CachedLM, clock
 from specviz.config import ConfigError, DecodeConfig
-from specviz.drafters import Drafter
+from specviz.drafters.trained import Drafter
 from specviz.engines.base import commit
 from specviz.engines.eagle import EagleSession, FeatureHistory
 from specviz.engines.speculative import Proposal, stop_drafting
 from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD, DraftToken, StepEvent, Verdict
-from specviz.lookup import match
-from specviz.models import LoadedModel
-from specviz.retrieval import Datastore, datastore_for, datastores
-from specviz.sampling import pick, verify_chain, warp
-from specviz.trees import Tree, greedy_walk
+from specviz.core.lookup import match
+from specviz.models.loader import LoadedModel
+from specviz.core.retrieval import Datastore, datastore_for, datastores
+from specviz.core.sampling import pick, verify_chain, warp
+from specviz.core.trees import Tree, greedy_walk
 
 # Defaults for 2 CPU cores, where verifying 16 tokens costs about two AR steps: the top-1 chain plus the
 # runners-up that pay most often. Trained drafters store their own tree, chosen from measured accuracies.

@@ -25,20 +25,24 @@ from typing import Callable, Optional
 
 import torch
 
-from specviz import drafters, metrics, stats
-from specviz.cache import CachedLM, Traced
+from specviz.drafters import trained as drafters
+
+from specviz import metrics
+
+from specviz.check import stats
+from specviz.core.cache import CachedLM, Traced
 from specviz.config import CHECK_METHODS, GAMMA_MAX, TRAINED_METHODS, ConfigError, DecodeConfig, Gamma, _number, check_prompt
 from specviz.engines import AREngine, SpeculativeEngine
 from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.pld import PromptLookupDrafter
 from specviz.engines.speculative import Drafter
 from specviz.events import StepEvent
-from specviz.lookup import RepeatSplit
+from specviz.core.lookup import RepeatSplit
 from specviz.metrics import CostProfile
-from specviz.models import COMPRESSED_DRAFTS, LoadedModel, ModelError
-from specviz.profile import SIZES as PROFILE_SIZES
-from specviz.profile import verify_profile
-from specviz.sampling import warp
+from specviz.models.loader import COMPRESSED_DRAFTS, LoadedModel, ModelError
+from specviz.core.profile import SIZES as PROFILE_SIZES
+from specviz.core.profile import verify_profile
+from specviz.core.sampling import warp
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total); called with done=0 when a stage starts
 
@@ -176,7 +180,7 @@ def drafter_for(method: str, target: LoadedModel, draft_spec: Optional[str]) -> 
     """The drafter for `method` and the draft model whose tokenizer is compared (None for prompt lookup and
     the trained drafters, which draft in the target's own vocabulary). A separate draft is loaded without
     the tokenizer check: compare_tokenizers reports it in full."""
-    from specviz import models
+    from specviz.models import loader as models
 
     if method == "pld":
         return PromptLookupDrafter(), None

@@ -23,6 +23,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from specviz.paths import DISTILL, TRAIN_PROMPTS
+
 TOPICS = [
     "photosynthesis", "the water cycle", "black holes", "the French Revolution", "machine learning",
     "climate change", "the human immune system", "volcanoes", "the stock market", "renewable energy",
@@ -262,10 +264,9 @@ def sequences(examples: list[dict]) -> Iterator[list[int]]:
 # under a lock on OUT/manifest.lock and merges into the manifest as it is on disk, so no worker's chunk is lost.
 # ---------------------------------------------------------------------------------------------------------
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED_PROMPTS = REPO.parent / "shared" / "data" / "prompts" / "train_prompts.jsonl.gz"
-PROMPTS_OUT = REPO / "assets" / "distill" / "prompts"
-ORIGINAL = REPO / "assets" / "distill" / "smollm2-135m.jsonl.gz"  # the first self-distillation file (the project's prompts)
+SHARED_PROMPTS = TRAIN_PROMPTS
+PROMPTS_OUT = DISTILL / "prompts"
+ORIGINAL = DISTILL / "smollm2-135m.jsonl.gz"  # the first self-distillation file (the project's prompts)
 CHUNK_SIZE = 256
 # The configuration `python -m specviz distill` uses by default: the fastest batched greedy generation measured
 # (PROBE, recorded in the manifest). On the 2-core AVX2 machine bf16 loses: without native bf16 torch emulates its
@@ -273,7 +274,7 @@ CHUNK_SIZE = 256
 # few rows bitwise) comes close (17.1) but not ahead. On a CPU with native bf16 (AMX) bf16 wins, most at batch 64.
 def default_dtype() -> str:
     """bfloat16 where the CPU computes it natively (AMX, AVX512-BF16), float32 elsewhere (see PROBE)."""
-    from specviz import models
+    from specviz.models import loader as models
     return "bfloat16" if models.native_bf16() else "float32"
 
 

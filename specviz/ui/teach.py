@@ -113,7 +113,7 @@ class TeachSession:
 
 def start(prompt: str, cfg: DecodeConfig, target: str = DEFAULT_TARGET, draft: str = DEFAULT_DRAFT) -> TeachSession:
     """Validate and load as the race does (session.prepare: policy, caps, the shared models), then open a run."""
-    from specviz.session import prepare
+    from specviz.core.session import prepare
 
     prepared = prepare(prompt, cfg, target, draft, chain=True)  # one chain cycle per click
     engine = prepared.spec

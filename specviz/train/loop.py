@@ -24,12 +24,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specviz import distill, drafters, metrics
-from specviz.config import DEFAULT_TARGET
+from specviz.train import distill
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+from specviz.drafters import trained as drafters
+
+from specviz import metrics
+from specviz.config import DEFAULT_TARGET
+from specviz.paths import ASSETS, PROFILES
+
 DEFAULT_DATA = distill.ORIGINAL
-PROFILE = ASSETS / "bench" / "profile-bf16.json"   # T(k) and drafter costs on 2 CPU cores, where the drafters ship
+PROFILE = PROFILES / "profile-bf16.json"   # T(k) and drafter costs on 2 CPU cores, where the drafters ship
 DRAFT_VOCAB = 8192   # a new drafter's compressed vocabulary: the N tokens most frequent in its training data
 
 
@@ -66,7 +70,7 @@ def mixed_bf16(precision: str) -> bool:
     optimizer staying fp32. Where the CPU has native bf16 (AVX512-BF16/AMX) a bf16 matmul of a training batch
     is 3.7x the fp32 one (4096 x 576 @ 576 x 8192 on a 2-core Xeon: 42.5 against 157.8 ms); elsewhere torch
     emulates bf16 and fp32 is faster."""
-    from specviz import models
+    from specviz.models import loader as models
 
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r} is unknown: use one of {', '.join(PRECISIONS)}")
@@ -434,7 +438,7 @@ def eagle_depth_accuracy(module, head, embed, batch, depth: int = 6, ranks: int 
 def profile_for(target_name: str, path: Path | None = None) -> tuple[metrics.CostProfile, dict] | None:
     """A verify profile and drafter costs (`python -m specviz profile --json`): the file at path, which must be the
     target's (DrafterError otherwise), or by default the committed one of the default target in its default CPU
-    dtype (assets/bench/profile-bf16.json), None for other targets."""
+    dtype (assets/profiles/profile-bf16.json), None for other targets."""
     if path is None:
         if target_name != DEFAULT_TARGET or not PROFILE.is_file():
             return None
@@ -478,7 +482,7 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     """Every stage; `target` (a LoadedModel) defaults to loading opts.target in fp32 on the CPU."""
     from tqdm import tqdm
 
-    from specviz import models
+    from specviz.models import loader as models
 
     torch.manual_seed(opts.seed)
     opts.out.mkdir(parents=True, exist_ok=True)
@@ -607,7 +611,7 @@ def train(opts: TrainOptions, log=print, target=None) -> TrainResult:
     drafters.save(final, module, cfg, vocab_ids, card(cfg, opts))
     log(f"saved {final} ({drafters.n_params(module) / 1e6:.2f} M parameters)")
     if data_files(opts):  # your own data: its answers become the drafter's datastore (the +ret branch)
-        from specviz import retrieval
+        from specviz.core import retrieval
 
         store = retrieval.Datastore(e["answer_ids"] for e in examples)
         store.save(final / retrieval.DATASTORE_FILE)
@@ -707,7 +711,7 @@ def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OU
         raise drafters.DrafterError(f"drafter {str(folder)!r} is a {kind} drafter: only Medusa's and EAGLE's trees "
                                     "are re-chosen (the others draft a chain)")
     profile_for(raw["target"], profile)  # a bad profile file is reported before the features are computed
-    from specviz import models
+    from specviz.models import loader as models
 
     target = target or models.get(raw["target"], torch.device("cpu"), torch.float32, attention="sdpa")
     examples: list[dict] = []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from specviz.models import ModelError
+from specviz.models.loader import ModelError
 
 SAFETENSORS_SUFFIXES = (".safetensors",)
 

@@ -1,6 +1,6 @@
 """The app's second and third tabs: "Check a drafter" (specviz check, interactive) and "Step through"
 (teaching mode, one draft/verify cycle per click). Each function builds its components and wiring inside
-the caller's gr.Blocks; the work is done by specviz.check / report and specviz.teach / plots.
+the caller's gr.Blocks; the work is done by specviz.check.run / report and specviz.ui.teach / plots.
 """
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from typing import Optional
 
 import gradio as gr
 
-from specviz import hardware, plots, render, zerogpu
-from specviz.app_logic import make_config, status_html, user_message
+from specviz import hardware, zerogpu
+
+from specviz.ui import plots, render
+from specviz.ui.logic import make_config, status_html, user_message
 from specviz.config import CHAIN_METHODS, DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, ConfigError
-from specviz.check import CHECK_METHODS, CHECKED_TRAINED
+from specviz.check.run import CHECK_METHODS, CHECKED_TRAINED
 from specviz.policy import Policy
 
 CONCURRENCY_ID = "cpu"  # the app's one device queue: checks and steps never overlap a race's timing
@@ -99,7 +101,7 @@ def verdict_html(message: str, kind: str) -> str:
 def check_options(gamma, temperature, samples, max_new_tokens):
     """Form values -> CheckOptions, lighter than the CLI's in the parts a user does not choose here
     (a CPU Space should answer in about a minute)."""
-    from specviz.check import CheckOptions
+    from specviz.check.run import CheckOptions
 
     return CheckOptions(gamma=gamma, temperature=temperature, samples=samples, max_new_tokens=max_new_tokens,
                         synthetic_samples=2000, profile_reps=3)
@@ -110,7 +112,8 @@ def run_check_ui(target: str = DEFAULT_TARGET, method: str = "vanilla", draft: s
                  progress=gr.Progress()):
     """Run `specviz check` on a target and drafter; returns the verdict, the key figures, the report's plots
     and the JSON and HTML reports as files. A bad value or model is a one-line message in the verdict box."""
-    from specviz import check, models, report
+    from specviz.check import run as check, report
+    from specviz.models import loader as models
     from specviz.config import DecodeConfig, _number
 
     empty = (None,) * 4 + (None, None)
@@ -164,7 +167,7 @@ def check_gpu_seconds(target: str = DEFAULT_TARGET, method: str = "vanilla", dra
                       max_new_tokens: int = 32, progress=None) -> int:
     """ZeroGPU's duration for run_check_ui, called with its arguments: sized for these settings (values
     outside the tab's sliders count at the slider's end)."""
-    from specviz.check import DEFAULT_PROMPTS
+    from specviz.check.run import DEFAULT_PROMPTS
 
     def count(value, largest: int) -> int:
         try:
@@ -178,7 +181,7 @@ def check_gpu_seconds(target: str = DEFAULT_TARGET, method: str = "vanilla", dra
 
 def check_tab(concurrency_id: str = CONCURRENCY_ID, pair: hardware.Pair = hardware.EMBEDDED_PAIR) -> None:
     """Build the "Check a drafter" tab's components and wiring inside the caller's gr.Blocks (defaults: `pair`)."""
-    from specviz.check import DEFAULT_PROMPTS
+    from specviz.check.run import DEFAULT_PROMPTS
 
     with gr.Tab("Check a drafter", elem_id="tab-check"):
         gr.HTML(f"<style>{TABS_CSS}</style><p class='sv-intro'>Is a drafter <b>compatible</b> with the target (same "
@@ -301,7 +304,7 @@ def _error_outputs(exc: BaseException, session=None) -> tuple:
 
 
 def _start(prompt, method, draft, gamma, temperature, seed, max_new_tokens):
-    from specviz import teach
+    from specviz.ui import teach
 
     if seed is None or seed == "":
         seed = STEP_DEFAULTS["seed"]
@@ -323,7 +326,7 @@ def step_next(prompt: str = STEP_PROMPT, method: str = "vanilla", draft: str = "
               temperature: float = 1.0, seed: int = 0, max_new_tokens: int = 32, alpha: float = 0.7, c: float = 0.1,
               session=None):
     """One draft/verify cycle (starting a run with these settings if none is open)."""
-    from specviz import teach
+    from specviz.ui import teach
 
     try:
         session = teach.resume(session) if session else _start(prompt, method, draft, gamma, temperature, seed,
@@ -338,7 +341,7 @@ def step_run(prompt: str = STEP_PROMPT, method: str = "vanilla", draft: str = ""
              temperature: float = 1.0, seed: int = 0, max_new_tokens: int = 32, alpha: float = 0.7, c: float = 0.1,
              session=None):
     """Run the remaining cycles, showing each (at most ~4 updates a second, and always the last)."""
-    from specviz import teach
+    from specviz.ui import teach
 
     try:
         session = teach.resume(session) if session else _start(prompt, method, draft, gamma, temperature, seed,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from specviz.config import (CHECK_METHODS, DEFAULT_TARGET, GAMMA_MAX, METHODS, TRAINED_METHODS, ConfigError, DecodeConfig,
                             parse_gamma)
-from specviz.distill import CHUNK_SIZE as DISTILL_CHUNK, DEFAULT_BATCH as DISTILL_BATCH
+from specviz.train.distill import CHUNK_SIZE as DISTILL_CHUNK, DEFAULT_BATCH as DISTILL_BATCH
 from specviz.hardware import GPU_DRAFT, GPU_TARGET
-from specviz.train import DRAFT_VOCAB, PRECISIONS, TREE_HELD_OUT, TrainOptions
+from specviz.train.loop import DRAFT_VOCAB, PRECISIONS, TREE_HELD_OUT, TrainOptions
 
 DEFAULTS = DecodeConfig()
 
@@ -73,7 +73,7 @@ def _config(args, method: str, grafts: dict | None = None) -> DecodeConfig:
 def _target(args):
     import torch
 
-    from specviz import models
+    from specviz.models import loader as models
 
     device = torch.device(args.device) if args.device else models.default_device()
     if device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
@@ -127,7 +127,9 @@ def _bench_methods(specs: list[str], args) -> dict[str, tuple[str, str | None, d
 
 
 def cmd_generate(args) -> int:
-    from specviz import metrics, render, session
+    from specviz import metrics
+    from specviz.ui import render
+    from specviz.core import session
     from specviz.config import check_prompt
 
     cfg = _config(args, args.method)
@@ -213,7 +215,7 @@ def _hf_assisted(target, draft, ids: list[int], cfg: DecodeConfig) -> tuple[list
     """transformers' own assisted generation with the same draft and γ, greedy, timed."""
     import torch
 
-    from specviz.cache import clock
+    from specviz.core.cache import clock
 
     input_ids = torch.tensor([ids], device=target.device)
     kwargs = dict(assistant_model=draft.model, max_new_tokens=cfg.max_new_tokens, do_sample=False,
@@ -231,8 +233,12 @@ def cmd_bench(args) -> int:
     import transformers
     from tqdm import tqdm
 
-    from specviz import drafters, engines, hardware, metrics, models
-    from specviz.lookup import RepeatSplit
+    from specviz.drafters import trained as drafters
+
+    from specviz import engines, hardware, metrics
+
+    from specviz.models import loader as models
+    from specviz.core.lookup import RepeatSplit
 
     methods = _bench_methods(args.method or ["vanilla", "pld"], args)
     cfgs = {label: _config(args, m, grafts).with_(**({"gamma": parse_gamma(g)} if g else {}))
@@ -304,7 +310,9 @@ def _reference_ars(target) -> dict:
     padding row ("ar-sdpa", when the baseline is the bitwise engine), and fp32 ("ar-fp32")."""
     import torch
 
-    from specviz import engines, models
+    from specviz import engines
+
+    from specviz.models import loader as models
 
     refs = {}
     if target.attention != "sdpa" or target.pad_one_row:
@@ -339,7 +347,7 @@ def _summarize_rows(method: str, rows: list[dict]) -> dict:
 
 def _first_draft_total(rows: list[dict]) -> dict | None:
     """The rows' RepeatSplit counts added up (None for the reference runs, which draft nothing)."""
-    from specviz.lookup import RepeatSplit
+    from specviz.core.lookup import RepeatSplit
 
     splits = [RepeatSplit.from_dict(r["first_draft"]) for r in rows if r.get("first_draft")]
     return sum(splits, RepeatSplit()).to_dict() if splits else None
@@ -363,7 +371,7 @@ def cmd_check(args) -> int:
     """The drafter sanity check: compatible? correct? does it pay? Exit 0 when correct, 1 when not."""
     from tqdm import tqdm
 
-    from specviz import check, report
+    from specviz.check import run as check, report
 
     given = {k: getattr(args, k) for k in ("gamma", "temperature", "samples", "max_new_tokens", "synthetic_samples")}
     options = check.CheckOptions(**{k: v for k, v in given.items() if v is not None})  # defaults live there
@@ -401,7 +409,7 @@ def cmd_check(args) -> int:
 
 def format_check(d: dict) -> str:
     """The check's answers in order, for the terminal."""
-    from specviz.lookup import first_draft_sentence
+    from specviz.core.lookup import first_draft_sentence
     from specviz.metrics import vocab_sentence
 
     f = lambda v, spec=".2f": "-" if v is None else format(v, spec)  # noqa: E731
@@ -533,7 +541,7 @@ def parser() -> argparse.ArgumentParser:
                     "held-out split (every 20th example) is measured (default: the committed ids the drafter was trained on)")
     tr.add_argument("--held-out", default=str(TREE_HELD_OUT), help="held-out answers to measure (default %(default)s)")
     tr.add_argument("--profile", default=None, help="a verify profile of this machine (python -m specviz profile --json "
-                    "FILE) to fit the tree to (default: the committed one, assets/bench/profile-bf16.json)")
+                    "FILE) to fit the tree to (default: the committed one, assets/profiles/profile-bf16.json)")
     tr.add_argument("--write", action="store_true", help="save the new tree in the drafter's config.json and model card")
     d = sub.add_parser("distill", help="self-distillation data: the target answers a prompt file greedily, in resumable chunks")
     d.add_argument("--prompts", default=None, help="JSONL(.gz) of id, category, prompt (default: the shared prompt set, "
@@ -577,7 +585,7 @@ def _layers_arg(value: str) -> tuple[int, ...]:
 
 
 def cmd_train(args) -> int:
-    from specviz import train
+    from specviz.train import loop as train
 
     if args.init is not None and not (Path(args.init) / "config.json").is_file():
         raise InputError(f"init={args.init!r} is not a drafter folder (no config.json): give one written by `train`, "
@@ -605,7 +613,8 @@ def cmd_train(args) -> int:
 
 def cmd_tree(args) -> int:
     """A trained Medusa or EAGLE drafter's tree re-chosen from measurement (train.retree)."""
-    from specviz import drafters, train
+    from specviz.drafters import trained as drafters
+    from specviz.train import loop as train
 
     held = _int_arg("held-out", args.held_out, 1, 10**6)
     for f in args.data or []:
@@ -626,7 +635,9 @@ def cmd_distill(args) -> int:
 
     import torch
 
-    from specviz import distill, models
+    from specviz.train import distill
+
+    from specviz.models import loader as models
 
     chunks = None if args.chunks is None else _int_arg("chunks", args.chunks, 1, 10**6)
     max_tokens = None if args.max_tokens is None else _int_arg("max-tokens", args.max_tokens, 1, 10**10)
@@ -662,7 +673,8 @@ def cmd_distill(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    from specviz import hardware, metrics, profile
+    from specviz import hardware, metrics
+    from specviz.core import profile
 
     sizes = profile.SIZES
     if args.sizes:
@@ -694,7 +706,7 @@ def cmd_profile(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specviz.models import ModelError
+    from specviz.models.loader import ModelError
 
     args = parser().parse_args(argv)
     warnings.filterwarnings("ignore")

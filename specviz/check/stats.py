@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from specviz.sampling import verify_chain
+from specviz.core.sampling import verify_chain
 
 MIN_EXPECTED = 5.0
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from specviz import kernels
+from specviz.models import kernels
 
 NAME = "rowwise"
 

@@ -9,11 +9,13 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from specviz import engines, models
+from specviz import engines
+
+from specviz.models import loader as models
 from specviz.config import TRAINED_METHODS, ConfigError, DecodeConfig, check_prompt
 from specviz.events import StepEvent
 from specviz.policy import Policy
-from specviz.race import Tick, race
+from specviz.core.race import Tick, race
 
 
 @dataclass

@@ -14,10 +14,10 @@ from typing import Callable, Optional
 import torch
 
 from specviz import metrics
-from specviz.cache import CachedLM, clock
+from specviz.core.cache import CachedLM, clock
 from specviz.config import DecodeConfig
 from specviz.metrics import CostProfile
-from specviz.models import LoadedModel
+from specviz.models.loader import LoadedModel
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)   # tokens per target forward
 CONTEXT = 128                                    # tokens already in the KV cache
@@ -88,7 +88,7 @@ def drafter_costs(target: LoadedModel, methods=COST_METHODS, draft: Optional[str
     against one timed AR run."""
     from specviz import engines
     from specviz.config import ConfigError
-    from specviz.models import ModelError
+    from specviz.models.loader import ModelError
 
     ids = target.encode_prompt(COST_PROMPT)
     ar, cfg = engines.build("ar", target), DecodeConfig(method="ar", max_new_tokens=max_new_tokens)

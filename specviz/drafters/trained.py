@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specviz import kernels
-from specviz.models import ModelError
+from specviz.models import kernels
+from specviz.models.loader import ModelError
 
 KINDS = ("eagle", "medusa", "layerskip", "draft")
 
@@ -334,7 +334,7 @@ class Drafter:
     def datastore(self):
         """The datastore of the answers it was trained on when they were your own data (train writes it beside the
         weights, retrieval.DATASTORE_FILE), else None: the target's own datastore then serves (retrieval.datastore_for)."""
-        from specviz import retrieval
+        from specviz.core import retrieval
 
         path = self.folder / retrieval.DATASTORE_FILE if self.folder else None
         return retrieval.Datastore.load(path) if path and path.is_file() else None
@@ -369,7 +369,7 @@ class Drafter:
     def draw(self, logits: torch.Tensor, cfg, generator: torch.Generator) -> tuple[int, torch.Tensor, float]:
         """One draft token from draft-vocabulary logits (N,): the target id, the distribution it was drawn
         from over the target's vocabulary (V,), and its probability there."""
-        from specviz.sampling import pick, warp
+        from specviz.core.sampling import pick, warp
 
         q = warp(logits.float().cpu(), cfg)  # (N,)
         index = pick(q, cfg.greedy, generator)
@@ -483,7 +483,7 @@ def read_layout(folder: Path, target) -> tuple[DrafterConfig, dict[str, torch.Te
     Medusa-1 (config.json with medusa_num_heads; medusa_lm_head.*), EAGLE-3 (fc over three features, midlayer.*,
     lm_head, d2t) or EAGLE-1 (a llama config.json; weights
     with fc.weight and layers.0.*). Weights are read as safetensors or weights_only tensors, never code."""
-    from specviz.weights import load_state_dict
+    from specviz.models.weights import load_state_dict
 
     if not (folder / "config.json").is_file():
         raise DrafterError(f"drafter folder {str(folder)!r} has no config.json: train one with python -m specviz train")

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD, DraftToken, StepEvent, Verdict
 from specviz.metrics import summarize
-from specviz.render import COLOURS
+from specviz.ui.render import COLOURS
 
 # Okabe-Ito for lanes and lines (verdict colours come from render.COLOURS)
 LANE_COLOURS = {"ar": "#000000", "spec": "#CC79A7"}

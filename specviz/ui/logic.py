@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Optional, TypeVar
 
-from specviz import plots, render
+from specviz.ui import plots, render
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS, ConfigError, DecodeConfig
 from specviz.events import StepEvent
 from specviz.metrics import Comparison, compare
@@ -165,7 +165,7 @@ def redact_paths(message: str) -> str:
 def user_message(exc: BaseException, public: bool = False) -> str:
     """The one line a user sees for an error: ours verbatim (paths redacted in public mode), anything else
     as its type only, logged server-side with its traceback. Never a traceback or a server path."""
-    from specviz.models import ModelError  # torch is loaded by now: errors come from runs
+    from specviz.models.loader import ModelError  # torch is loaded by now: errors come from runs
 
     if isinstance(exc, (ConfigError, ModelError, RunFailed)):
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -181,9 +181,9 @@ def race_stream(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT,
     Raises ConfigError / ModelError for bad input, RunFailed (logged) for anything unexpected (after the
     first, 'loading' snapshot)."""
     from specviz import hardware
-    from specviz.models import ModelError
-    from specviz.profile import profile_of
-    from specviz.session import prepare  # torch and the engines load on first use, not at import
+    from specviz.models.loader import ModelError
+    from specviz.core.profile import profile_of
+    from specviz.core.session import prepare  # torch and the engines load on first use, not at import
 
     snap = Snapshot(cfg, draft)
     yield snap

@@ -122,7 +122,7 @@ _lock = threading.Lock()
 
 
 def _distilled_answers() -> Iterable[list[int]]:
-    from specviz import distill
+    from specviz.train import distill
 
     return (row["answer_ids"] for row in distill.committed_examples())
 

@@ -126,7 +126,7 @@ class CachedLM:
         """Feed the unseen committed tokens (the last is the tree's root) and the tree's nodes in one forward,
         each node attending to the context and its own ancestors. Returns (1 + n, V): the root's row, then
         one row per node."""
-        from specviz.trees import tree_inputs
+        from specviz.core.trees import tree_inputs
 
         n_fed = len(tokens) - self.seen
         assert n_fed >= 1, "the root (last committed token) must not be in the cache yet"

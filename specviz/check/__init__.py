@@ -1,0 +1,1 @@
+"""The drafter sanity check: its statistics and its text, HTML and JSON reports."""

@@ -1,0 +1,1 @@
+"""The command line: `python -m specviz` / the `specviz` script, and the bench harness."""

@@ -1,0 +1,1 @@
+"""Training drafters: self-distillation data, features, losses and the training loop."""
