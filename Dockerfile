@@ -8,7 +8,7 @@ ENV PYTHONUNBUFFERED=1 \
     SPECVIZ_PUBLIC=1 \
     HF_HOME=/home/app/.cache/huggingface
 
-# a C compiler for specviz/kernels.py (the bf16 row kernel, built at first use; without it torch's kernels run)
+# a C compiler for specviz/models/kernels/ (the bf16 row kernels, built at first use; without it torch's kernels run)
 # hadolint ignore=DL3008
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev libgomp1 \
  && rm -rf /var/lib/apt/lists/*

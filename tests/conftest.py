@@ -80,3 +80,17 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
         yield b
         b.close()
+
+
+# Test tiers (README, "Tests"): `make test-fast` runs the unit tier alone (-m "not integration and not browser and not
+# gpu"); `make test` runs every tier. A test is `browser` when it drives headless Chromium, `integration` when it
+# loads the real default target (through these fixtures, or marked so by hand where it loads it another way).
+REAL_MODEL_FIXTURES = {"target", "target_bf16", "app_url"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "browser" in item.fixturenames or item.path.name.startswith("test_browser"):
+            item.add_marker(pytest.mark.browser)
+        elif REAL_MODEL_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.integration)

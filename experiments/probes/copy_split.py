@@ -2,14 +2,22 @@
 the target's true features: inside the engine the same, checked on 3 questions), split by whether the longest
 earlier match of a 3..6-token suffix predicts the true next token ("copy": the answer repeats its context there),
 predicts another ("copy_wrong") or none ("other").
-Usage: PYTHONPATH=. python assets/bench/copy_split.py ANSWERS.json [DRAFTER]
-ANSWERS: a JSON list of {category, prompt_ids, answer_ids} (assets/bench/ar_answers.py writes Spec-Bench's)."""
-import json, sys, torch
-from specviz.cli import main as cli
-from specviz.drafters import trained as drafters
-p = cli.parser().parse_args(["bench","--prompts","../shared/data/spec_bench/question.jsonl","--json","/dev/null"])
-cli._default_pair(p); target = cli._target(p)
-folder = sys.argv[2] if len(sys.argv) > 2 else "assets/drafters/smollm2-135m-eagle"
+Usage: .venv/bin/python experiments/probes/copy_split.py ANSWERS.json [DRAFTER]
+ANSWERS: a JSON list of {category, prompt_ids, answer_ids} (experiments/probes/ar_answers.py writes Spec-Bench's)."""
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
+
+from specviz import paths  # noqa: E402
+from specviz.drafters import trained as drafters  # noqa: E402
+from specviz.models import loader as models  # noqa: E402
+
+target = models.get()  # the default target in this device's default dtype (on a CPU what `bench` loads)
+folder = sys.argv[2] if len(sys.argv) > 2 else paths.DRAFTERS / "smollm2-135m-eagle"
 d = drafters.load(folder, target)
 layers = tuple(d.cfg.feature_layers); dec = target.model.get_decoder()
 data = json.load(open(sys.argv[1]))

@@ -2,17 +2,23 @@
 continuation would be accepted, teacher-forced at every other position of held-out answers (a sixth of chunks 72-77
 of assets/distill/prompts), with a datastore built from chunks 0-69 only. For the datastore's nodes not shared with
 the lookup's continuation: the share accepted beyond the lookup's accepted length, by the n-gram length the lookup
-matched (0 = no match). No model runs:
-    PYTHONPATH=. python assets/bench/datastore_rows.py > assets/bench/datastore_rows.txt"""
+matched (0 = no match). The datastore's continuation is the chain it drafted then (datastore_tree.former_chain:
+Datastore.continuation, since replaced by the tree of Datastore.drafts). No model runs:
+    .venv/bin/python experiments/probes/datastore_rows.py > experiments/results/datastore_rows.txt"""
+import sys
 from collections import defaultdict
 from pathlib import Path
 
-from specviz.train import distill
-from specviz.core.lookup import match
-from specviz.core.retrieval import Datastore
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
+
+from datastore_tree import former_chain  # noqa: E402  (beside this file)
+
+from specviz.core.lookup import match  # noqa: E402
+from specviz.core.retrieval import Datastore  # noqa: E402
+from specviz.train import distill  # noqa: E402
 
 L = 6
-folder = Path("assets/distill/prompts")
+folder = distill.PROMPTS_OUT
 rows = distill.read_chunks(folder)
 size = distill.read_manifest(folder)["chunk_size"]
 store = Datastore(r["answer_ids"] for r in rows if r["i"] // size < 70)
@@ -39,7 +45,7 @@ for r in held:
         lookup_reached[order] += 1
         for d in range(len(chain)):
             lookup_acc[order][d] += got > d
-        retrieved = store.continuation(ctx, L)
+        retrieved = former_chain(store, ctx, L)
         kept = agree(retrieved, truth)
         for d in range(len(retrieved)):
             if retrieved[:d + 1] != chain[:d + 1]:  # a node of its own (a shared one merges into the lookup's)

@@ -6,20 +6,24 @@ and what was generated so far) to the shipped EAGLE's 8192-token draft vocabular
    answer of chunks 44-77, its head over the 8192, the 8192 plus the context's tokens, or all 49152 rows. Needs
    out/train/eagle-more (its cached held-out features: the second EAGLE run of `make drafters`);
 3. the cost of one row through a bf16 head of N rows.
-    PYTHONPATH=. python assets/bench/context_vocab.py > assets/bench/context_vocab.txt"""
+    .venv/bin/python experiments/probes/context_vocab.py > experiments/results/context_vocab.txt"""
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from specviz.train import distill, loop as train
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
 
-from specviz.drafters import trained as drafters
-
-from specviz.models import loader as models
+from specviz import paths  # noqa: E402
+from specviz.drafters import trained as drafters  # noqa: E402
+from specviz.models import loader as models  # noqa: E402
+from specviz.train import distill  # noqa: E402
+from specviz.train import loop as train  # noqa: E402
 
 torch.set_num_threads(2)
-chunks = lambda r: [e for c in r for e in distill.read_examples(f"assets/distill/prompts/chunk-{c:05d}.jsonl.gz")]
+chunks = lambda r: [e for c in r for e in distill.read_examples(distill.PROMPTS_OUT / f"chunk-{c:05d}.jsonl.gz")]
 later, earlier = chunks(range(44, 78)), chunks(range(0, 44, 4))
 seqs = list(distill.sequences(later))
 for n in (8192, 16384):
@@ -33,12 +37,13 @@ for n in (8192, 16384):
     print(f"coverage, {n} tokens: {static / total:.4f}, with the context's tokens {with_context / total:.4f} ({total} answer tokens)")
 
 target = models.load("smollm2-135m")
-d = drafters.load("assets/drafters/smollm2-135m-eagle", target)
+d = drafters.load(paths.DRAFTERS / "smollm2-135m-eagle", target)
 _, held = distill.split(later)
 hseqs = list(distill.sequences(held))
-meta = json.load(open("out/train/eagle-more/held_out_features.f16.json"))
+more = paths.REPO / "out/train/eagle-more"
+meta = json.load(open(more / "held_out_features.f16.json"))
 assert meta["n"] == len(hseqs) and meta["rows"] == sum(map(len, hseqs)), "out/train/eagle-more holds other data"
-feats = torch.from_file("out/train/eagle-more/held_out_features.f16", size=meta["rows"] * meta["width"],
+feats = torch.from_file(str(more / "held_out_features.f16"), size=meta["rows"] * meta["width"],
                         dtype=torch.float16).view(meta["rows"], meta["width"])
 offsets, d_model = train.offsets_of(hseqs), target.model.config.hidden_size
 head = target.model.get_output_embeddings().weight

@@ -4,13 +4,16 @@ voted next token while it holds a quarter of the occurrences still agreeing) aga
 third position of held-out answers (every eighth of the last two chunks' answers of assets/distill/ in order), with a
 datastore of every other committed answer. Per position: the tokens a greedy verification would accept from the
 branch alone, and the nodes it costs. No model runs:
-    PYTHONPATH=. python assets/bench/datastore_tree.py > assets/bench/datastore_tree.txt"""
+    .venv/bin/python experiments/probes/datastore_tree.py > experiments/results/datastore_tree.txt"""
+import sys
 from collections import Counter
+from pathlib import Path
 
-from specviz.train import distill
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
 
-from specviz.core import retrieval
-from specviz.core.retrieval import Datastore
+from specviz.core import retrieval  # noqa: E402
+from specviz.core.retrieval import Datastore  # noqa: E402
+from specviz.train import distill  # noqa: E402
 
 FORMER_SHARE = 0.25
 

@@ -1,11 +1,20 @@
-"""One call of the shipped EAGLE module (one row, or three rows with the fused features) and one read of its draft head, 300 cached positions, with an op profile. Usage: PYTHONPATH=. python assets/bench/probe_eagle_call.py"""
+"""One call of the shipped EAGLE module (one row, or three rows with the fused features) and one read of its draft head, 300 cached positions, with an op profile. Usage: .venv/bin/python experiments/probes/probe_eagle_call.py"""
+import sys
+from pathlib import Path
+
 import torch
-from specviz.models.loader import load
-from specviz.drafters import trained as drafters
-from timing import median_seconds
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
+
+from timing import median_seconds  # noqa: E402  (beside this file)
+
+from specviz import paths  # noqa: E402
+from specviz.drafters import trained as drafters  # noqa: E402
+from specviz.models.loader import load  # noqa: E402
+
 torch.set_num_threads(2)
 t = load("smollm2-135m")
-d = drafters.load("assets/drafters/smollm2-135m-eagle", t)
+d = drafters.load(paths.DRAFTERS / "smollm2-135m-eagle", t)
 m = d.module
 print(type(m).__name__, d.dtype)
 S = 300

@@ -1,5 +1,5 @@
-"""The median wall time of a call, for the probe scripts beside this file (run as `python assets/bench/NAME.py`,
-which puts this folder on the import path)."""
+"""The median wall time of a call, for the probe scripts beside this file (run as
+`.venv/bin/python experiments/probes/NAME.py`, which puts this folder on the import path)."""
 import statistics
 import time
 

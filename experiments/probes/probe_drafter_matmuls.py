@@ -1,7 +1,15 @@
-"""One and three rows through the drafter's matmul shapes: torch fp32, torch bf16 and specviz's bf16 row kernel. Usage: PYTHONPATH=. python assets/bench/probe_drafter_matmuls.py"""
+"""One and three rows through the drafter's matmul shapes: torch fp32, torch bf16 and specviz's bf16 row kernel. Usage: .venv/bin/python experiments/probes/probe_drafter_matmuls.py"""
+import sys
+from pathlib import Path
+
 import torch
-from specviz.models import kernels
-from timing import median_seconds
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
+
+from timing import median_seconds  # noqa: E402  (beside this file)
+
+from specviz.models import kernels  # noqa: E402
+
 torch.set_num_threads(2)
 assert kernels.available()
 def timeit(f):

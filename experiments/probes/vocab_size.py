@@ -3,19 +3,27 @@ assets/distill/prompts), the share of the target's Spec-Bench answer tokens it h
 depth-1 top-1 when its hidden state is read through those N rows of the target's head (the drafter has no head of its
 own, so any N can be read without new weights); then the same through its own vocabulary, and what the tokens outside
 that vocabulary are (how many prompt lookup predicts, how many occur earlier in the context).
-Usage: PYTHONPATH=. python assets/bench/vocab_size.py ANSWERS.json [DRAFTER]
-ANSWERS: assets/bench/ar_answers.py's output (the target's greedy answers to 48 Spec-Bench questions)."""
-import gzip, json, sys, torch
+Usage: .venv/bin/python experiments/probes/vocab_size.py ANSWERS.json [DRAFTER]
+ANSWERS: experiments/probes/ar_answers.py's output (the target's greedy answers to 48 Spec-Bench questions)."""
+import gzip
+import json
+import sys
 from pathlib import Path
-from specviz.cli import main as cli
-from specviz.drafters import trained as drafters
-from specviz.core.lookup import lookup
-p = cli.parser().parse_args(["bench", "--prompts", "../shared/data/spec_bench/question.jsonl", "--json", "/dev/null"])
-cli._default_pair(p); target = cli._target(p)
-d = drafters.load(sys.argv[2] if len(sys.argv) > 2 else "assets/drafters/smollm2-135m-eagle", target)
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
+
+from specviz import paths  # noqa: E402
+from specviz.core.lookup import lookup  # noqa: E402
+from specviz.drafters import trained as drafters  # noqa: E402
+from specviz.models import loader as models  # noqa: E402
+
+target = models.get()  # the default target in this device's default dtype (on a CPU what `bench` loads)
+d = drafters.load(sys.argv[2] if len(sys.argv) > 2 else paths.DRAFTERS / "smollm2-135m-eagle", target)
 V = target.vocab_size
 counts = torch.zeros(V, dtype=torch.long)
-for f in sorted(Path("assets/distill/prompts").glob("chunk-*.jsonl.gz")):
+for f in sorted((paths.DISTILL / "prompts").glob("chunk-*.jsonl.gz")):
     for line in gzip.open(f, "rt"):
         counts += torch.bincount(torch.tensor(json.loads(line)["answer_ids"], dtype=torch.long), minlength=V)
 order = sorted(range(V), key=lambda i: (-int(counts[i]), i))

@@ -1,15 +1,24 @@
 """The one-layer drafters in fp32 (torch) against bf16 on specviz's row kernel (what drafters.load picks beside a bf16
 CPU target), in the default race's trees (+pld:6+ret:6), interleaved over 12 Spec-Bench questions, 128 new tokens,
-greedy: drafting ms a step, the whole step, τ and tok/s. Usage: PYTHONPATH=. python assets/bench/drafter_dtype_ab.py"""
+greedy: drafting ms a step, the whole step, τ and tok/s.
+Usage: .venv/bin/python experiments/probes/drafter_dtype_ab.py > experiments/results/drafter_dtype_ab.txt"""
+import sys
+from pathlib import Path
+
 import torch
-from specviz.cli import main as cli
-from specviz import engines, metrics
-from specviz.drafters import trained as drafters
-from specviz.models import kernels
-from specviz.engines.tree import eagle_tree_engine, medusa_engine
-p = cli.parser().parse_args(["bench","--prompts","../shared/data/spec_bench/question.jsonl","--json","/dev/null"])
-cli._default_pair(p); target = cli._target(p)
-prompts = cli.read_prompts("../shared/data/spec_bench/question.jsonl", None, 48)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
+
+from specviz import engines, metrics, paths  # noqa: E402
+from specviz.cli.main import read_prompts  # noqa: E402
+from specviz.config import DecodeConfig  # noqa: E402
+from specviz.drafters import trained as drafters  # noqa: E402
+from specviz.engines.tree import eagle_tree_engine, medusa_engine  # noqa: E402
+from specviz.models import kernels  # noqa: E402
+from specviz.models import loader as models  # noqa: E402
+
+target = models.get()  # the default target in this device's default dtype (on a CPU what `bench` loads)
+prompts = read_prompts(str(paths.SPEC_BENCH), None, 48)
 sel = prompts[1::4][:12]
 def fp32(d):
     kernels.swap_out(d.module); d.module.float(); d.dtype = torch.float32
@@ -17,11 +26,11 @@ def fp32(d):
     return d
 engs = {}
 for kind, mk in (("eagle", eagle_tree_engine), ("medusa", medusa_engine)):
-    D = f"assets/drafters/smollm2-135m-{kind}"
+    D = paths.DRAFTERS / f"smollm2-135m-{kind}"
     engs[kind + " fp32"] = mk(target, fp32(drafters.load(D, target)))
     d16 = drafters.load(D, target); assert d16.row_kernel and d16.dtype == torch.bfloat16
     engs[kind + " bf16-row"] = mk(target, d16)
-cfgs = {k: cli._config(p, k.split()[0], {"lookup": 6, "retrieve": 6}).with_(max_new_tokens=128) for k in engs}
+cfgs = {k: DecodeConfig(method=k.split()[0], lookup=6, retrieve=6, max_new_tokens=128) for k in engs}
 ids0 = target.encode_prompt("Hello")
 for k, e in engs.items(): engines.generate(e, ids0, cfgs[k].with_(max_new_tokens=16))
 acc = {k: [0, 0, 0, 0] for k in engs}

@@ -2,19 +2,26 @@
 agreement with the target's full-vocabulary argmax on held-out answers, when its head reads K of the target's rows
 (the shipped 8192, then the next most frequent training tokens). Needs out/train/eagle3-all (its held-out features)
 and a folder CHUNKS of chunks 0-43 of assets/distill/prompts (the data that drafter saw):
-    PYTHONPATH=. python assets/bench/vocab_sweep.py CHUNKS > assets/bench/vocab_sweep.txt"""
+    .venv/bin/python experiments/probes/vocab_sweep.py CHUNKS > experiments/results/vocab_sweep.txt"""
 import sys
-import torch
 from pathlib import Path
-from specviz.train import distill, loop as train
-from specviz.drafters import trained as drafters
-from specviz.models import loader as models
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
+
+from specviz import paths  # noqa: E402
+from specviz.drafters import trained as drafters  # noqa: E402
+from specviz.models import loader as models  # noqa: E402
+from specviz.train import distill  # noqa: E402
+from specviz.train import loop as train  # noqa: E402
+
 torch.set_num_threads(1)
 target = models.get("smollm2-135m", torch.device("cpu"), torch.bfloat16)
-folder = Path("assets/drafters/smollm2-135m-eagle")
+folder = paths.DRAFTERS / "smollm2-135m-eagle"
 dr = drafters.load(folder, target)
 module = dr.module.float().eval()
-examples = distill.read_examples("assets/distill/smollm2-135m.jsonl.gz") + distill.read_chunks(sys.argv[1])
+examples = distill.read_examples(distill.ORIGINAL) + distill.read_chunks(sys.argv[1])
 tr, held = distill.split(examples)
 seqs = list(distill.sequences(tr))
 counts = torch.zeros(49152, dtype=torch.long)
@@ -24,7 +31,7 @@ shipped = dr.vocab_ids.cpu()
 order = torch.argsort(counts, descending=True, stable=True)
 mask = torch.ones(49152, dtype=torch.bool); mask[shipped] = False
 ext = torch.cat([shipped, order[mask[order]]])
-saved = torch.load("out/train/eagle3-all/held_out_features.pt", weights_only=True, mmap=True)
+saved = torch.load(paths.REPO / "out/train/eagle3-all/held_out_features.pt", weights_only=True, mmap=True)
 hf = saved["features"]; hseqs = list(distill.sequences(held))
 scored = [i for i, s in enumerate(hseqs) if len(s) <= train.HELD_LENGTH][:256]
 ids, f, valid = train.Batches(hseqs, hf, 0, 0).batch(scored)

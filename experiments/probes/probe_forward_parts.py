@@ -1,12 +1,24 @@
-"""Timers around the target forward's parts (the attention kernel, the Linear layers, the LM head) for AR's one token and a tree of 16 rows at 300 cached tokens. Usage: PYTHONPATH=. python assets/bench/probe_forward_parts.py"""
-import time, torch, json, collections
-from specviz.models.loader import load
-from specviz.core.cache import CachedLM
-from specviz.core.trees import Tree
-from specviz.models import kernels
+"""Timers around the target forward's parts (the attention kernel, the Linear layers, the LM head) for AR's one token and a tree of 16 rows at 300 cached tokens. Usage: .venv/bin/python experiments/probes/probe_forward_parts.py"""
+import collections
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
+
+import specviz.core.cache as C  # noqa: E402
+from specviz import paths  # noqa: E402
+from specviz.core.cache import CachedLM  # noqa: E402
+from specviz.core.trees import Tree  # noqa: E402
+from specviz.models import kernels  # noqa: E402
+from specviz.models.loader import load  # noqa: E402
+
 torch.set_num_threads(2)
 t = load("smollm2-135m")
-q = json.loads(open("../shared/data/spec_bench/question.jsonl").readline())
+q = json.loads(open(paths.SPEC_BENCH).readline())
 ids = t.encode_prompt(q["turns"][0]); ids = (ids * 4)[:300]
 lm = CachedLM.of(t); lm.logits(ids, keep=1)
 acc = collections.Counter()
@@ -17,7 +29,6 @@ def wrap(obj, name, label):
     setattr(obj, name, g)
 wrap(kernels, "attend", "attend")
 wrap(torch.nn.Linear, "forward", "linear")
-import specviz.core.cache as C
 wrap(C, "lm_head", "head")
 tree15 = Tree.from_choices([(0,), (0,0), (0,0,0)] + [(1,)+(0,)*i for i in range(6)] + [(2,)+(0,)*i for i in range(6)])
 def ar():

@@ -1,18 +1,25 @@
 """EAGLE inside the engine against teacher forcing, per Spec-Bench question: the acceptance of its first draft each
 step (its 3-node tree, greedy) and its top-1 on the same answer given the target's true features in one forward.
-Usage: PYTHONPATH=. python assets/bench/engine_vs_teacher.py QUESTION_ID ..."""
-import json, sys, torch
-from specviz.cli import main as cli
-from specviz import engines, metrics
-from specviz.drafters import trained as drafters
-from specviz.train import loop as train
-from specviz.engines.tree import eagle_tree_engine
-p = cli.parser().parse_args(["bench","--prompts","../shared/data/spec_bench/question.jsonl","--json","/dev/null"])
-cli._default_pair(p); target = cli._target(p)
-qs = {json.loads(l)["question_id"]: json.loads(l) for l in open("../shared/data/spec_bench/question.jsonl")}
-d = drafters.load("assets/drafters/smollm2-135m-eagle", target)
+Usage: .venv/bin/python experiments/probes/engine_vs_teacher.py QUESTION_ID ..."""
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
+
+from specviz import engines, paths  # noqa: E402
+from specviz.config import DecodeConfig  # noqa: E402
+from specviz.drafters import trained as drafters  # noqa: E402
+from specviz.engines.tree import eagle_tree_engine  # noqa: E402
+from specviz.models import loader as models  # noqa: E402
+
+target = models.get()  # the default target in this device's default dtype (on a CPU what `bench` loads)
+qs = {json.loads(line)["question_id"]: json.loads(line) for line in open(paths.SPEC_BENCH)}
+d = drafters.load(paths.DRAFTERS / "smollm2-135m-eagle", target)
 eng = eagle_tree_engine(target, d)
-cfg = cli._config(p, "eagle", {}).with_(max_new_tokens=128)
+cfg = DecodeConfig(method="eagle", max_new_tokens=128)
 layers = tuple(d.cfg.feature_layers)
 dec = target.model.get_decoder()
 D = d.cfg.hidden_size

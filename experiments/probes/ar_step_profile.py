@@ -1,0 +1,200 @@
+"""What one AR step of the default target costs on this CPU, against what the memory could give (issue 31).
+
+Measures, in one run: the read bandwidth (torch.sum over 1 GiB of bf16, 2 threads); the tok/s of
+`engines.build("ar", target)` for 64 greedy tokens after a short prompt (median of --reps runs, with the
+stock references: transformers bf16 sdpa and fp32); a torch.profiler table of AR steps, per op; and each
+Linear shape of the target (576x576, 192x576, 1536x576, 576x1536, the 49152x576 head) for 1..32 rows
+through torch bf16 (oneDNN), torch fp32 and specviz's C kernels.linear, with the GB/s each streams. The
+matmuls rotate over enough copies of each weight to leave the caches (the model's 269 MB never fit).
+
+Usage: .venv/bin/python experiments/probes/ar_step_profile.py [--skip-shapes] [--skip-profile]
+Writes experiments/results/ar_step_profile-<cpu>.txt (cpu: amx, avx512bf16, avx512 or avx2).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from specviz import engines  # noqa: E402
+from specviz.config import DecodeConfig  # noqa: E402
+from specviz.models import kernels, loader  # noqa: E402
+
+PROMPT = "Write a short story about a lighthouse keeper and a storm."
+SHAPES = {"q/o 576x576": (576, 576), "k/v 192x576": (192, 576), "gate/up 1536x576": (1536, 576),
+          "down 576x1536": (576, 1536), "head 49152x576": (49152, 576)}
+ROWS = (1, 2, 4, 8, 16, 32)
+
+
+def cpu_name() -> str:
+    flags = kernels.cpu_flags()
+    if "amx_bf16" in flags:
+        return "amx"
+    if "avx512_bf16" in flags:
+        return "avx512bf16"
+    return "avx512" if "avx512f" in flags else "avx2"
+
+
+def median_time(f, reps: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        f()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bandwidth(out) -> float:
+    big = torch.ones(1 << 29, dtype=torch.bfloat16)  # 1 GiB
+    seconds = median_time(lambda: torch.sum(big), reps=7)
+    gbs = big.numel() * 2 / seconds / 1e9
+    out(f"read bandwidth: torch.sum over 1 GiB bf16, {torch.get_num_threads()} threads: {gbs:.1f} GB/s "
+        f"({seconds * 1e3:.1f} ms)")
+    return gbs
+
+
+def step_bytes(model: torch.nn.Module) -> int:
+    """The bytes one decode step streams: every Linear weight (the tied head once) and the norms."""
+    seen, total = set(), 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor) and not isinstance(module, torch.nn.Embedding):
+            if weight.data_ptr() not in seen:
+                seen.add(weight.data_ptr())
+                total += weight.numel() * weight.element_size()
+    return total
+
+
+def ar_rates(targets: dict, reps: int, out, tokens: int = 64) -> dict:
+    """tok/s of each named target's AR engine, runs interleaved, median of reps."""
+    rates = {name: [] for name in targets}
+    ids = next(iter(targets.values())).encode_prompt(PROMPT)
+    cfg = DecodeConfig(method="ar", max_new_tokens=tokens)
+    outputs = {}
+    for name, target in targets.items():  # warm-up
+        engines.generate(engines.build("ar", target), ids, cfg)
+    for _ in range(reps):
+        for name, target in targets.items():
+            run = engines.generate(engines.build("ar", target), ids, cfg)
+            seconds = sum(e.draft_s + e.verify_s for e in run.events)
+            rates[name].append(len(run.token_ids) / seconds)
+            outputs[name] = run.token_ids
+    result = {}
+    for name, target in targets.items():
+        rate = statistics.median(rates[name])
+        gb = step_bytes(target.model) / 1e9
+        result[name] = rate
+        out(f"AR {name:28s} {rate:6.1f} tok/s  ({1e3 / rate:5.1f} ms/token, {gb * rate:5.1f} GB/s of {gb * 1e3:.0f} MB "
+            f"weights; runs {', '.join(f'{r:.1f}' for r in rates[name])}; {len(outputs[name])} tokens)")
+    return result
+
+
+@torch.inference_mode()
+def ar_profile(target, out, steps: int = 32) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from specviz.core.cache import CachedLM
+
+    ids = target.encode_prompt(PROMPT)
+    lm = CachedLM.of(target)
+    lm.logits(ids)
+    tokens = list(ids)
+    for _ in range(4):  # warm
+        tokens.append(int(lm.logits(tokens)[0].argmax()))
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            tokens.append(int(lm.logits(tokens)[0].argmax()))
+    wall = (time.perf_counter() - start) / steps
+    out(f"\ntorch.profiler, {steps} AR steps of CachedLM.logits (profiled wall {wall * 1e3:.1f} ms/step; "
+        f"self CPU ms per step, top ops):")
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in rows)
+    out(f"  {'op':40s} {'self ms/step':>12s} {'calls/step':>10s} {'share':>6s}")
+    for e in rows[:22]:
+        out(f"  {e.key[:40]:40s} {e.self_cpu_time_total / 1e3 / steps:12.2f} {e.count / steps:10.1f} "
+            f"{100 * e.self_cpu_time_total / total:5.1f}%")
+    out(f"  {'(all ops)':40s} {total / 1e3 / steps:12.2f}")
+
+
+@torch.inference_mode()
+def linear_shapes(out, budget_mb: int = 160) -> None:
+    """Each shape x rows: ms and GB/s of the weight read, rotating over copies that exceed the caches."""
+    generator = torch.Generator().manual_seed(0)
+    out(f"\nLinear shapes, ms per call (GB/s of weight streamed), weights rotated over >= {budget_mb} MB of copies:")
+    kinds = ["torch bf16", "torch fp32"] + (["kernels.linear"] if kernels.available() else [])
+    out(f"  {'shape':18s} {'rows':>4s} " + " ".join(f"{k:>22s}" for k in kinds))
+    for label, (n, k) in SHAPES.items():
+        base = (torch.randn(n, k, generator=generator) * 0.05).bfloat16()
+        copies = max(2, budget_mb * 10 ** 6 // (n * k * 2))
+        w16 = [base.clone() for _ in range(copies)]
+        w32 = [w.float() for w in w16[:max(2, copies // 2)]]
+        for rows in ROWS:
+            x16 = torch.randn(rows, k, generator=generator).bfloat16()
+            x32 = x16.float()
+            cells = []
+            for kind in kinds:
+                ws = w32 if kind == "torch fp32" else w16
+                x = x32 if kind == "torch fp32" else x16
+                f = (lambda x, w: kernels.linear(x, w)) if kind == "kernels.linear" else torch.nn.functional.linear
+                i = [0]
+
+                def call():
+                    f(x, ws[i[0] % len(ws)])
+                    i[0] += 1
+                reps = max(5, min(200, len(ws) * 3))
+                seconds = median_time(call, reps, warmup=len(ws))
+                gbs = n * k * ws[0].element_size() / seconds / 1e9
+                cells.append(f"{seconds * 1e3:8.3f} ({gbs:5.1f} GB/s)")
+            out(f"  {label:18s} {rows:4d} " + " ".join(f"{c:>22s}" for c in cells))
+        del w16, w32
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--skip-shapes", action="store_true")
+    parser.add_argument("--skip-profile", action="store_true")
+    parser.add_argument("--no-references", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    path = Path(args.out or ROOT / "experiments" / "results" / f"ar_step_profile-{cpu_name()}.txt")
+    lines = []
+
+    def out(line: str = "") -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    cpu = torch.device("cpu")
+    out(f"cpu: {kernels.cpuinfo('model name')} ({cpu_name()}), torch {torch.__version__} "
+        f"({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads")
+    gbs = bandwidth(out)
+    target = loader.get()
+    out(f"target: {target.name} {target.dtype} attention={target.attention} matmul={target.matmul} "
+        f"pad_one_row={target.pad_one_row} max_rows={target.max_rows}; {step_bytes(target.model) / 1e6:.0f} MB a step, "
+        f"roofline {gbs * 1e9 / step_bytes(target.model):.0f} tok/s")
+    targets = {"specviz (bitwise)": target}
+    if not args.no_references:
+        targets["stock bf16 sdpa"] = loader.get(target.name, cpu, torch.bfloat16, attention="sdpa")
+        targets["stock fp32 sdpa"] = loader.get(target.name, cpu, torch.float32)
+    ar_rates(targets, args.reps, out)
+    if not args.skip_profile:
+        ar_profile(target, out)
+    if not args.skip_shapes:
+        linear_shapes(out)
+    path.write_text("\n".join(lines) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
