@@ -11,7 +11,7 @@ import os
 
 import gradio as gr
 
-from specviz.ui import tabs as app_tabs, render
+from specviz.ui import controls, replay, tabs as app_tabs, render
 
 from specviz import hardware, zerogpu
 from specviz.ui.logic import (DEFAULT_PROMPT, DEFAULTS, SPEC_METHODS, empty_view, example_rows,
@@ -22,48 +22,6 @@ from specviz.ui import plots
 
 CONCURRENCY_ID = "cpu"  # one queue worker for the one device: runs never disturb each other's timing
 DRAFT_CHOICES = [DEFAULT_DRAFT, DEFAULT_TARGET]
-
-APP_CSS = """
-.gradio-container { max-width: 1500px !important; font-size: 16px; }
-#title h1 { font-size: 30px; margin-bottom: 2px; }
-#title p { font-size: 17px; color: #444; margin-top: 0; }
-.sv-pane-box { border: 1px solid #d0d0d0; border-radius: 10px; padding: 12px 16px; background: #fff;
-  min-height: 260px; }
-.sv-pane-head { display: flex; justify-content: space-between; align-items: baseline; gap: 8px; }
-.sv-pane-title { font-size: 21px; font-weight: 700; color: #222; }
-.sv-state { font-size: 15px; font-weight: 600; }
-.sv-state-running { color: #0072B2; }
-.sv-state-done { color: #007A5A; }
-.sv-stats { display: flex; gap: 20px; font-size: 16px; color: #333; margin: 4px 0 8px 0;
-  border-bottom: 1px solid #eee; padding-bottom: 6px; font-variant-numeric: tabular-nums; }
-.sv-stats b { font-size: 19px; }
-.sv-pane { font-size: 18px; line-height: 1.75; color: #111; max-height: 460px; overflow-y: auto; }
-.sv-placeholder { color: #aaa; }
-.sv-legend { font-size: 16px; padding: 6px 2px; color: #222; }
-.sv-legend .sv-tok { font-family: ui-monospace, 'DejaVu Sans Mono', monospace; font-size: 16px; }
-.sv-status { font-size: 16px; padding: 6px 12px; border-radius: 8px; background: #f2f6fa; color: #123; }
-.sv-status-error { background: #fdeee6; color: #8a3300; font-weight: 600; }
-.sv-status-ok { background: #e8f5ef; color: #00573f; }
-.sv-summary { border: 1px solid #d0d0d0; border-radius: 10px; padding: 12px 16px; background: #fafafa; }
-.sv-summary-empty { color: #777; font-size: 16px; }
-.sv-badges { margin-bottom: 10px; }
-.sv-badge { display: inline-block; font-size: 18px; font-weight: 700; padding: 4px 12px; border-radius: 16px; }
-.sv-badge-ok { background: #e0f3ec; color: #00573f; border: 2px solid #009E73; }
-.sv-badge-warn { background: #fdeee6; color: #8a3300; border: 2px solid #D55E00; }
-.sv-badge-info { background: #e6f0f8; color: #004a75; border: 2px solid #0072B2; font-weight: 600; font-size: 16px; }
-.sv-cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(165px, 1fr)); gap: 10px; }
-.sv-card { background: #fff; border: 1px solid #e2e2e2; border-radius: 8px; padding: 8px 12px; }
-.sv-card-k { font-size: 15px; color: #555; }
-.sv-card-v { font-size: 28px; font-weight: 700; color: #111; font-variant-numeric: tabular-nums; }
-.sv-card-n { font-size: 13.5px; color: #666; line-height: 1.3; }
-.sv-settings { font-size: 14px; color: #555; margin-top: 8px; }
-#explainer p, #explainer li { font-size: 16px; }
-@media (max-width: 640px) {
-  .sv-legend-item { white-space: normal; }
-  .sv-pane { font-size: 16px; }
-  #title h1 { font-size: 24px; }
-}
-"""
 
 EXPLAINER = """
 **Speculative decoding** makes a large *target* model generate faster without changing what it writes.
@@ -87,6 +45,12 @@ A cheap *drafter* guesses the next γ tokens; the target then checks all γ gues
   judged because an earlier one was refused (grey, struck through), and the target's own token at the refused
   position (orange, bold) or its free extra token when every draft was kept (blue, bold). Hover over a
   token to see the draft probability q, the target probability p and the acceptance probability min(1, p/q).
+  The pane reads as the text the target committed: the tokens of one target forward share a shaded band, a refused
+  draft stays as a small struck-through token before the target's own, and the drafts never on the verified path
+  (the tree's other branches, drafts after a refusal) hide behind a small **+n** after their step: click it to show
+  them in place and that step in the tree panel, or tick *show every draft* to see them all inline.
+- **Replay:** after a run, *Replay* shows it again from its recorded events at 0.25×, 0.5× or 1× of its compute
+  time, both lanes on one clock, so that a step can be narrated.
 - **The race:** both lanes run on the same CPU, one step at a time, always advancing the one that has used less
   compute so far. Each pane therefore grows at its true relative speed; the counters show engine compute
   seconds only.
@@ -108,16 +72,36 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
     try:
         cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed, lookup, retrieve)
         target, draft = hardware.default_pair().run_args(method, draft)
+        first = True
         for view in live_views(race_stream(prompt, cfg, draft, target)):
             events = view.final_events
+            if first:  # a new race: forget the last one (the tree slider's steps, the replay)
+                first, start = False, ([], None, gr.Button(interactive=False))
+            else:
+                start = (gr.skip(),) * 3
             yield (*(gr.skip() if v is None else v for v in view.as_tuple()),
-                   gr.skip() if events is None else events,
+                   start[0] if events is None else events,
                    gr.skip() if events is None else gr.Slider(minimum=1, maximum=max(2, len(events)),
-                                                              value=max(1, len(events)), step=1, interactive=True))
+                                                              value=max(1, len(events)), step=1, interactive=True),
+                   start[1] if view.final is None else view.final,
+                   start[2] if view.final is None else gr.Button(interactive=True))
     except Exception as exc:
         message = user_message(exc, Policy.from_env().public)
         gr.Warning(message)
-        yield (status_html(f"⚠ {message}", "error"), *([gr.skip()] * 9))
+        yield (status_html(f"⚠ {message}", "error"), *([gr.skip()] * 11))
+
+
+def run_replay(final, pace):
+    """Replay the session's last race from its recorded events at `pace` (replay.py): both lanes on one clock,
+    no model runs. Stop ends it."""
+    try:
+        if final is None:
+            raise ValueError("there is no finished race to replay yet: press Run first")
+        for view in replay.replay_views(final, replay.pace_of(pace)):
+            yield tuple(gr.skip() if v is None else v for v in view.as_tuple())
+    except Exception as exc:
+        message = str(exc) if isinstance(exc, ValueError) else user_message(exc, Policy.from_env().public)
+        yield (status_html(f"⚠ {message}", "error"), *([gr.skip()] * 7))
 
 
 def race_api(prompt: str = DEFAULT_PROMPT, method: str = "", draft: str = "",
@@ -150,6 +134,45 @@ def method_defaults(method) -> tuple[str, str, str]:
     return str(pair.gamma_for(method)), str(pair.lookup_for(method)), str(pair.retrieve_for(method))
 
 
+def method_changed(method):
+    """The race form follows the method: its γ and branches (method_defaults), and only the fields it takes
+    (controls.race_fields: the draft model for a draft-model method, the branches for a tree), with a line saying why
+    the others are hidden."""
+    gamma, lookup, retrieve = method_defaults(method)
+    fields = controls.race_fields(str(method))
+    return (gr.Dropdown(visible=fields.draft),
+            gr.Dropdown(value=gamma, visible=fields.gamma, label=_gamma_label(fields), info=GAMMA_INFO),
+            gr.Dropdown(value=lookup, visible=fields.lookup), gr.Dropdown(value=retrieve, visible=fields.retrieve),
+            fields.note_html())
+
+
+GAMMA_INFO = "follows the method: its fastest γ measured here"
+
+
+def _gamma_label(fields: controls.Fields) -> str:
+    """γ's label says what γ means for the method (the registry's words, less the step-through's aside)."""
+    return f"γ ({fields.gamma_info.split(' (')[0]})"
+
+
+def pick_step(events, evt: gr.EventData):
+    """A step's count of off-path drafts was clicked in the speculative pane: show that step in the tree panel."""
+    try:
+        step = int((getattr(evt, "_data", None) or {}).get("step", -1))
+        i = next((k for k, e in enumerate(events or []) if e.step == step), None)
+        if i is None:  # the race is still running, or the step is not this session's
+            return gr.skip(), gr.skip()
+        return plots.tree_figure(events[i]), gr.Slider(value=i + 1)
+    except Exception as exc:  # a tampered event: keep serving
+        raise gr.Error(user_message(exc, Policy.from_env().public), print_exception=False) from None
+
+
+# the speculative pane: a click on a step's count of off-path drafts selects that step in the tree panel
+PICK_STEP_JS = """element.addEventListener('click', (ev) => {
+  const more = ev.target.closest('.sv-more');
+  if (more && ev.target.closest('summary')) trigger('select', {step: Number(more.dataset.step)});
+});"""
+
+
 def show_tree(events, step):
     try:
         if not events:
@@ -166,6 +189,7 @@ def build_ui() -> gr.Blocks:
     pair = hardware.default_pair()
     initial = empty_view(pair.method, lookup=pair.lookup_for(pair.method), retrieve=pair.retrieve_for(pair.method))
     run_seconds = zerogpu.run_duration()  # one capped run: SPECVIZ_MAX_RUN_SECONDS plus the set-up
+    fields = controls.race_fields(pair.method)  # the fields the default method takes; the others hidden, with why
     with gr.Blocks(title="specviz: speculative decoding, live", analytics_enabled=False) as demo:
         gr.Markdown("# specviz — speculative decoding, live\n"
                     "A small drafter guesses ahead, the target model checks several guesses in one pass. "
@@ -188,21 +212,21 @@ def build_ui() -> gr.Blocks:
                         draft = gr.Dropdown(app_tabs.choices_with_default(pair.draft, DRAFT_CHOICES), value=pair.draft,
                                             label="Draft model (vanilla)",
                                             allow_custom_value=True, info="int8 copy, or a model sharing the vocabulary",
-                                            elem_id="draft")
+                                            visible=fields.draft, elem_id="draft")
                         gamma = gr.Dropdown(["auto"] + [str(g) for g in range(1, GAMMA_MAX + 1)],
-                                            value=str(pair.gamma), label="γ (drafted tokens per step)",
-                                            info="follows the method: its fastest γ measured here",
-                                            elem_id="gamma")
+                                            value=str(pair.gamma), label=_gamma_label(fields),
+                                            info=GAMMA_INFO, visible=fields.gamma, elem_id="gamma")
                         lookup = gr.Dropdown([str(n) for n in range(0, GAMMA_MAX + 1)],
                                              value=str(pair.lookup_for(pair.method)), label="Prompt lookup branch",
                                              info="eagle, medusa: also verify prompt lookup's next tokens (up to this "
                                                   "many) on the tree; 0 = off",
-                                             elem_id="lookup")
+                                             visible=fields.lookup, elem_id="lookup")
                         retrieve = gr.Dropdown([str(n) for n in range(0, GAMMA_MAX + 1)],
                                                value=str(pair.retrieve_for(pair.method)), label="Datastore branch",
                                                info="eagle, medusa: also verify what most often followed in the "
                                                     "target's own answers (up to this many nodes); 0 = off",
-                                               elem_id="retrieve")
+                                               visible=fields.retrieve, elem_id="retrieve")
+                    method_note = gr.HTML(fields.note_html())
                     with gr.Row():
                         temperature = gr.Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05,
                                                 label="Temperature (0 = greedy)", elem_id="temperature")
@@ -214,13 +238,20 @@ def build_ui() -> gr.Blocks:
                     with gr.Row():
                         run = gr.Button("Run ▶", variant="primary", elem_id="run", size="lg")
                         stop = gr.Button("Stop ■", variant="stop", elem_id="stop", size="lg")
+                    with gr.Row(equal_height=False):
+                        pace = gr.Radio(list(replay.PACES), value=replay.DEFAULT_PACE, label="Replay pace",
+                                        info="the last race again from its events, both lanes on one clock",
+                                        scale=2, elem_id="replay-pace")
+                        replay_button = gr.Button("Replay ⟲", interactive=False, elem_id="replay", size="md", scale=1)
             status = gr.HTML(initial.status, elem_id="status")
-            gr.HTML(f"<style>{render.CSS}{APP_CSS}</style>{render.legend_html()}")
+            gr.HTML(f"<style>{render.CSS}</style>{render.legend_html()}")
+            gr.Checkbox(False, label="show every draft (the tree's other branches and the drafts after a refusal, "
+                        "struck through)", container=False, elem_id="show-drafts")  # style.css shows them: no handler
             with gr.Row(equal_height=True):
                 with gr.Column(min_width=340):
                     pane_ar = gr.HTML(initial.pane_ar, elem_id="pane-ar")
                 with gr.Column(min_width=340):
-                    pane_spec = gr.HTML(initial.pane_spec, elem_id="pane-spec")
+                    pane_spec = gr.HTML(initial.pane_spec, elem_id="pane-spec", js_on_load=PICK_STEP_JS)
             summary = gr.HTML(initial.summary, elem_id="summary")
             with gr.Row():
                 plot_speed = gr.Plot(initial.speed, elem_id="plot-speed", show_label=False, min_width=380)
@@ -232,16 +263,23 @@ def build_ui() -> gr.Blocks:
                     tree_step = gr.Slider(1, 2, value=1, step=1, label="Step shown in the tree (after a run)",
                                           interactive=False, elem_id="tree-step")
             spec_events = gr.State([])  # this session's last finished speculative run, for the tree slider
+            recording = gr.State(None)  # this session's last finished race (logic.Snapshot), for the replay
 
             run_event = run.click(
                 zerogpu.gpu(run_race, run_seconds), inputs=[prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed,
                                                           lookup, retrieve],
                 outputs=[status, pane_ar, pane_spec, summary, plot_alpha, plot_speed, plot_accept, plot_tree,
-                         spec_events, tree_step],
+                         spec_events, tree_step, recording, replay_button],
                 concurrency_limit=1, concurrency_id=CONCURRENCY_ID, api_name="race_stream", show_progress="hidden")
-            stop.click(None, cancels=[run_event])
-            method.input(method_defaults, inputs=[method], outputs=[gamma, lookup, retrieve], api_visibility="private",
-                         show_progress="hidden")
+            replay_event = replay_button.click(
+                run_replay, inputs=[recording, pace],  # no model runs: its own queue, beside the device's
+                outputs=[status, pane_ar, pane_spec, summary, plot_alpha, plot_speed, plot_accept, plot_tree],
+                concurrency_limit=4, concurrency_id="replay", api_visibility="private", show_progress="hidden")
+            stop.click(None, cancels=[run_event, replay_event])
+            method.input(method_changed, inputs=[method], outputs=[draft, gamma, lookup, retrieve, method_note],
+                         api_visibility="private", show_progress="hidden")
+            pane_spec.select(pick_step, inputs=[spec_events], outputs=[plot_tree, tree_step], api_visibility="private",
+                             show_progress="hidden")
             tree_step.input(show_tree, inputs=[spec_events, tree_step], outputs=[plot_tree], api_visibility="private",
                             show_progress="hidden")
             gr.api(zerogpu.gpu(race_api, run_seconds), api_name="race", concurrency_limit=1,

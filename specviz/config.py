@@ -8,13 +8,20 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Union
 
+from specviz import methods as _methods
+
 DEFAULT_TARGET = "smollm2-135m"  # the embedded SmolLM2-135M-Instruct
 DEFAULT_DRAFT = "int8"           # an int8 copy of the target
-METHODS = ("ar", "vanilla", "pld", "eagle", "medusa", "layerskip", "draft")
-TRAINED_METHODS = ("eagle", "medusa", "layerskip", "draft")  # drafters trained against the target (python -m specviz train)
-CHAIN_METHODS = ("vanilla", "pld", "eagle", "medusa", "layerskip", "draft")  # draft a chain (Medusa: one draw per head): what the step-through view takes
-CHECK_METHODS = ("vanilla", "pld", "eagle", "medusa", "draft")  # chain drafters over the chain loop (layerskip has its own engine)
-LOOKUP_METHODS = ("eagle", "medusa")  # tree drafters that can verify prompt lookup's continuation as one more branch
+# the method names, derived from the registry (specviz/methods.py), which says what each method is
+METHODS = _methods.names()
+# drafters trained against the target (python -m specviz train)
+TRAINED_METHODS = _methods.names(lambda s: s.trained)
+# draft a chain (Medusa: one draw per head): what the step-through view takes
+CHAIN_METHODS = _methods.names(lambda s: s.chain)
+# chain drafters over the chain loop (layerskip has its own engine)
+CHECK_METHODS = _methods.names(lambda s: s.checkable)
+# tree drafters that can verify prompt lookup's continuation as one more branch
+LOOKUP_METHODS = _methods.names(lambda s: "lookup" in s.grafts)
 GAMMA_MAX = 16
 MAX_NEW_TOKENS_CAP = 2048
 
@@ -28,7 +35,8 @@ Gamma = Union[int, str]  # 1..GAMMA_MAX or "auto"
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    method: str = "vanilla"          # "ar" | "vanilla" (a draft model) | "pld" (prompt lookup) | "eagle" | "medusa" | "layerskip" | "draft"
+    # "ar" | "vanilla" (a draft model) | "pld" (prompt lookup) | "eagle" | "medusa" | "layerskip" | "draft"
+    method: str = "vanilla"
     gamma: Gamma = 4                 # drafted tokens per step, or "auto" (adaptive)
     temperature: float = 0.0         # 0 = greedy; > 0 = exact speculative sampling
     top_k: int = 0                   # 0 = off; else keep the k most likely tokens
@@ -141,9 +149,9 @@ def validate(cfg: DecodeConfig) -> None:
         if not 0 <= n <= GAMMA_MAX:
             raise ConfigError(f"{branch}={n} is out of range: use 0 (off) up to {GAMMA_MAX} "
                               f"{'tokens' if branch == 'lookup' else 'nodes'}")
-        if n and cfg.method not in LOOKUP_METHODS:
+        if n and branch not in _methods.spec(cfg.method).grafts:
             raise ConfigError(f"{branch}={n} applies to the tree drafters only: use it with "
-                              f"{' or '.join(LOOKUP_METHODS)}, not {cfg.method}")
+                              f"{' or '.join(_methods.names(lambda s: branch in s.grafts))}, not {cfg.method}")
         set_(branch, n)
 
 

@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Optional
 
-
 LOOKUP_HEAD = -1  # DraftToken.head of a node that prompt lookup grafted onto a tree (DecodeConfig.lookup)
 RETRIEVAL_HEAD = -2  # ... that the datastore of the target's own answers grafted (DecodeConfig.retrieve)
 
@@ -32,7 +31,8 @@ class DraftToken:
     accept_prob: Optional[float] = None   # min(1, p/q) when sampling; None for greedy or unjudged
     parent: int = -1                      # index of the parent node in `drafts`; -1 = the step's root
     depth: int = 0                        # 0-based draft position
-    head: int = 0                         # which drafter head proposed it (Medusa); 0 for chains; LOOKUP_HEAD, RETRIEVAL_HEAD: grafted
+    head: int = 0                         # which drafter head proposed it (Medusa); 0 for chains;
+                                          # LOOKUP_HEAD, RETRIEVAL_HEAD: grafted
     rank: int = 0                         # rank among the head's top-k candidates (trees)
 
     def to_dict(self) -> dict:

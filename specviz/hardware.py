@@ -18,6 +18,7 @@ import platform
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
+from specviz import methods as registry
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, TRAINED_METHODS, DecodeConfig
 
 GPU_TARGET = "HuggingFaceTB/SmolLM2-1.7B-Instruct"
@@ -77,35 +78,38 @@ class Pair:
 
 
 # The fastest shipped method on 2 CPU cores (README, Performance): EAGLE with prompt lookup's branch on its tree
-# (CPU_LOOKUPS below; and the datastore's, CPU_RETRIEVES), 1.60x AR on 48 Spec-Bench questions on an EPYC with AVX512-BF16 and faster than AR in every
-# category, against 1.35x for prompt lookup alone, 1.24x for EAGLE alone and 1.47x for Medusa with the branch, in one run
-# (assets/bench/spec_bench48-lookup-branch.json); on the app's default prompt 2.78x against pld:2's 1.75x
-# (assets/bench/app-examples-lookup-{a,b}.json). Before the branch, prompt lookup alone was the fastest: 1.38x against
-# EAGLE's 1.16x on an AMX Xeon (assets/bench/spec_bench48-eagle3-shipped.json), 1.34x against 1.20x on the EPYC
-# (assets/bench/spec_bench48-epyc-trees.json).
+# (CPU_LOOKUPS below; and the datastore's, CPU_RETRIEVES), 1.60x AR on 48 Spec-Bench questions on an EPYC with
+# AVX512-BF16 and faster than AR in every category, against 1.35x for prompt lookup alone, 1.24x for EAGLE alone and
+# 1.47x for Medusa with the branch, in one run
+# (experiments/results/spec_bench48-lookup-branch.json); on the app's default prompt 2.78x against pld:2's 1.75x
+# (experiments/results/app-examples-lookup-{a,b}.json). Before the branch, prompt lookup alone was the fastest:
+# 1.38x against EAGLE's 1.16x on an AMX Xeon (experiments/results/spec_bench48-eagle3-shipped.json), 1.34x against
+# 1.20x on the EPYC (experiments/results/spec_bench48-epyc-trees.json).
 CPU_METHOD = "eagle"
 # The fastest γ measured per method there: prompt lookup 2 (best of 1-3 on 13 Spec-Bench questions); EAGLE 2, the depth
 # of its tree chosen from held-out accuracy and the verify profile (a chain of 2 then, eagle:2 1.26x against eagle:1
-# 1.22x on the app's examples; now [(0), (1), (0, 0)], `python -m specviz tree`); the other trained chain drafters 1 (draft:1 0.95x against draft:4 0.60x on 48
-# questions, assets/bench/trained-drafters-gamma.json; the verify profile's best γ is 1 for layerskip and draft too,
+# 1.22x on the app's examples; now [(0), (1), (0, 0)], `python -m specviz tree`); the other trained chain drafters 1
+# (draft:1 0.95x against draft:4 0.60x on 48 questions, experiments/results/trained-drafters-gamma.json; the verify
+# profile's best γ is 1 for layerskip and draft too,
 # assets/profiles/profile-bf16.json). Medusa's γ caps its tree's depth and vanilla was not measured faster at another γ:
 # both keep DecodeConfig's.
 CPU_GAMMAS = (("pld", 2), ("eagle", 2), ("layerskip", 1), ("draft", 1))
 # Prompt lookup's branch on the tree drafters' trees (DecodeConfig.lookup), its length chosen on the app's 10 examples
 # (not on Spec-Bench): EAGLE with a branch of 2/3/4/6/8 tokens ran 1.37/1.39/1.46-1.49/1.53/1.46x AR, against 1.34x
-# without one (two runs on the EPYC, assets/bench/app-examples-lookup-{a,b}.json).
+# without one (two runs on the EPYC, experiments/results/app-examples-lookup-{a,b}.json).
 CPU_LOOKUP = 6
-CPU_LOOKUPS = (("eagle", CPU_LOOKUP), ("medusa", CPU_LOOKUP))
+CPU_LOOKUPS = tuple((m, CPU_LOOKUP) for m in registry.names(lambda s: "lookup" in s.grafts))  # eagle, medusa
 # The datastore's branch (DecodeConfig.retrieve, specviz/retrieval.py) beside it: EAGLE with both branches ran 1.57x
-# AR on Spec-Bench 48 against 1.55x with the lookup's alone (tau 2.41 against 2.18; assets/bench/spec_bench48-datastore.json;
-# 1.60x against 1.56x in a second run, assets/bench/spec_bench48-datastore-eos.json),
+# AR on Spec-Bench 48 against 1.55x with the lookup's alone (tau 2.41 against 2.18;
+# experiments/results/spec_bench48-datastore.json;
+# 1.60x against 1.56x in a second run, experiments/results/spec_bench48-datastore-eos.json),
 # and 1.47x against 1.35x on the app's 10 examples. Its length was chosen on 24 training prompts the target has not
 # answered (not Spec-Bench): 4, 6 and 10 tokens ran 1.79x, 1.79x and 1.75x against 1.74x without the branch
-# (assets/bench/train-unanswered24-datastore.json). Since it drafts a tree of up to that many nodes, on a 2-core AMX
-# Xeon: 1.74x AR (tau 2.54) against 1.69x (tau 2.61) with 12 nodes, one Spec-Bench 48 run
-# (assets/bench/spec_bench48-amx-datastore-tree.json).
+# (experiments/results/train-unanswered24-datastore.json). Since it drafts a tree of up to that many nodes, on a 2-core
+# AMX Xeon: 1.74x AR (tau 2.54) against 1.69x (tau 2.61) with 12 nodes, one Spec-Bench 48 run
+# (experiments/results/spec_bench48-amx-datastore-tree.json).
 CPU_RETRIEVE = 6
-CPU_RETRIEVES = (("eagle", CPU_RETRIEVE), ("medusa", CPU_RETRIEVE))
+CPU_RETRIEVES = tuple((m, CPU_RETRIEVE) for m in registry.names(lambda s: "retrieve" in s.grafts))
 CPU_GRAFTS = {"lookup": CPU_LOOKUP, "retrieve": CPU_RETRIEVE}  # bench `+pld` / `+ret` without a length
 EMBEDDED_PAIR = Pair(DEFAULT_TARGET, DEFAULT_DRAFT, method=CPU_METHOD, gammas=CPU_GAMMAS, lookups=CPU_LOOKUPS,
                      retrieves=CPU_RETRIEVES)
@@ -183,4 +187,7 @@ def describe(device: object, dtype: object) -> str:
         except Exception:  # a CUDA device this process cannot query: still say it was a GPU
             name = "CUDA GPU"
         return f"{name} (cuda), {dtype_name(dtype)}"
-    return f"CPU ({platform.machine() or 'unknown'}, {os.cpu_count() or '?'} cores), {dtype_name(dtype)}"
+    from specviz.models import kernels
+
+    kernel = f"; {kernels.describe()}" if dtype_name(dtype) == "bf16" else ""  # the C kernels serve bf16 only
+    return f"CPU ({platform.machine() or 'unknown'}, {os.cpu_count() or '?'} cores{kernel}), {dtype_name(dtype)}"

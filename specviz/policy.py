@@ -16,7 +16,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, MAX_NEW_TOKENS_CAP, MAX_PROMPT_CHARS, ConfigError, DecodeConfig
+from specviz.config import (
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    GAMMA_MAX,
+    MAX_NEW_TOKENS_CAP,
+    MAX_PROMPT_CHARS,
+    ConfigError,
+    DecodeConfig,
+)
 
 ALLOWED_DEFAULT = (DEFAULT_TARGET, DEFAULT_DRAFT, "HuggingFaceTB/SmolLM2-135M-Instruct",
                    "HuggingFaceTB/SmolLM2-360M-Instruct", "HuggingFaceTB/SmolLM2-1.7B-Instruct")
@@ -69,7 +77,8 @@ class Policy:
 
     def check_config(self, cfg: DecodeConfig) -> DecodeConfig:
         if cfg.max_new_tokens > self.max_new_tokens:
-            raise ConfigError(f"max_new_tokens={cfg.max_new_tokens} is above the limit here: use 1..{self.max_new_tokens}")
+            raise ConfigError(f"max_new_tokens={cfg.max_new_tokens} is above the limit here: "
+                              f"use 1..{self.max_new_tokens}")
         if cfg.gamma != "auto" and cfg.gamma > self.max_gamma:
             raise ConfigError(f"gamma={cfg.gamma} is above the limit here: use 1..{self.max_gamma} or 'auto'")
         if cfg.adaptive and cfg.gamma_auto_max > self.max_gamma:

@@ -47,7 +47,8 @@ def read(path: str | Path, jsonl_only: bool = False, fields: tuple[str, ...] = T
                         raise PromptFileError(f"{path}:{n} is not valid JSON") from None
                     text = _text(obj, fields)
                     if text is None:
-                        raise PromptFileError(f"{path}:{n} has no {fields[0]!r} text" + (f" (nor {' or '.join(map(repr, fields[1:]))})" if fields[1:] else ""))
+                        raise PromptFileError(f"{path}:{n} has no {fields[0]!r} text"
+                                              + (f" (nor {' or '.join(map(repr, fields[1:]))})" if fields[1:] else ""))
                     rows.append({"id": obj.get("id", obj.get("question_id", n)), "category": obj.get("category", "-"),
                                  "prompt": text})
                 else:

@@ -7,9 +7,9 @@ import warnings
 
 import pytest
 import torch
+from tiny import TinyTokenizer, tiny_model  # noqa: F401  (tests import tiny_model from here)
 
 from specviz.models import loader as models
-from tiny import TinyTokenizer, tiny_model  # noqa: F401  (tests import tiny_model from here)
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 torch.set_num_threads(2)

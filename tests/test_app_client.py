@@ -1,7 +1,6 @@
 """The app through a real client: launch it in-process on a free port and call the named /race endpoint."""
 from __future__ import annotations
 
-
 import pytest
 
 from specviz import hardware
@@ -30,7 +29,8 @@ def test_race_endpoint_greedy_matches_plain_decoding(client):
     assert 0.0 <= s["spec"]["alpha"] <= 1.0
     assert s["speedup"] > 0 and s["predicted_speedup"] > 0 and s["cost_ratio"] > 0
     pair = hardware.default_pair()
-    assert out["config"]["method"] == pair.method and out["config"]["gamma"] == pair.gamma  # this machine's default race
+    # this machine's default race
+    assert out["config"]["method"] == pair.method and out["config"]["gamma"] == pair.gamma
     assert out["config"]["max_new_tokens"] == N
 
 
@@ -43,7 +43,8 @@ def test_race_endpoint_prompt_lookup(client):
 
 @pytest.mark.parametrize("method", ["eagle", "medusa", "draft"])
 def test_race_endpoint_trained_drafters(client, method):
-    """The shipped EAGLE, Medusa and draft-model drafters through the app: identical to plain decoding, drafts accepted."""
+    """The shipped EAGLE, Medusa and draft-model drafters through the app: identical to plain decoding, drafts
+    accepted."""
     out = client.predict(prompt="Explain why the sky is blue.", method=method, max_new_tokens=N, api_name="/race")
     assert out["spec_text"] == out["ar_text"]
     s = out["summary"]

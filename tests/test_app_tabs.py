@@ -96,7 +96,8 @@ def test_check_tab_bad_values_are_one_line(client):
     # values the form's own limits would refuse, straight into the handler
     for kwargs, needle in [({"samples": 5}, "samples=5 is out of range"), ({"prompts": 9}, "prompts=9 is out of range"),
                            ({"method": "ar"}, "cannot be checked"), ({"temperature": 0}, "temperature=0")]:
-        out = run_check_ui(**{"method": "pld", "prompts": 1, "max_new_tokens": 8, **kwargs}, progress=lambda *a, **k: None)
+        out = run_check_ui(**{"method": "pld", "prompts": 1, "max_new_tokens": 8, **kwargs},
+                           progress=lambda *a, **k: None)
         assert needle in out[0] and out[-1] is None and "\n" not in out[0]
     out = client.predict(target="./no/such-model", method="pld", samples=20, prompts=1, max_new_tokens=8,
                          api_name="/check")

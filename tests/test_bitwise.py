@@ -203,8 +203,8 @@ def test_attention_kernel_builds_agree_bit_for_bit(length, rows, dim, heads, kv_
     answer never depends on which one the CPU runs: odd block counts (D 80, 48), short rows and a branch included."""
     from specviz.models import kernels
 
-    builds = {isa: kernels.library(isa) for isa in kernels.ISAS}
-    if any(lib is None for lib in builds.values()):
+    builds = {isa: lib for isa in kernels.ISAS if (lib := kernels.library(isa)) is not None}
+    if "avx2" not in builds or len(builds) < 2:
         pytest.skip("this CPU (or compiler) has no AVX-512 build to compare with the AVX2 one")
     generator = torch.Generator().manual_seed(1)
     q = torch.randn(rows, heads, dim, generator=generator)
@@ -216,7 +216,7 @@ def test_attention_kernel_builds_agree_bit_for_bit(length, rows, dim, heads, kv_
         offsets.append(len(index))
     index, offsets = torch.tensor(index, dtype=torch.int32), torch.tensor(offsets, dtype=torch.int64)
     out = {isa: kernels.attend(q, k, v, index, offsets, dim ** -0.5, isa=isa) for isa in builds}
-    assert torch.equal(out["avx2"], out["avx512"])
+    assert all(torch.equal(out["avx2"], other) for other in out.values())  # AVX-512, and AVX512-BF16 where there
     assert out["avx2"].abs().sum() > 0
 
 

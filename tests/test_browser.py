@@ -45,13 +45,7 @@ def test_run_in_browser(app_url, browser):
     for plot in PLOTS:
         n = page.evaluate(f"() => document.querySelector('#{plot} .js-plotly-plot')?.data?.length ?? 0")
         assert n >= 1, plot
-
-    ASSETS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ASSETS / "screenshot.png"), full_page=True)
-    page.set_viewport_size({"width": 420, "height": 900})
-    page.wait_for_timeout(500)
-    page.screenshot(path=str(ASSETS / "screenshot-narrow.png"), full_page=True)
-    page.close()
+    page.close()  # the README's race screenshots: tests/test_browser_race.py
 
 
 def test_bad_input_shows_a_readable_message(app_url, browser):

@@ -7,16 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from specviz.check import run as check, stats
-
 from specviz import metrics
-
-from specviz.core import profile
+from specviz.check import run as check
+from specviz.check import stats
 from specviz.cli.main import main
+from specviz.core import profile
+from specviz.core.sampling import pick, warp
 from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.speculative import Proposal
 from specviz.models.loader import ModelError, int8_copy
-from specviz.core.sampling import pick, warp
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -55,7 +54,8 @@ def test_batch_model_reduces_to_leviathan_on_a_flat_profile():
     flat = check.CostProfile("cpu", "float32", "sdpa", 0, 1, [1, 64], [0.01, 0.01], [0.01, 0.01])
     for alpha, gamma, c in [(0.8, 4, 0.1), (0.5, 2, 0.3)]:
         assert abs(check.speedup_at(alpha, gamma, c, 1, flat) - metrics.predicted_speedup(alpha, gamma, c)) < 1e-12
-    linear = check.CostProfile("cpu", "float32", "sdpa", 0, 1, [1, 2, 4], [0.01, 0.02, 0.04], [0.01, 0.02, 0.04])  # cost ∝ tokens
+    # cost ∝ tokens
+    linear = check.CostProfile("cpu", "float32", "sdpa", 0, 1, [1, 2, 4], [0.01, 0.02, 0.04], [0.01, 0.02, 0.04])
     assert check.speedup_at(0.8, 4, 0.0, 1, linear) == pytest.approx(metrics.expected_tokens_per_step(0.8, 4) / 5)
     assert linear.time(8) == pytest.approx(0.08)  # linear beyond the largest size
     assert linear.ratio(4) == pytest.approx(4.0) and metrics.best_gamma(0.8, 0.0, linear, range(1, 5)) == 1
@@ -169,7 +169,8 @@ def test_planted_sampling_bug_is_reported_incorrect(target):
     assert not report.correct and report.verdict.startswith("INCORRECT: sampling is not exact")
 
 
-@pytest.mark.parametrize("which", [["--draft", "int8"], ["--method", "pld"], ["--method", "eagle"], ["--method", "draft"]])
+@pytest.mark.parametrize("which", [["--draft", "int8"], ["--method", "pld"], ["--method", "eagle"],
+                                   ["--method", "draft"]])
 def test_check_cli_reports_on_real_pair(target, tmp_path, capsys, which):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps(r) for r in TWO_PROMPTS) + "\n")
@@ -191,9 +192,11 @@ def test_check_cli_reports_on_real_pair(target, tmp_path, capsys, which):
     assert d["payoff"]["profile"]["tokens"] == list(profile.SIZES) and d["payoff"]["batch_curve"]
     fd = d["payoff"]["first_draft"]
     assert fd["repeat_steps"] + fd["new_steps"] > 0 and "where the answer repeats its context" in out
-    vocab = d["payoff"]["draft_vocab"]  # the shipped trained drafters compress their vocabulary; the others draft any token
+    # the shipped trained drafters compress their vocabulary; the others draft any token
+    vocab = d["payoff"]["draft_vocab"]
     if which[0] == "--method" and which[1] != "pld":
-        shipped = json.loads((ASSETS / "drafters" / f"smollm2-135m-{which[1]}" / "config.json").read_text())["draft_vocab"]
+        config = json.loads((ASSETS / "drafters" / f"smollm2-135m-{which[1]}" / "config.json").read_text())
+        shipped = config["draft_vocab"]
         assert vocab["size"] == shipped and 0.5 < vocab["coverage"] <= 1.0
         assert f"draft vocabulary of {shipped} tokens holds {vocab['coverage']:.1%} of the target's tokens here" in out
     else:

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from specviz.models import loader as models
 from specviz.cli.main import main, read_prompts
 from specviz.config import ConfigError, DecodeConfig, check_prompt
+from specviz.models import loader as models
 
 BAD = [
     (["--gamma", "0"], "gamma=0 is out of range"),
@@ -56,7 +56,8 @@ def test_incompatible_tokenizer_is_refused(target, tiny_target):
 def test_read_prompts_formats(tmp_path):
     jl = tmp_path / "q.jsonl"
     jl.write_text('{"question_id": 1, "category": "a", "turns": ["one", "two"]}\n'
-                  '{"id": "x", "category": "b", "prompt": "three"}\n{"question_id": 3, "category": "a", "turns": ["four"]}\n')
+                  '{"id": "x", "category": "b", "prompt": "three"}\n'
+                  '{"question_id": 3, "category": "a", "turns": ["four"]}\n')
     rows = read_prompts(str(jl), None, 2)
     assert [(r["id"], r["category"], r["prompt"]) for r in rows] == [(1, "a", "one"), ("x", "b", "three")]
     txt = tmp_path / "p.txt"
@@ -82,8 +83,8 @@ def test_bench_json_on_real_target(target, tmp_path, capsys):
                        '{"id": 2, "category": "writing", "prompt": "Write a haiku about rain."}\n')
     out = tmp_path / "bench.json"
     second = "eagle:2@assets/drafters/smollm2-135m-eagle"  # a second EAGLE drafter (here the same folder) over one AR
-    code = main(["bench", "--prompts", str(prompts), "--method", "vanilla", "pld", "eagle:1", second, "eagle+pld:3+ret:3",
-                 "--max-new-tokens",
+    code = main(["bench", "--prompts", str(prompts), "--method", "vanilla", "pld", "eagle:1", second,
+                 "eagle+pld:3+ret:3", "--max-new-tokens",
                  "12", "--compare-hf", "--json", str(out), "--device", "cpu", "--dtype", "float32"])
     assert code == 0
     report = json.loads(out.read_text())

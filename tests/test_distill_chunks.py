@@ -6,12 +6,11 @@ import json
 
 import pytest
 import torch
-
-from specviz.train import distill
-
-from specviz.models import loader as models
-from specviz.cli.main import main
 from tiny import tiny_model
+
+from specviz.cli.main import main
+from specviz.models import loader as models
+from specviz.train import distill
 
 SETTINGS = {"target": "tiny", "gguf_file": None, "dtype": "float32", "attention": "sdpa", "max_new_tokens": 4,
             "greedy": True, "chunk_size": 3}

@@ -8,22 +8,20 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from specviz.train import distill, loop as train
-
-from specviz.drafters import trained as drafters
+from tiny import random_drafter, tiny_model
 
 from specviz import engines
 from specviz.cli.main import main
 from specviz.config import DecodeConfig
+from specviz.drafters import trained as drafters
 from specviz.engines.draft_model import DistilledDrafter
 from specviz.engines.eagle import EagleDrafter
 from specviz.engines.layerskip import LayerSkipEngine, SplitLM
 from specviz.engines.tree import eagle_tree_engine, medusa_engine
 from specviz.events import Verdict
 from specviz.models.loader import ModelError
-
-from tiny import random_drafter, tiny_model
+from specviz.train import distill, features, losses
+from specviz.train import loop as train
 
 
 def engine_for(target, d: drafters.Drafter, tree: bool = False):
@@ -38,8 +36,10 @@ def engine_for(target, d: drafters.Drafter, tree: bool = False):
     return engines.SpeculativeEngine("eagle", target, EagleDrafter(d, "test"))
 
 
-@pytest.mark.parametrize("kind,extra,tree", [("eagle", {}, False), ("eagle", {}, True), ("medusa", {"medusa_heads": 3}, True),
-                                             ("layerskip", {"exit_layer": 1}, False), ("draft", {"draft_layers": [0]}, False)])
+@pytest.mark.parametrize("kind,extra,tree", [("eagle", {}, False), ("eagle", {}, True),
+                                             ("medusa", {"medusa_heads": 3}, True),
+                                             ("layerskip", {"exit_layer": 1}, False),
+                                             ("draft", {"draft_layers": [0]}, False)])
 @pytest.mark.parametrize("compressed", [False, True])
 def test_greedy_identity_tiny(tiny_target, kind, extra, tree, compressed):
     vocab_ids = torch.arange(0, 64, 2) if compressed else None
@@ -219,7 +219,7 @@ def test_head_kl_is_the_kl_of_the_logits_and_its_gradient(monkeypatch, bf16):
     """train.head_kl, computed a block of rows at a time with its gradient taken in the same pass, gives the
     masked mean KL(softmax(true @ head.T) || softmax(pred @ head.T)), its gradient, and the top tokens, as the
     whole-tensor formula does (in bf16 autocast its matmuls round: then only close)."""
-    monkeypatch.setattr(train, "HEAD_BLOCK", 7)  # several blocks and a ragged last one
+    monkeypatch.setattr(losses, "HEAD_BLOCK", 7)  # several blocks and a ragged last one
     gen = torch.Generator().manual_seed(0)
     head = torch.randn(50, 16, generator=gen)
     true = torch.randn(3, 11, 16, generator=gen)
@@ -266,8 +266,8 @@ def test_training_smoke(tmp_path, kind):
     data = tmp_path / "prompts.txt"
     data.write_text("\n".join(" ".join(str((i * 7 + j) % 60 + 1) for j in range(6)) for i in range(24)))
     opts = train.TrainOptions(kind=kind, out=tmp_path / "run", target="tiny", data=str(data), steps=12,
-                              batch_tokens=512, lr=3e-3, draft_vocab=32, medusa_heads=2, max_new_tokens=16, exit_layer=1,
-                              draft_layers=(0,), eval_prompts=1, checkpoint_every=6)
+                              batch_tokens=512, lr=3e-3, draft_vocab=32, medusa_heads=2, max_new_tokens=16,
+                              exit_layer=1, draft_layers=(0,), eval_prompts=1, checkpoint_every=6)
     result = train.train(opts, log=lambda *_: None, target=target)
     assert sum(result.losses[-3:]) < sum(result.losses[:3])
     assert result.held_out["identical"] == "1/1"
@@ -295,7 +295,8 @@ def test_training_smoke(tmp_path, kind):
     assert f"--init {result.folder}" in (warmed.folder / "README.md").read_text()
     # --init with another --draft-vocab: the same weights read other rows of the target's head, the N most
     # frequent tokens of the data, and the run still decodes exactly
-    wider = train.train(dataclasses.replace(warm, out=tmp_path / "wider", draft_vocab=48), log=lambda *_: None, target=target)
+    wider = train.train(dataclasses.replace(warm, out=tmp_path / "wider", draft_vocab=48), log=lambda *_: None,
+                        target=target)
     cfg, state = drafters.read_layout(wider.folder, target)
     seqs = list(distill.sequences(distill.split(distill.read_examples(tmp_path / "run" / "data.jsonl"))[0]))
     assert cfg.draft_vocab == 48 and state["vocab_ids"].tolist() == drafters.frequent_vocab(seqs, 64, 48).tolist()
@@ -362,8 +363,8 @@ def test_eagle_tree_top_path_equals_the_chain(tiny_target):
     """The level-by-level tree expansion (masks, positions, KV) drafts, along its all-rank-0 path, exactly
     the tokens the chain drafter drafts one by one."""
     from specviz.core.cache import CachedLM
-    from specviz.engines.tree import EagleProposer
     from specviz.core.trees import Tree
+    from specviz.engines.tree import EagleProposer
 
     d = random_drafter(tiny_target, "eagle", torch.arange(0, 64, 2), seed=4)
     tokens = [3, 8, 13, 21, 34, 55, 2, 7]
@@ -408,7 +409,8 @@ def test_split_forward_runs_the_prompts_late_layers_alone(tiny_target):
     tokens = [3, 8, 13, 21, 34, 55, 2, 7, 9, 11]
     lm = SplitLM(tiny_target.model, tiny_target.device, 1)
     calls, layers = [], lm._layers
-    lm._layers = lambda hidden, start, which: calls.append((which[0], start, hidden.shape[1])) or layers(hidden, start, which)
+    lm._layers = lambda hidden, start, which: (calls.append((which[0], start, hidden.shape[1]))
+                                               or layers(hidden, start, which))
     lm.early(tokens[:6])  # the prompt, then two drafts through the first layer only
     lm.early(tokens[:7])
     split = lm.logits(tokens[:6], tokens[6:8], keep=3)
@@ -459,7 +461,7 @@ def test_feature_pass_batches_sequences_without_changing_them(tmp_path, tiny_tar
     """train.features_for runs sequences of similar length together, right-padded, up to FEATURE_TOKENS padded
     tokens a forward: each sequence's rows are still those of its own forward, in the data's order ([final |
     the fused layers])."""
-    monkeypatch.setattr(train, "FEATURE_TOKENS", tokens)
+    monkeypatch.setattr(features, "FEATURE_TOKENS", tokens)
     examples = [{"prompt_ids": [3 + i, 5, 7][: 1 + i % 3], "answer_ids": [9, 11 + i, 4][: 1 + (i * 2) % 3]}
                 for i in range(11)]  # lengths 2..6, two batches
     feats, seqs = train.features_for(examples, tiny_target, tmp_path / "f.f16", lambda *_: None, layers=(1, 0))
@@ -474,7 +476,7 @@ def test_feature_pass_batches_sequences_without_changing_them(tmp_path, tiny_tar
 def test_feature_pass_resumes_after_a_kill_and_is_reused(tmp_path, tiny_target, monkeypatch):
     """The features file is memory-mapped and its .json records the groups done: a pass killed part-way redoes only
     the groups after the last record, a finished one is reused as it is, and other layers start over."""
-    monkeypatch.setattr(train, "FEATURE_TOKENS", 10)
+    monkeypatch.setattr(features, "FEATURE_TOKENS", 10)
     examples = [{"prompt_ids": [3 + i, 5, 7][: 1 + i % 3], "answer_ids": [9, 11 + i, 4][: 1 + (i * 2) % 3]}
                 for i in range(11)]
     path, logs = tmp_path / "f.f16", []
@@ -536,8 +538,8 @@ def test_eagle3_layout_loads(tmp_path, tiny_target):
     state["embed_tokens.weight"] = torch.randn(64, 32)
     torch.save(state, tmp_path / "pytorch_model.bin")
     (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "intermediate_size": 64, "rms_norm_eps": 1e-6, "draft_vocab_size": 16,
+        "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 32, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 64, "rms_norm_eps": 1e-6, "draft_vocab_size": 16,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 1, 0]}}))
     d = drafters.load(tmp_path, tiny_target)
     assert d.kind == "eagle" and d.cfg.feature_layers == [1, 1, 0] and d.cfg.draft_vocab == 16
@@ -552,10 +554,12 @@ def test_eagle3_layout_loads(tmp_path, tiny_target):
     cfg = DecodeConfig(method="eagle", max_new_tokens=20)
     run = engines.generate(engine_for(tiny_target, d), [4, 5, 6], cfg)
     assert run.token_ids == engines.generate(engines.build("ar", tiny_target), [4, 5, 6], cfg).token_ids
-    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 32, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 16, 29]}}))
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"hidden_size": 32, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 16, 29]}}))
     with pytest.raises(drafters.DrafterError, match="has 2 layers"):
         drafters.load(tmp_path, tiny_target)
-    with pytest.raises(drafters.DrafterError, match="has its own LM head over 16 tokens, so draft-vocab=8 cannot apply"):
+    with pytest.raises(drafters.DrafterError,
+                       match="has its own LM head over 16 tokens, so draft-vocab=8 cannot apply"):
         train.rechoose_vocab(d.cfg, train.TrainOptions(init=tmp_path, draft_vocab=8), [[1, 2]], 64, print)
 
 
@@ -580,7 +584,8 @@ def test_tree_command_rechooses_tree(tmp_path, monkeypatch, capsys, kind):
 
     def profile_file(name, profile, cost, target_name="tiny"):  # as `python -m specviz profile --json` writes it
         path = tmp_path / name
-        path.write_text(json.dumps({"target": target_name, "profile": asdict(profile), "costs": [{"method": kind, "c": cost}]}))
+        path.write_text(json.dumps({"target": target_name, "profile": asdict(profile),
+                                    "costs": [{"method": kind, "c": cost}]}))
         return str(path)
 
     flat = metrics.CostProfile("cpu", "float32", "sdpa", 8, 1, [1, 32], [1.0, 1.0], [1.0, 1.0])
@@ -593,12 +598,14 @@ def test_tree_command_rechooses_tree(tmp_path, monkeypatch, capsys, kind):
     assert main(["tree", str(folder), *data_args, "--profile", steep_file]) == 0
     d = drafters.load(folder, target)
     assert len(d.cfg.tree) == 1 and d.cfg.training["tree_choice"]["nodes"] == 1
-    assert d.cfg.training["tree_choice"]["profile"] == steep_file and f"--profile {steep_file}" in (folder / "README.md").read_text()
+    assert d.cfg.training["tree_choice"]["profile"] == steep_file
+    assert f"--profile {steep_file}" in (folder / "README.md").read_text()
     # a profile that is not one, or another target's: one line, and the drafter is left as it was
     config = (folder / "config.json").read_text()
     assert main(["tree", str(folder), *data_args, "--profile", str(tmp_path / "run" / "data.jsonl")]) == 2
     assert "is not a verify profile written by `python -m specviz profile --json`" in capsys.readouterr().err
-    assert main(["tree", str(folder), *data_args, "--profile", profile_file("other.json", flat, 0.0, "smollm2-135m")]) == 2
+    other = profile_file("other.json", flat, 0.0, "smollm2-135m")
+    assert main(["tree", str(folder), *data_args, "--profile", other]) == 2
     assert "was measured on target 'smollm2-135m', not on the drafter's target 'tiny'" in capsys.readouterr().err
     assert (folder / "config.json").read_text() == config
     accuracy = d.cfg.training["head_rank_accuracy_held_out" if kind == "medusa" else "depth_rank_accuracy_held_out"]
@@ -613,9 +620,9 @@ def test_tree_command_rechooses_tree(tmp_path, monkeypatch, capsys, kind):
 
 
 def test_graft_follows_the_tree_then_grows_a_branch():
+    from specviz.core.trees import Tree
     from specviz.engines.tree import TreeProposal, graft
     from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD
-    from specviz.core.trees import Tree
 
     tree = Tree.from_choices([(0,), (1,), (0, 0)])
     prop = TreeProposal(tree, [10, 20, 30], [0.6, 0.3, 0.5], None, 2)
@@ -681,10 +688,10 @@ def test_datastore_branch_steps_aside_behind_a_full_lookup_match():
     shorter one, both."""
     from types import SimpleNamespace
 
-    from specviz.engines.tree import TreeEngine, TreeProposal, TreeRun
-    from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD
     from specviz.core.retrieval import Datastore
     from specviz.core.trees import Tree
+    from specviz.engines.tree import TreeEngine, TreeProposal, TreeRun
+    from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD
 
     store = Datastore([[2, 3, 40, 41], [9, 3, 40, 41]])
     prop = TreeProposal(Tree.from_choices([(0,)]), [99], [0.5], None, 1)
@@ -741,7 +748,8 @@ def test_small_drafters_run_in_bf16_on_the_row_kernel_beside_a_bf16_cpu_target(t
     fp32 = drafters.build_module(cfg)
     drafters.load_into(fp32, state, "fp32 copy")
     ids = target_bf16.encode_prompt("Explain why the sky is blue in two sentences.")
-    answer = engines.generate(engines.build("ar", target_bf16), ids, DecodeConfig(method="ar", max_new_tokens=24)).token_ids
+    answer = engines.generate(engines.build("ar", target_bf16), ids,
+                              DecodeConfig(method="ar", max_new_tokens=24)).token_ids
     with torch.inference_mode():
         out = target_bf16.model(torch.tensor([ids + answer]), output_hidden_states=True)
         feats = torch.cat([out.hidden_states[i] for i in cfg.feature_layers], -1)[:, :-1]  # (1, n - 1, 3d)
@@ -754,3 +762,22 @@ def test_small_drafters_run_in_bf16_on_the_row_kernel_beside_a_bf16_cpu_target(t
             tops.append(torch.nn.functional.linear(rows, d.head_weight.to(dtype)).argmax(-1))
     agree = float((tops[0] == tops[1]).float().mean())
     assert agree >= 0.9, agree
+
+
+def test_custom_loss_replaces_the_kinds_loss(tmp_path):
+    """train.train's custom_loss (an experiment's own loss: experiments/probes/copy_weight_train.py) runs in place
+    of the kind's, for the training steps and the held-out score alike."""
+    target = tiny_model(0)
+    data = tmp_path / "prompts.txt"
+    data.write_text("\n".join(" ".join(str((i * 7 + j) % 60 + 1) for j in range(6)) for i in range(24)))
+    training = []
+
+    def loss(module, *args, **kwargs):
+        training.append(module.training)
+        return train.eagle_loss(module, *args, **kwargs)
+
+    opts = train.TrainOptions(kind="eagle", out=tmp_path / "run", target="tiny", data=str(data), steps=2,
+                              batch_tokens=512, lr=3e-3, draft_vocab=32, max_new_tokens=16, eval_prompts=1,
+                              checkpoint_every=2)
+    train.train(opts, log=lambda *_: None, target=target, custom_loss=loss)
+    assert training.count(True) == 2 and training.count(False) >= 1

@@ -13,18 +13,19 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-import torch
-
 import test_drafters
 import test_engines
 import test_trees
-from specviz.check import run as check, stats
+import torch
+from tiny import tiny_model
+
 from specviz import engines, hardware
-from specviz.core import profile
+from specviz.check import run as check
+from specviz.check import stats
 from specviz.config import DecodeConfig
+from specviz.core import profile
 from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.speculative import SpeculativeEngine
-from tiny import tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device here (torch.cuda.is_available() is False): "

@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specviz.cli import main as cli
-
 from specviz import hardware
+from specviz.cli import main as cli
 from specviz.hardware import CPU_LOOKUP, EMBEDDED_PAIR, GPU_DRAFT, GPU_PAIR, GPU_TARGET
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -79,7 +78,7 @@ def test_describe(monkeypatch):
 def parsed(argv: list[str], pair: hardware.Pair, monkeypatch):
     monkeypatch.setattr(hardware, "default_pair", lambda device=None: pair)
     args = cli.parser().parse_args(argv)
-    cli._default_pair(args)
+    cli.default_pair(args)
     return args
 
 
@@ -129,7 +128,8 @@ def test_default_lookup_branch_rides_on_the_tree_drafters_only():
     refuses it) and the GPU pair measured none."""
     from specviz.config import LOOKUP_METHODS, DecodeConfig
 
-    assert CPU_LOOKUP > 0 and [EMBEDDED_PAIR.lookup_for(m) for m in LOOKUP_METHODS] == [CPU_LOOKUP] * len(LOOKUP_METHODS)
+    assert CPU_LOOKUP > 0
+    assert [EMBEDDED_PAIR.lookup_for(m) for m in LOOKUP_METHODS] == [CPU_LOOKUP] * len(LOOKUP_METHODS)
     assert EMBEDDED_PAIR.lookup_for("pld") == EMBEDDED_PAIR.lookup_for("vanilla") == DecodeConfig.lookup == 0
     assert GPU_PAIR.lookup_for("eagle") == 0
     for method in LOOKUP_METHODS:
@@ -137,11 +137,13 @@ def test_default_lookup_branch_rides_on_the_tree_drafters_only():
 
 
 def test_default_datastore_branch_rides_on_the_tree_drafters_only():
-    """Likewise the datastore's branch: on a CPU on EAGLE and Medusa with the embedded target, nowhere on the GPU pair."""
+    """Likewise the datastore's branch: on a CPU on EAGLE and Medusa with the embedded target, nowhere on the GPU
+    pair."""
     from specviz.config import LOOKUP_METHODS, DecodeConfig
     from specviz.hardware import CPU_GRAFTS, CPU_RETRIEVE
 
-    assert CPU_RETRIEVE > 0 and [EMBEDDED_PAIR.retrieve_for(m) for m in LOOKUP_METHODS] == [CPU_RETRIEVE] * len(LOOKUP_METHODS)
+    assert CPU_RETRIEVE > 0
+    assert [EMBEDDED_PAIR.retrieve_for(m) for m in LOOKUP_METHODS] == [CPU_RETRIEVE] * len(LOOKUP_METHODS)
     assert EMBEDDED_PAIR.retrieve_for("pld") == EMBEDDED_PAIR.retrieve_for("vanilla") == DecodeConfig.retrieve == 0
     assert GPU_PAIR.retrieve_for("eagle") == 0
     assert CPU_GRAFTS == {"lookup": CPU_LOOKUP, "retrieve": CPU_RETRIEVE}

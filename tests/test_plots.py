@@ -4,14 +4,17 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 
 import plotly.graph_objects as go
 import pytest
-from pathlib import Path
-
-from specviz.ui import plots
-from specviz.events import DraftToken as D, EmittedToken as E, StepEvent, Verdict as V
 from test_render import AR, FULL, NO_DRAFT, PARTIAL
+
+from specviz.events import DraftToken as D
+from specviz.events import EmittedToken as E
+from specviz.events import StepEvent
+from specviz.events import Verdict as V
+from specviz.ui import plots
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = [PARTIAL, FULL, NO_DRAFT]

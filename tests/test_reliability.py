@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from specviz import engines
-
 from specviz.models import loader as models
 from specviz.ui.logic import make_config
 
@@ -202,7 +201,8 @@ def failing_steps(original, after: int):
 
 
 def break_engines(monkeypatch, after: int = 1) -> None:
-    """Every run's engine fails after `after` steps: the chain drafters' and the tree drafters' (the CPU's default race)."""
+    """Every run's engine fails after `after` steps: the chain drafters' and the tree drafters' (the CPU's default
+    race)."""
     from specviz.engines.speculative import SpeculativeEngine
     from specviz.engines.tree import TreeEngine
 
@@ -241,7 +241,8 @@ class Exploit:
 @pytest.fixture(scope="module")
 def other_tokenizer_draft(tmp_path_factory) -> Path:
     """A tiny Llama with its own 64-word WordLevel tokenizer, saved like a real model folder."""
-    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as tok_models
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     folder = tmp_path_factory.mktemp("wordlevel-draft")
@@ -339,7 +340,8 @@ def test_public_mode_refuses_paths_and_unlisted_models_without_echoing_paths(cli
     for draft in (str(pickle_draft[0]), "./models/mine", "~/secret-model", "someone/unlisted-model"):
         message = race_error(client, draft=draft)
         assert "is not available here: use one of" in message, message
-    job = client.submit(*stream_args(GOOD, N)[:2], str(broken_folder), *stream_args(GOOD, N)[3:], api_name="/race_stream")
+    job = client.submit(*stream_args(GOOD, N)[:2], str(broken_folder), *stream_args(GOOD, N)[3:],
+                        api_name="/race_stream")
     job.result(timeout=60)
     assert "is not available here" in job.outputs()[-1][0] and str(broken_folder) not in job.outputs()[-1][0]
     # an operator allow-lists a folder that then fails to load: the message still names no path

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from html.parser import HTMLParser
 
 from specviz.ui import render
 from specviz.events import DraftToken as D, EmittedToken as E, StepEvent, Verdict as V
@@ -53,7 +54,7 @@ def test_html_every_token_has_data_verdict_and_title():
     verdicts = re.findall(r'data-verdict="(\w+)"', out)
     assert verdicts == ["accepted", "accepted", "rejected", "discarded", "resampled", "accepted", "accepted",
                         "bonus", "plain"]
-    assert len(re.findall(r"<span ", out)) == len(verdicts)
+    assert len(re.findall(r'<span class="sv-tok', out)) == len(verdicts)  # every token span has a verdict
     titles = re.findall(r'title="([^"]*)"', out)
     assert len(titles) == len(verdicts)
     assert "q_draft=0.800" in titles[1] and "p_target=0.700" in titles[1] and "min(1, p/q)=0.875" in titles[1]
@@ -77,3 +78,85 @@ def test_css_gives_each_verdict_a_second_cue_beside_colour():
 
 def test_ansi_without_colour_is_the_committed_text():
     assert render.to_ansi(render.spans([PARTIAL, FULL]), colour=False) == "The sky looks blue\n<b>"
+
+
+# a tree step: "The sky" kept on the path; two children of the path's end refused (the drafter's first guess " is",
+# then the lookup's " was"); two nodes on another branch never judged; the target writes " looks"
+TREE = StepEvent(3, (
+    D(11, "The", V.ACCEPTED, 0.9, 0.95, None, -1, 0),
+    D(21, "A", V.DISCARDED, 0.05, None, None, -1, 0, rank=1),
+    D(12, " sky", V.ACCEPTED, 0.8, 0.7, None, 0, 1),
+    D(22, " cat", V.DISCARDED, 0.3, None, None, 1, 1),
+    D(13, " is", V.REJECTED, 0.6, 0.1, None, 2, 2),
+    D(23, " was", V.REJECTED, 0.2, 0.05, None, 2, 2, head=-1),
+), (E(11, "The", V.ACCEPTED, 0.95), E(12, " sky", V.ACCEPTED, 0.7), E(15, " looks", V.RESAMPLED, 0.5)),
+    0.01, 0.02, 1, 1, 6)
+
+
+class _Reader(HTMLParser):
+    """The text a reader sees in a pane with the off-path drafts and the counts hidden, less the small refused
+    token: the committed tokens only (what the browser test reads from the page)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.text = [], []
+
+    def handle_starttag(self, tag, attrs):
+        cls = dict(attrs).get("class") or ""
+        skip = "sv-off" in cls or "sv-rejected" in cls or tag == "details"
+        self.stack.append(skip or (bool(self.stack) and self.stack[-1]))
+
+    def handle_endtag(self, tag):
+        self.stack.pop()
+
+    def handle_data(self, data):
+        if self.stack and not self.stack[-1]:
+            self.text.append(data)
+
+
+def committed_text(html: str) -> str:
+    reader = _Reader()
+    reader.feed(html.replace("<br>", ""))
+    return "".join(reader.text).replace("↵", "\n")
+
+
+def test_only_the_refusal_on_the_verified_path_stays_inline():
+    items = render.step_spans(TREE)
+    shown = [(s.text, s.verdict) for s in items if not s.off_path]
+    assert shown == [("The", V.ACCEPTED), (" sky", V.ACCEPTED), (" is", V.REJECTED), (" looks", V.RESAMPLED)]
+    assert sorted(s.text for s in items if s.off_path) == [" cat", " was", "A"]  # other branches, other refusals
+    assert render.refusal_index(TREE) == 4 and render.refusal_index(FULL) is None
+    chain = render.step_spans(PARTIAL)  # a chain: the refusal stays, the draft after it is off the path
+    assert [(s.text, s.off_path) for s in chain if s.verdict in (V.REJECTED, V.DISCARDED)] == [(" is", False),
+                                                                                                 (" red", True)]
+
+
+def test_pane_body_bands_each_step_and_counts_its_off_path_drafts():
+    out = render.pane_body_html([PARTIAL, FULL, TREE, NO_DRAFT])
+    steps = [(re.search(r"sv-band-(\d)", tag).group(1), re.search(r'data-step="(\d+)"', tag).group(1))
+             for tag in re.findall(r"<span [^>]*>", out) if "sv-step" in tag]
+    assert steps == [("0", "0"), ("1", "1"), ("1", "3"), ("0", "2")]  # one band per target forward, alternating
+    assert 'class="sv-tok sv-plain sv-step sv-band-0" data-step="2" data-verdict="plain"' in out  # one token: its band
+    counts = re.findall(r'<details class="sv-more" data-step="(\d+)"><summary[^>]*>\+(\d+)</summary>', out)
+    assert counts == [("0", "1"), ("3", "3")]  # no count where every draft was on the path
+    assert len(re.findall(r'class="sv-tok sv-\w+ sv-off"', out)) == 1 + 3  # inline, hidden unless asked for
+    assert re.search(r":has\(> \.sv-more\[open\]\) > \.sv-off \{ display: inline", render.CSS)  # opening shows them
+
+
+def test_a_pane_without_its_hidden_drafts_reads_as_the_committed_text():
+    spec = render.pane_body_html([PARTIAL, FULL, TREE])
+    committed = "".join(t.text for e in (PARTIAL, FULL, TREE) for t in e.emitted)
+    assert committed_text(spec) == committed
+
+
+def test_a_refused_newline_breaks_no_line():
+    e = StepEvent(0, (D(30, "\n", V.REJECTED, 0.5, 0.1, None, -1, 0),), (E(31, "!", V.RESAMPLED, 0.6),))
+    out = render.to_html(render.step_spans(e))
+    assert "↵<br>" not in out and "↵" in out
+    assert "↵<br>" in render.to_html(render.spans([FULL]))  # a committed one still does
+
+
+def test_spaces_are_not_underlined_or_struck():
+    out = render.to_html(render.spans([PARTIAL]))
+    assert '<span class="sv-sp"> </span>sky' in out
+    assert re.search(r"\.sv-sp \{[^}]*inline-block", render.CSS)

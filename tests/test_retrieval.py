@@ -1,6 +1,6 @@
 """The datastore of the target's own answers (specviz/retrieval.py): what a retrieval draft continues with."""
-from specviz.core import retrieval
 from specviz.config import DEFAULT_TARGET
+from specviz.core import retrieval
 from specviz.core.retrieval import Datastore
 
 

@@ -8,9 +8,11 @@ alarm probability of 1e-4.
 import pytest
 import torch
 
+from specviz.check.stats import first_tokens as first_token_counts
+from specviz.check.stats import random_dist, synthetic_pq, tv_bound
+from specviz.check.stats import tv_distance as tv
 from specviz.config import DecodeConfig
 from specviz.core.sampling import residual, verify_chain, warp
-from specviz.check.stats import first_tokens as first_token_counts, random_dist, synthetic_pq, tv_bound, tv_distance as tv
 
 N = 20000
 

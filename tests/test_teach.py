@@ -6,12 +6,12 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from specviz.ui import plots, teach
 from specviz.config import DecodeConfig
+from specviz.core.sampling import residual, verify_chain
 from specviz.engines import SpeculativeEngine, generate
 from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.pld import PromptLookupDrafter
-from specviz.core.sampling import residual, verify_chain
+from specviz.ui import plots, teach
 
 PROMPT = "1 2 3 4 5 6 1 2 3"  # repeats, so prompt lookup finds drafts
 

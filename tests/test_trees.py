@@ -47,7 +47,8 @@ def test_long_verification_forwards_run_in_pieces(tiny_target, max_rows):
     features and cache as one forward. A prompt's own forward is not cut."""
     tree = Tree.from_choices(CHOICES)
     nodes = node_tokens_for(tree)
-    whole, cut = CachedLM(tiny_target.model, tiny_target.device), CachedLM(tiny_target.model, tiny_target.device, max_rows=max_rows)
+    whole = CachedLM(tiny_target.model, tiny_target.device)
+    cut = CachedLM(tiny_target.model, tiny_target.device, max_rows=max_rows)
     sizes = []
     decoder = cut.decoder
     cut.decoder = lambda **kw: sizes.append(kw["input_ids"].shape[1]) or decoder(**kw)

@@ -9,14 +9,12 @@ import sys
 import textwrap
 
 import pytest
-
-from specviz.ui import teach
+from conftest import serving
 
 from specviz import zerogpu
 from specviz.config import DecodeConfig
 from specviz.policy import Policy
-
-from conftest import serving
+from specviz.ui import teach
 
 gradio_client = pytest.importorskip("gradio_client")
 import app  # noqa: E402  (gradio first: it imports `spaces` itself when it can, and then never again)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from specviz.drafters import trained as drafters
-
 from specviz.models import loader as models
 
 

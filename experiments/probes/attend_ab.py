@@ -54,13 +54,15 @@ for length, rows in ((300, 2), (300, 16), (800, 2), (800, 16)):
     q = torch.randn(rows, heads, dim, generator=generator)
     out = torch.empty_like(q)
     for name, (lib, _) in builds.items():
-        call = lambda: lib.attend_bf16(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), index.data_ptr(),
-                                       offsets.data_ptr(), rows, heads, kv_heads, dim, k.stride(0), dim ** -0.5, 2)
+        def call():
+            return lib.attend_bf16(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), index.data_ptr(),
+                                   offsets.data_ptr(), rows, heads, kv_heads, dim, k.stride(0), dim ** -0.5, 2)
         print(f"  {length} keys, {rows} rows, {name}: {30e3 * median_seconds(call, 300, warmup=20):.2f}")
 
 target = load("smollm2-135m")
 questions = [json.loads(line) for line in open(paths.SPEC_BENCH)]
-tree = Tree.from_choices([(0,), (0, 0), (0, 0, 0)] + [(1,) + (0,) * i for i in range(6)] + [(2,) + (0,) * i for i in range(6)])
+tree = Tree.from_choices([(0,), (0, 0), (0, 0, 0)] + [(1,) + (0,) * i for i in range(6)]
+                         + [(2,) + (0,) * i for i in range(6)])
 print("the target's forward (ms, median of 25, the two kernels interleaved)")
 for context in (150, 450, 800):
     ids = sum((target.encode_prompt(q["turns"][0]) for q in questions[:20]), [])[:context]

@@ -23,7 +23,8 @@ from specviz.train import distill  # noqa: E402
 from specviz.train import loop as train  # noqa: E402
 
 torch.set_num_threads(2)
-chunks = lambda r: [e for c in r for e in distill.read_examples(distill.PROMPTS_OUT / f"chunk-{c:05d}.jsonl.gz")]
+def chunks(r):
+    return [e for c in r for e in distill.read_examples(distill.PROMPTS_OUT / f"chunk-{c:05d}.jsonl.gz")]
 later, earlier = chunks(range(44, 78)), chunks(range(0, 44, 4))
 seqs = list(distill.sequences(later))
 for n in (8192, 16384):
@@ -34,7 +35,8 @@ for n in (8192, 16384):
         for t in e["answer_ids"]:
             total, static, with_context = total + 1, static + (t in vocab), with_context + (t in vocab or t in seen)
             seen.add(t)
-    print(f"coverage, {n} tokens: {static / total:.4f}, with the context's tokens {with_context / total:.4f} ({total} answer tokens)")
+    print(f"coverage, {n} tokens: {static / total:.4f}, with the context's tokens {with_context / total:.4f} "
+          f"({total} answer tokens)")
 
 target = models.load("smollm2-135m")
 d = drafters.load(paths.DRAFTERS / "smollm2-135m-eagle", target)

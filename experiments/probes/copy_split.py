@@ -19,12 +19,14 @@ from specviz.models import loader as models  # noqa: E402
 target = models.get()  # the default target in this device's default dtype (on a CPU what `bench` loads)
 folder = sys.argv[2] if len(sys.argv) > 2 else paths.DRAFTERS / "smollm2-135m-eagle"
 d = drafters.load(folder, target)
-layers = tuple(d.cfg.feature_layers); dec = target.model.get_decoder()
+layers = tuple(d.cfg.feature_layers)
+dec = target.model.get_decoder()
 data = json.load(open(sys.argv[1]))
 def copy_pred(seq, i, nmin=3, nmax=6):
     # token predicted after seq[:i] by the longest suffix (len nmin..nmax) seen earlier; None if none
     for n in range(nmax, nmin - 1, -1):
-        if i < n: continue
+        if i < n:
+            continue
         suf = seq[i - n:i]
         for j in range(i - n - 1, -1, -1):
             if seq[j:j + n] == suf:
@@ -39,7 +41,8 @@ for ex in data:
         out = dec(input_ids=torch.tensor([seq]), output_hidden_states=True)
     fused = torch.cat([out.hidden_states[k][0] for k in layers], -1).to(torch.float16)
     with torch.inference_mode():
-        m = d.module; T = len(seq)
+        m = d.module
+        T = len(seq)
         o, _ = m(m.lift(d.inputs(fused[:-1][None])), d.embed(torch.tensor(seq[1:]))[None], torch.arange(T - 1))
         dids = d.to_target_ids(d.logits(o[0]).argmax(-1))[:-1].tolist()  # row i predicts seq[i+2]
     P = len(ids)
@@ -48,10 +51,18 @@ for ex in data:
         hit = dids[pos - 2] == seq[pos]
         cp = copy_pred(seq, pos)
         k = "other" if cp is None else ("copy" if cp == seq[pos] else "copy_wrong")
-        tot[k][0] += hit; tot[k][1] += 1
-        if k == "copy": c[0] += hit; c[1] += 1
-        else: c[2] += hit; c[3] += 1
-allh = sum(v[0] for v in tot.values()); alln = sum(v[1] for v in tot.values())
+        tot[k][0] += hit
+        tot[k][1] += 1
+        if k == "copy":
+            c[0] += hit
+            c[1] += 1
+        else:
+            c[2] += hit
+            c[3] += 1
+allh = sum(v[0] for v in tot.values())
+alln = sum(v[1] for v in tot.values())
 print(f"all: top1 {allh/alln:.3f} over {alln}")
-for k, (h, n) in tot.items(): print(f"{k}: top1 {h/max(n,1):.3f} over {n} ({n/alln:.1%} of positions)")
-for cat, (a, b, e, f) in percat.items(): print(f"  {cat:15s} copy {a}/{b}  other {e}/{f}")
+for k, (h, n) in tot.items():
+    print(f"{k}: top1 {h/max(n,1):.3f} over {n} ({n/alln:.1%} of positions)")
+for cat, (a, b, e, f) in percat.items():
+    print(f"  {cat:15s} copy {a}/{b}  other {e}/{f}")

@@ -2,7 +2,8 @@
 (the longest earlier 3..6-token suffix match predicts the true next token) weighted W times the others.
 Usage: .venv/bin/python experiments/probes/copy_weight_train.py W [--] --init DRAFTER --out FOLDER [--steps N]
        [--lr LR] [--data FILE ...] [--batch-tokens N] [--seed N] [--precision P]
-(those of `python -m specviz train eagle`'s options, with its defaults; it trains through train.train's `custom_loss`)"""
+(those of `python -m specviz train eagle`'s options, with its defaults; it trains through train.train's
+`custom_loss`)"""
 import argparse
 import sys
 from pathlib import Path

@@ -52,7 +52,8 @@ for r in held:
                 nodes[order] += 1
                 beyond[order] += kept > d and got <= d
 print(f"held-out answers {len(held)}, datastore tokens {len(store)}")
-print("| lookup match (tokens) | positions | lookup's node accepted, depth 1..6 | datastore's own nodes | accepted beyond the lookup |")
+print("| lookup match (tokens) | positions | lookup's node accepted, depth 1..6 | datastore's own nodes "
+      "| accepted beyond the lookup |")
 print("|---|---|---|---|---|")
 for order in sorted(lookup_reached):
     n = lookup_reached[order]

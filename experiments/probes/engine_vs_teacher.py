@@ -47,4 +47,5 @@ for qid in map(int, sys.argv[1:]):
         # target's own argmax check
         tl = (target.model.lm_head.weight.float() @ final.float().T).T.argmax(-1)
         tgt_self = (tl[P-1:-1] == torch.tensor(seq[P:])).float().mean().item()
-    print(f"q{qid}: answer {len(ans)} engine depth1 rank0 acc {eng_acc:.3f} over {len(d1)}; teacher-forced top1 {hit.mean().item():.3f} over {len(hit)}; target self-consistency {tgt_self:.3f}")
+    print(f"q{qid}: answer {len(ans)} engine depth1 rank0 acc {eng_acc:.3f} over {len(d1)}; "
+          f"teacher-forced top1 {hit.mean().item():.3f} over {len(hit)}; target self-consistency {tgt_self:.3f}")

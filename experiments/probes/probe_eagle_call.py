@@ -1,4 +1,5 @@
-"""One call of the shipped EAGLE module (one row, or three rows with the fused features) and one read of its draft head, 300 cached positions, with an op profile. Usage: .venv/bin/python experiments/probes/probe_eagle_call.py"""
+"""One call of the shipped EAGLE module (one row, or three rows with the fused features) and one read of its draft
+head, 300 cached positions, with an op profile. Usage: .venv/bin/python experiments/probes/probe_eagle_call.py"""
 import sys
 from pathlib import Path
 
@@ -24,11 +25,15 @@ def timeit(f):
     return round(median_seconds(f, 100) * 1000, 3)
 with torch.inference_mode():
     out, kv = m(m.lift(d.inputs(feats)), d.embed(ids)[None], torch.arange(S), None)
-    one = lambda n: m(out[:, :n], d.embed(ids[:n])[None], torch.arange(S, S + n), kv)
-    ctx = lambda n: m(m.lift(d.inputs(feats[:, :n])), d.embed(ids[:n])[None], torch.arange(S, S + n), kv)
-    print("module 1 row", timeit(lambda: one(1)), "2 rows", timeit(lambda: one(2)), "ctx call 3 rows", timeit(lambda: ctx(3)))
+    def one(n):
+        return m(out[:, :n], d.embed(ids[:n])[None], torch.arange(S, S + n), kv)
+    def ctx(n):
+        return m(m.lift(d.inputs(feats[:, :n])), d.embed(ids[:n])[None], torch.arange(S, S + n), kv)
+    print("module 1 row", timeit(lambda: one(1)), "2 rows", timeit(lambda: one(2)),
+          "ctx call 3 rows", timeit(lambda: ctx(3)))
     print("head", timeit(lambda: d.logits(out[0, -1])))
     from torch.profiler import profile
     with profile() as p:
-        for _ in range(20): one(1)
+        for _ in range(20):
+            one(1)
     print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))

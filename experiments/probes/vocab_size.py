@@ -28,10 +28,12 @@ for f in sorted((paths.DISTILL / "prompts").glob("chunk-*.jsonl.gz")):
         counts += torch.bincount(torch.tensor(json.loads(line)["answer_ids"], dtype=torch.long), minlength=V)
 order = sorted(range(V), key=lambda i: (-int(counts[i]), i))
 data = json.load(open(sys.argv[1]))
-layers = tuple(d.cfg.feature_layers); dec = target.model.get_decoder()
+layers = tuple(d.cfg.feature_layers)
+dec = target.model.get_decoder()
 rows, truth, looked, seen = [], [], [], []
 for ex in data:  # the drafter's readout rows given the target's true features, and the token each should predict
-    seq = ex["prompt_ids"] + ex["answer_ids"]; P, T = len(ex["prompt_ids"]), len(seq)
+    seq = ex["prompt_ids"] + ex["answer_ids"]
+    P, T = len(ex["prompt_ids"]), len(seq)
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
         out = dec(input_ids=torch.tensor([seq]), output_hidden_states=True)
     fused = torch.cat([out.hidden_states[k][0] for k in layers], -1)
@@ -40,7 +42,8 @@ for ex in data:  # the drafter's readout rows given the target's true features, 
         o, _ = m(m.lift(d.inputs(fused[:-1][None])), d.embed(torch.tensor(seq[1:]))[None], torch.arange(T - 1))
         r = m.readout(o[0].reshape(-1, o.shape[-1]))  # row i predicts seq[i + 2]
     for pos in range(max(P, 2), T):
-        rows.append(r[pos - 2].float()); truth.append(seq[pos])
+        rows.append(r[pos - 2].float())
+        truth.append(seq[pos])
         looked.append(lookup(seq[:pos], 1, 3, 1) == [seq[pos]])  # prompt lookup's rule with its defaults (n 1..3)
         seen.append(seq[pos] in seq[:pos])
 rows, truth, looked, seen = torch.stack(rows), torch.tensor(truth), torch.tensor(looked), torch.tensor(seen)
@@ -59,6 +62,6 @@ if own is not None:
         top = own[(rows @ W[own].T).argmax(-1)]
     print(f"its own vocabulary {float((top == truth).float().mean()):.3f}")
     out = ~torch.isin(truth, own)  # the tokens its vocabulary can never draft
-    print(f"outside it: {int(out.sum())} tokens; prompt lookup (n 1..3) predicts {float(looked[out].float().mean()):.3f} "
-          f"of them, {float(seen[out].float().mean()):.3f} occur earlier in the context; "
-          f"the vocabulary or lookup holds {float((~out | looked).float().mean()):.4f} of all")
+    print(f"outside it: {int(out.sum())} tokens; prompt lookup (n 1..3) predicts "
+          f"{float(looked[out].float().mean()):.3f} of them, {float(seen[out].float().mean()):.3f} occur earlier in "
+          f"the context; the vocabulary or lookup holds {float((~out | looked).float().mean()):.4f} of all")

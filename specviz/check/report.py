@@ -18,15 +18,18 @@ color:#1f2328;line-height:1.45}
 h1{font-size:1.5em;margin:0 0 4px} h2{border-bottom:1px solid #d0d7de;padding-bottom:4px;margin-top:34px}
 h3{margin:20px 0 6px;font-size:1.05em}
 .verdict{font-size:1.35em;font-weight:600;padding:14px 18px;border-radius:8px;margin:14px 0}
-.ok{background:#dafbe1;border:2px solid #1a7f37;color:#0f5323} .bad{background:#ffebe9;border:2px solid #cf222e;color:#82071e}
+.ok{background:#dafbe1;border:2px solid #1a7f37;color:#0f5323}
+.bad{background:#ffebe9;border:2px solid #cf222e;color:#82071e}
 .meta{color:#57606a;font-size:.9em} table{border-collapse:collapse;margin:8px 0;font-size:.92em}
 th,td{border:1px solid #d0d7de;padding:4px 9px;text-align:left;vertical-align:top} th{background:#f6f8fa}
 td.num{text-align:right;font-variant-numeric:tabular-nums} .pass{color:#1a7f37;font-weight:600}
 .fail{color:#cf222e;font-weight:600} .tie{color:#bc4c00;font-weight:600} code{background:#f6f8fa;padding:0 3px}
-.kpis{display:flex;flex-wrap:wrap;gap:10px;margin:10px 0} .kpi{border:1px solid #d0d7de;border-radius:8px;padding:8px 14px;
+.kpis{display:flex;flex-wrap:wrap;gap:10px;margin:10px 0}
+.kpi{border:1px solid #d0d7de;border-radius:8px;padding:8px 14px;
 min-width:130px} .kpi b{display:block;font-size:1.4em} .kpi span{color:#57606a;font-size:.85em}
 .grid{display:grid;grid-template-columns:1fr 1fr;gap:12px} @media(max-width:900px){.grid{grid-template-columns:1fr}}
-.note{color:#57606a;font-size:.9em;max-width:900px} .tok{font-family:ui-monospace,monospace;background:#f6f8fa;padding:0 3px;white-space:pre}
+.note{color:#57606a;font-size:.9em;max-width:900px}
+.tok{font-family:ui-monospace,monospace;background:#f6f8fa;padding:0 3px;white-space:pre}
 """
 
 
@@ -94,9 +97,9 @@ def _greedy(d: dict) -> str:
             where = (f"token {div['index']}: …{_tok(div['context'])} then AR {_tok(div['ar_token'])} vs "
                      f"speculative {_tok(div['spec_token'])}; top-2 logit gap {div['top2_gap']:.2e}")
         cmp = r["comparison"]
-        rows.append([escape(str(r["id"])), escape(r["category"]), escape(r["prompt"][:70]) + ("…" if len(r["prompt"]) > 70 else ""),
-                     str(len(r["ar_ids"])), str(len(r["spec_ids"])), status, where, _f(cmp["spec"]["alpha"]),
-                     _f(cmp["speedup"]) + "×"])
+        rows.append([escape(str(r["id"])), escape(r["category"]),
+                     escape(r["prompt"][:70]) + ("…" if len(r["prompt"]) > 70 else ""), str(len(r["ar_ids"])),
+                     str(len(r["spec_ids"])), status, where, _f(cmp["spec"]["alpha"]), _f(cmp["speedup"]) + "×"])
     return _table(["id", "category", "prompt", "AR tokens", "spec tokens", "greedy identity", "first divergence",
                    "α", "speedup"], rows, {3, 4, 7, 8})
 
@@ -115,8 +118,8 @@ def _fidelity(f: dict, fig: _Figures) -> str:
             f"({fit['bins']} bins, tokens expected fewer than 5 times pooled): <b>p = {fit['p_value']:.3g}</b> "
             f"(fails below {f.get('p_value_min', 1e-3):g}). Total-variation distance over the bins "
             f"<b>{fit['tv']:.3f}</b>, bound {fit['tv_bound']:.3f} for n = {fit['n']} (an exact sampler stays below it "
-            f"with probability ≥ 1 − 10⁻⁴). {f['with_drafts']} of {f['samples']} steps counted verified drafted tokens; "
-            f"{f['first_accepted']} kept the first one.</p>")
+            f"with probability ≥ 1 − 10⁻⁴). {f['with_drafts']} of {f['samples']} steps counted verified drafted "
+            f"tokens; {f['first_accepted']} kept the first one.</p>")
     return text + fig(fidelity_figure(f))
 
 
@@ -138,8 +141,8 @@ def fidelity_figure(f: dict) -> go.Figure:
     """The first emitted token: the target's exact probabilities beside the observed frequencies."""
     top = f["top"]
     figure = go.Figure([
-        go.Bar(name="target's exact probability", x=[repr(t["token"])[1:-1] for t in top], y=[t["expected"] for t in top],
-               marker_color=GREY),
+        go.Bar(name="target's exact probability", x=[repr(t["token"])[1:-1] for t in top],
+               y=[t["expected"] for t in top], marker_color=GREY),
         go.Bar(name=f"observed over {f['samples']} seeds", x=[repr(t["token"])[1:-1] for t in top],
                y=[t["observed"] for t in top], marker_color=BLUE)])
     figure.update_layout(title="First token: expected vs observed (top 10)", barmode="group",
@@ -164,8 +167,8 @@ def gamma_figure(p: dict) -> Optional[go.Figure]:
     g = round(p["gamma_mean"]) if p["gamma_mean"] else None
     if p["gamma_curve"]:
         gs = [r["gamma"] for r in p["gamma_curve"]]
-        f2 = go.Figure([go.Scatter(x=gs, y=[r["leviathan"] for r in p["gamma_curve"]], name="Leviathan (verify costs 1 forward)",
-                                   line=dict(color=GREY, dash="dash")),
+        f2 = go.Figure([go.Scatter(x=gs, y=[r["leviathan"] for r in p["gamma_curve"]],
+                                   name="Leviathan (verify costs 1 forward)", line=dict(color=GREY, dash="dash")),
                         go.Scatter(x=gs, y=[r["with_profile"] for r in p["gamma_curve"]], name="with measured T(γ+1)",
                                    line=dict(color=BLUE))])
         if p["speedup"] is not None and g:
@@ -199,7 +202,8 @@ def batch_figure(p: dict) -> Optional[go.Figure]:
                                    name=f"γ={bc[0]['gamma']}", line=dict(color=BLUE)),
                         go.Scatter(x=[r["batch"] for r in bc], y=[r["best_speedup"] for r in bc], mode="lines+markers",
                                    name="best γ at each batch", line=dict(color=GREEN, dash="dot"),
-                                   text=[f"γ={r['best_gamma']}" for r in bc], hovertemplate="b=%{x}: %{y:.2f}× (%{text})")])
+                                   text=[f"γ={r['best_gamma']}" for r in bc],
+                                   hovertemplate="b=%{x}: %{y:.2f}× (%{text})")])
         f4.add_hline(y=1, line=dict(color=RED, width=1))
         f4.update_layout(title="Predicted speedup as the batch grows", xaxis=dict(title="batch size b", type="log",
                          tickvals=[r["batch"] for r in bc]), yaxis=dict(title="speedup over AR", rangemode="tozero"))
@@ -210,33 +214,36 @@ def batch_figure(p: dict) -> Optional[go.Figure]:
 def _payoff(p: dict, options: dict, fig: _Figures) -> str:
     g = round(p["gamma_mean"]) if p["gamma_mean"] else None
     kpis = [("α acceptance rate", _f(p["alpha"])), ("τ tokens / target forward", _f(p["tau"])),
-            ("c cost ratio", _f(p["cost_ratio"], ".3f")), ("measured speedup (median over prompts)", _f(p["speedup"]) + "×"),
+            ("c cost ratio", _f(p["cost_ratio"], ".3f")),
+            ("measured speedup (median over prompts)", _f(p["speedup"]) + "×"),
             (f"Leviathan prediction (γ={g})", _f(p["predicted_speedup"]) + "×"),
-            ("best γ (Leviathan)", f"{p['best_gamma']} → {_f(p['best_gamma_speedup'])}×" if p["best_gamma"] else "–"),
+            ("best γ (Leviathan)",
+             f"{p['best_gamma']} → {_f(p['best_gamma_speedup'])}×" if p["best_gamma"] else "–"),
             ("best γ (with this device's verify cost)",
              f"{p['best_gamma_hw']} → {_f(p['best_gamma_hw_speedup'])}×" if p["best_gamma_hw"] else "–")]
     out = ['<div class="kpis">' + "".join(f'<div class="kpi"><b>{v}</b><span>{escape(k)}</span></div>' for k, v in kpis)
            + "</div>"]
     spread = [c["speedup"] for c in p["by_category"] if c["speedup"] is not None]
     if len(spread) > 1:
-        out.append(f"<p class='note'>Per-category speedups range {min(spread):.2f}× … {max(spread):.2f}×: on a machine "
-                   "shared with other work, wall-clock timings of sequential runs are noisy; α, τ and c are steadier.</p>")
+        out.append(f"<p class='note'>Per-category speedups range {min(spread):.2f}× … {max(spread):.2f}×: on a "
+                   "machine shared with other work, wall-clock timings of sequential runs are noisy; α, τ and c are "
+                   "steadier.</p>")
     out.append(f"<p class='meta'>AR {p['ar_tok_per_s']:.1f} tok/s, speculative {p['spec_tok_per_s']:.1f} tok/s "
                f"(greedy, {options['max_new_tokens']} new tokens per prompt, compute seconds); speedup over all tokens "
                f"{_f(p['speedup_total'])}×. "
                f"c is measured {escape(p['cost_ratio_basis'])}. τ counts the resampled/bonus token (AR has τ = 1), "
                "as Spec-Bench, EAGLE and vLLM do.</p>")
     if p.get("first_draft"):
-        out.append(f"<p class='meta'>Does it copy? {escape(first_draft_sentence(p['first_draft']))}. A position repeats "
-                   "its context when the longest earlier match of its last 3–6 tokens predicts the target's token there "
-                   "(text copied from the prompt, or a loop): prompt lookup drafts exactly those.</p>")
+        out.append(f"<p class='meta'>Does it copy? {escape(first_draft_sentence(p['first_draft']))}. A position "
+                   "repeats its context when the longest earlier match of its last 3–6 tokens predicts the target's "
+                   "token there (text copied from the prompt, or a loop): prompt lookup drafts exactly those.</p>")
     if p.get("draft_vocab"):
         out.append(f"<p class='meta'>Its {escape(vocab_sentence(p['draft_vocab']))}. Here: AR's answers to these "
                    "prompts.</p>")
     out.append("<h3>By category</h3>" + _table(
         ["category", "prompts", "tokens", "α", "τ", "speedup"],
-        [[escape(c["name"]), str(c["prompts"]), str(c["new_tokens"]), _f(c["alpha"]), _f(c["tau"]), _f(c["speedup"]) + "×"]
-         for c in p["by_category"]], {1, 2, 3, 4, 5}))
+        [[escape(c["name"]), str(c["prompts"]), str(c["new_tokens"]), _f(c["alpha"]), _f(c["tau"]),
+          _f(c["speedup"]) + "×"] for c in p["by_category"]], {1, 2, 3, 4, 5}))
     figs = [fig(f) for f in (alpha_position_figure(p), gamma_figure(p), profile_figure(p), batch_figure(p)) if f]
     prof = p["profile"]
     out.append('<div class="grid">' + "".join(figs) + "</div>")
@@ -251,17 +258,17 @@ def _payoff(p: dict, options: dict, fig: _Figures) -> str:
     if p["batch_curve"]:
         rows = [[str(r["batch"]), str(r["verify_tokens"]) + (" (extrapolated)" if r["extrapolated"] else ""),
                  _f(r["speedup"]) + "×", f"{r['best_gamma']} → {_f(r['best_speedup'])}×"] for r in p["batch_curve"]]
-        out.append("<h3>The batching caveat</h3>" + _table(["batch b", "tokens in the verify forward", f"speedup at γ={g}",
-                                                              "best γ"], rows, {0, 1, 2}))
+        out.append("<h3>The batching caveat</h3>" + _table(["batch b", "tokens in the verify forward",
+                                                              f"speedup at γ={g}", "best γ"], rows, {0, 1, 2}))
         out.append(
             "<p class='note'>The model: with b sequences decoded together, one AR step is a forward of b tokens, "
-            "costing T(b), for b tokens. A speculative step drafts γ tokens (γ draft forwards, each c·T(b), assuming the "
-            "draft scales like the target) and verifies γ+1 tokens per sequence in one forward of b·(γ+1) tokens, "
+            "costing T(b), for b tokens. A speculative step drafts γ tokens (γ draft forwards, each c·T(b), assuming "
+            "the draft scales like the target) and verifies γ+1 tokens per sequence in one forward of b·(γ+1) tokens, "
             "costing T(b·(γ+1)), for b·E tokens, where E = (1 − α^(γ+1)) / (1 − α). So "
-            "<b>S(b) = E·T(b) / (γ·c·T(b) + T(b·(γ+1)))</b>. T is the measured profile above (interpolated; linear beyond "
-            "its largest size). At b = 1 with a flat T this is Leviathan et al.'s S = E / (γc + 1). While the device is "
-            "memory-bound T barely grows and verification is almost free; once b·(γ+1) tokens make it compute-bound, "
-            "verifying rejected drafts costs real time and the speculative gain shrinks.</p>")
+            "<b>S(b) = E·T(b) / (γ·c·T(b) + T(b·(γ+1)))</b>. T is the measured profile above (interpolated; linear "
+            "beyond its largest size). At b = 1 with a flat T this is Leviathan et al.'s S = E / (γc + 1). While the "
+            "device is memory-bound T barely grows and verification is almost free; once b·(γ+1) tokens make it "
+            "compute-bound, verifying rejected drafts costs real time and the speculative gain shrinks.</p>")
     return "".join(out)
 
 

@@ -5,140 +5,42 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import warnings
 from pathlib import Path
 
-from specviz.config import (CHECK_METHODS, DEFAULT_TARGET, GAMMA_MAX, METHODS, TRAINED_METHODS, ConfigError, DecodeConfig,
-                            parse_gamma)
-from specviz.train.distill import CHUNK_SIZE as DISTILL_CHUNK, DEFAULT_BATCH as DISTILL_BATCH
-from specviz.hardware import GPU_DRAFT, GPU_TARGET
+from specviz import methods as registry
+from specviz.cli.bench import cmd_bench, read_prompts  # noqa: F401  (read_prompts: probes and tests)
+from specviz.cli.common import (
+    DEFAULTS,
+    PAIR_HELP,
+    InputError,
+    config_of,
+    decode_args,
+    default_pair,
+    draft_for,
+    load_target,
+)
+from specviz.config import CHECK_METHODS, DEFAULT_TARGET, GAMMA_MAX, METHODS, TRAINED_METHODS, ConfigError
+from specviz.train.distill import CHUNK_SIZE as DISTILL_CHUNK
+from specviz.train.distill import DEFAULT_BATCH as DISTILL_BATCH
 from specviz.train.loop import DRAFT_VOCAB, PRECISIONS, TREE_HELD_OUT, TrainOptions
-
-DEFAULTS = DecodeConfig()
-
-
-class InputError(ValueError):
-    """Bad CLI input other than a decode setting (a missing or malformed prompt file)."""
-
-
-PAIR_HELP = f"{DEFAULT_TARGET} on CPU; on a GPU {GPU_TARGET} with the draft {GPU_DRAFT}"
-
-
-def _default_pair(args) -> None:
-    """Left-out --target/--draft: this device's default pair (specviz/hardware.py; trained drafters keep their target)."""
-    if args.command not in ("generate", "bench", "check", "profile"):
-        return
-    from specviz import hardware
-
-    methods = [_method_spec(m)[0] for m in args.method] if isinstance(args.method, list) else [args.method or "vanilla"]
-    pair = hardware.GPU_PAIR  # for an explicit target: only the GPU pair's target comes with a draft of its own
-    if args.target is None:
-        pair = hardware.default_pair(args.device or None)
-        if pair.note:
-            print(f"specviz: {pair.note}", file=sys.stderr)
-        args.target = pair.target_for_all(methods)
-    if args.draft is None and (args.command != "check" or methods == ["vanilla"]):
-        args.draft = pair.draft_for(args.target)
-
-
-def _decode_args(p: argparse.ArgumentParser, methods=METHODS) -> None:
-    p.add_argument("--target", default=None, help=f"model spec: smollm2-135m, ORG/NAME, folder or .gguf (default {PAIR_HELP})")
-    p.add_argument("--draft", default=None, help="draft for vanilla: int8 or a model spec sharing the target's tokenizer (default: int8, or the GPU pair's draft)")
-    p.add_argument("--drafter", default=None, help="eagle, medusa, layerskip, draft: a folder written by `train` or a Hub id (default: the drafter shipped for the target)")
-    p.add_argument("--gamma", default=str(DEFAULTS.gamma), help=f"drafted tokens per step, 1..{GAMMA_MAX} or auto (default %(default)s)")
-    p.add_argument("--temperature", default=DEFAULTS.temperature, help="0 = greedy (default %(default)s)")
-    p.add_argument("--top-k", default=DEFAULTS.top_k, help="0 = off (default %(default)s)")
-    p.add_argument("--top-p", default=DEFAULTS.top_p, help="nucleus mass in (0, 1] (default %(default)s)")
-    p.add_argument("--max-new-tokens", default=DEFAULTS.max_new_tokens, help="(default %(default)s)")
-    p.add_argument("--seed", default=DEFAULTS.seed, help="(default %(default)s)")
-    p.add_argument("--lookup", default=DEFAULTS.lookup, help="eagle, medusa (greedy): also verify prompt lookup's "
-                   "continuation of up to this many tokens as one more branch of the tree; 0 = off (default %(default)s)")
-    p.add_argument("--retrieve", default=DEFAULTS.retrieve, help="eagle, medusa (greedy), the embedded target or a drafter "
-                   "trained on your own data: likewise up to this many nodes of what most often followed the context in the "
-                   "target's own answers (the datastore), a chain or a small tree; 0 = off (default %(default)s)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU and on CPUs with a bf16 vector path, else fp32), float32, bfloat16, float16")
-
-
-def _config(args, method: str, grafts: dict | None = None) -> DecodeConfig:
-    """The decode settings of the command line; `grafts` ({"lookup": n} and/or {"retrieve": n}, a bench entry's own
-    branches) overrides --lookup and --retrieve."""
-    branches = {"lookup": args.lookup, "retrieve": args.retrieve, **(grafts or {})}
-    return DecodeConfig(method=method, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
-                        top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed, **branches)
-
-
-def _target(args):
-    import torch
-
-    from specviz.models import loader as models
-
-    device = torch.device(args.device) if args.device else models.default_device()
-    if device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
-        raise ConfigError(f"device={args.device!r} is not available: use cpu" + (" or cuda" if torch.cuda.is_available() else ""))
-    return models.get(args.target, device, models.parse_dtype(args.dtype, device))
-
-
-def _draft_for(args, method: str) -> str | None:
-    """What a method drafts with: --drafter for the trained drafters, --draft for vanilla."""
-    return args.drafter if method in TRAINED_METHODS else args.draft
-
-
-GRAFTS = {"pld": "lookup", "ret": "retrieve"}  # bench `+kind[:n]` -> the DecodeConfig branch it sets
-
-
-def _method_spec(spec: str) -> tuple[str, str, dict, str, str]:
-    """A bench --method entry `name[:gamma][+pld[:n]][+ret[:n]][@drafter]` → (name, gamma, the branches it names
-    ({"lookup": n, "retrieve": n}), "@" or "", drafter)."""
-    from specviz.hardware import CPU_GRAFTS
-
-    head, at, what = spec.partition("@")
-    head, *extras = head.split("+")
-    name, _, gamma = head.partition(":")
-    grafts = {}
-    for extra in extras:
-        kind, _, n = extra.partition(":")
-        if kind not in GRAFTS:
-            raise ConfigError(f"method={spec!r}: + adds a branch to a tree drafter's tree: +pld (prompt lookup) or "
-                              "+ret (the datastore), each optionally :N tokens, e.g. eagle+pld:6+ret:6")
-        grafts[GRAFTS[kind]] = n or CPU_GRAFTS[GRAFTS[kind]]  # without :N, the length measured fastest on 2 CPU cores
-    return name, gamma, grafts, at, what
-
-
-def _bench_methods(specs: list[str], args) -> dict[str, tuple[str, str | None, dict, str | None]]:
-    """--method entries `name[:gamma][+pld[:n]][+ret[:n]][@drafter]` → {label: (method, gamma or None, branches,
-    what it drafts with)}. `@` names a drafter folder (or Hub id) for a trained method, a draft model for vanilla, so
-    one run can race two drafters of the same kind over the same AR baseline; without it, --drafter / --draft. `+pld`
-    and `+ret` graft prompt lookup's and the datastore's continuation onto a tree drafter's tree
-    (DecodeConfig.lookup, retrieve)."""
-    out = {}
-    for spec in specs:
-        name, gamma, grafts, at, what = _method_spec(spec)
-        if name not in METHODS or name == "ar":
-            raise ConfigError(f"method={name!r} is not benchmarkable: use {', '.join(m for m in METHODS if m != 'ar')}, "
-                              "optionally with :gamma, +pld, +ret and @drafter (AR is always the baseline)")
-        if at and (name == "pld" or not what):
-            raise ConfigError(f"method={spec!r}: @ names a drafter folder (eagle, medusa, layerskip, draft) or a draft "
-                              "model (vanilla), e.g. eagle@out/train/eagle/drafter; pld drafts from the prompt")
-        out[spec] = (name, gamma or None, grafts, what or _draft_for(args, name))
-    return out
 
 
 def cmd_generate(args) -> int:
     from specviz import metrics
-    from specviz.ui import render
-    from specviz.core import session
     from specviz.config import check_prompt
+    from specviz.core import session
+    from specviz.ui import render
 
-    cfg = _config(args, args.method)
+    cfg = config_of(args, args.method)
     check_prompt(args.prompt)  # before the model loads
-    prepared = session.prepare(args.prompt, cfg, _target(args), _draft_for(args, cfg.method))
+    prepared = session.prepare(args.prompt, cfg, load_target(args), draft_for(args, cfg.method))
     colour = sys.stdout.isatty() and not args.no_color or args.color
     out = sys.stdout
     lanes = {"ar": [], "spec": []}
-    stream = prepared.race() if args.race and cfg.method != "ar" else (
+    speculative = registry.spec(cfg.method).speculative
+    stream = prepared.race() if args.race and speculative else (
         session.Tick("spec", e, 0.0) for e in prepared.spec_steps())
     out.write(f"── {cfg.method} ──\n")
     for tick in stream:
@@ -147,8 +49,9 @@ def cmd_generate(args) -> int:
             out.write(render.to_ansi(render.spans([tick.event]), colour))
             out.flush()
     out.write("\n")
-    if cfg.method != "ar":
-        out.write("legend: " + (render.legend_ansi() if colour else "accepted rejected discarded resampled bonus") + "\n")
+    if speculative:
+        out.write("legend: "
+                  + (render.legend_ansi() if colour else "accepted rejected discarded resampled bonus") + "\n")
     spec = metrics.summarize(cfg.method, lanes["spec"])
     line = f"{spec.new_tokens} tokens in {spec.seconds:.2f} s compute = {spec.tok_per_s:.1f} tok/s · τ={spec.tau:.2f}"
     if spec.alpha is not None:
@@ -167,219 +70,21 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def read_prompts(path: str, categories: list[str] | None, limit: int | None) -> list[dict]:
-    """JSONL rows (id/question_id, category, prompt or turns) or plain text, one prompt a line.
-    --limit picks round-robin across categories so a small sample still spans them."""
-    file = Path(path)
-    if not file.is_file():
-        raise InputError(f"prompt file {path!r} does not exist")
-    rows = []
-    for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        if line.lstrip().startswith("{"):
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                raise InputError(f"{path}:{n} is not valid JSON") from None
-            prompt = obj.get("prompt") or (obj.get("turns") or [None])[0]
-            if not prompt:
-                raise InputError(f"{path}:{n} has neither 'prompt' nor 'turns'")
-            rows.append({"id": obj.get("id", obj.get("question_id", n)), "category": obj.get("category", "-"), "prompt": prompt})
-        else:
-            rows.append({"id": n, "category": "-", "prompt": line.strip()})
-    if categories:
-        known = sorted({r["category"] for r in rows})
-        unknown = [c for c in categories if c not in known]
-        if unknown:
-            raise InputError(f"categories {unknown} are not in {path}: use some of {', '.join(known)}")
-        rows = [r for r in rows if r["category"] in categories]
-    if limit is not None:
-        if limit < 1:
-            raise InputError(f"limit={limit} is out of range: use a positive integer")
-        by_cat: dict[str, list[dict]] = {}
-        for r in rows:
-            by_cat.setdefault(r["category"], []).append(r)
-        picked, queues = [], list(by_cat.values())
-        while len(picked) < limit and any(queues):
-            for q in queues:
-                if q and len(picked) < limit:
-                    picked.append(q.pop(0))
-        rows = picked
-    if not rows:
-        raise InputError(f"prompt file {path!r} holds no prompts")
-    return rows
-
-
-def _hf_assisted(target, draft, ids: list[int], cfg: DecodeConfig) -> tuple[list[int], float]:
-    """transformers' own assisted generation with the same draft and γ, greedy, timed."""
-    import torch
-
-    from specviz.core.cache import clock
-
-    input_ids = torch.tensor([ids], device=target.device)
-    kwargs = dict(assistant_model=draft.model, max_new_tokens=cfg.max_new_tokens, do_sample=False,
-                  num_assistant_tokens=cfg.initial_gamma(), num_assistant_tokens_schedule="constant",
-                  eos_token_id=sorted(target.eos_ids), pad_token_id=sorted(target.eos_ids)[0])
-    with torch.inference_mode():
-        t0 = clock(target.device)
-        out = target.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
-        t1 = clock(target.device)
-    return [int(t) for t in out[0, len(ids):]], t1 - t0
-
-
-def cmd_bench(args) -> int:
-    import torch
-    import transformers
-    from tqdm import tqdm
-
-    from specviz.drafters import trained as drafters
-
-    from specviz import engines, hardware, metrics
-
-    from specviz.models import loader as models
-    from specviz.core.lookup import RepeatSplit
-
-    methods = _bench_methods(args.method or ["vanilla", "pld"], args)
-    cfgs = {label: _config(args, m, grafts).with_(**({"gamma": parse_gamma(g)} if g else {}))
-            for label, (m, g, grafts, _) in methods.items()}
-    base = _config(args, "ar", {"lookup": 0, "retrieve": 0})
-    prompts = read_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
-    target = _target(args)
-    built = {label: engines.build(m, target, what) for label, (m, _, _, what) in methods.items()}
-    ar = engines.build("ar", target)
-    draft = models.load_draft(args.draft, target) if args.compare_hf else None
-    # a trained drafter's compressed vocabulary (target ids); None for the full one and other methods
-    vocabs = {label: getattr(engine, "draft_vocab_ids", None) for label, engine in built.items()}
-    refs = _reference_ars(target) if args.ar_reference else {}
-    # warm-up (first-call allocations), not timed
-    warm_ids = target.encode_prompt("Hello")
-    for e in [ar, *built.values(), *refs.values()]:
-        engines.generate(e, warm_ids, base.with_(max_new_tokens=16, method=e.method))
-    rows = []
-    for row in tqdm(prompts, desc="bench", unit="prompt", file=sys.stderr):
-        ids = target.encode_prompt(row["prompt"])
-        ar_run = engines.generate(ar, ids, base)
-        ar_sum = metrics.summarize("ar", ar_run.events)
-        results = []
-        for m in methods:
-            run = engines.generate(built[m], ids, cfgs[m])
-            s = metrics.summarize(m, run.events)
-            results.append((m, run.token_ids, s.seconds, s.alpha, s.tau, RepeatSplit.of(ids, run.events)))
-        for label, engine in refs.items():
-            ref = engines.generate(engine, ids, base)
-            results.append((label, ref.token_ids, metrics.summarize("ar", ref.events).seconds, None, None, None))
-        if draft is not None:
-            hf_ids, hf_s = _hf_assisted(target, draft, ids, base)
-            results.append(("hf-assisted", hf_ids, hf_s, None, None, None))
-        for m, token_ids, seconds, alpha, tau, split in results:
-            n = len(token_ids)
-            rows.append({
-                "id": row["id"], "category": row["category"], "method": m, "new_tokens": n,
-                "seconds": seconds, "tok_per_s": n / seconds if seconds else None,
-                "ar_seconds": ar_sum.seconds, "ar_tok_per_s": ar_sum.tok_per_s, "ar_new_tokens": ar_sum.new_tokens,
-                "speedup": (ar_sum.seconds / ar_sum.new_tokens) / (seconds / n) if n and seconds and ar_sum.new_tokens else None,
-                "alpha": alpha, "tau": tau,
-                "identical_to_ar": (token_ids == ar_run.token_ids) if base.greedy else None,
-                # the share of AR's tokens a compressed draft vocabulary holds (the rest can never be drafted)
-                "draft_vocab_coverage": drafters.coverage(vocabs.get(m), ar_run.token_ids),
-                # the first draft where the answer repeats its context and elsewhere (does the drafter copy?)
-                "first_draft": split.to_dict() if split else None,
-            })
-    summary = [_summarize_rows(m, [r for r in rows if r["method"] == m]) for m in dict.fromkeys(r["method"] for r in rows)]
-    report = {
-        "command": "python -m specviz " + " ".join(sys.argv[1:]),
-        "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
-        "hardware": hardware.describe(target.device, target.dtype), "attention": target.attention,
-        "pad_one_row": target.pad_one_row, "guarantee": target.guarantee,
-        "torch": torch.__version__, "transformers": transformers.__version__,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}",
-        "cpu": hardware.cpu_name(),
-        "target": args.target, "draft": args.draft, "config": base.to_dict(),
-        "summary": summary, "rows": rows,
-    }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=1))
-    print(format_summary(summary))
-    print(f"wrote {args.json}")
-    return 0
-
-
-def _reference_ars(target) -> dict:
-    """Plain AR as users run it elsewhere, beside the baseline: the same dtype with stock sdpa attention and no
-    padding row ("ar-sdpa", when the baseline is the bitwise engine), and fp32 ("ar-fp32")."""
-    import torch
-
-    from specviz import engines
-
-    from specviz.models import loader as models
-
-    refs = {}
-    if target.attention != "sdpa" or target.pad_one_row:
-        refs["ar-sdpa"] = engines.build("ar", models.get(target.name, target.device, target.dtype, attention="sdpa"))
-    if target.dtype != torch.float32:
-        refs["ar-fp32"] = engines.build("ar", models.get(target.name, target.device, torch.float32))
-    return refs
-
-
-def _summarize_rows(method: str, rows: list[dict]) -> dict:
-    """Totals over prompts: speedup = total AR seconds / total method seconds over the same tokens."""
-    tokens = sum(r["new_tokens"] for r in rows)
-    seconds = sum(r["seconds"] for r in rows)
-    ar_tokens = sum(r["ar_new_tokens"] for r in rows)
-    ar_seconds = sum(r["ar_seconds"] for r in rows)
-    ar_rate = ar_tokens / ar_seconds if ar_seconds else None
-    rate = tokens / seconds if seconds else None
-    alphas = [(r["alpha"], r["tau"], r["new_tokens"]) for r in rows if r["alpha"] is not None]
-    steps = sum(n / tau for _, tau, n in alphas if tau)
-    identical = [r["identical_to_ar"] for r in rows]
-    return {
-        "method": method, "prompts": len(rows), "new_tokens": tokens, "tok_per_s": rate, "ar_tok_per_s": ar_rate,
-        "speedup": rate / ar_rate if rate and ar_rate else None,
-        "alpha": (sum(a * n for a, _, n in alphas) / sum(n for *_, n in alphas)) if alphas else None,
-        "tau": (sum(n for *_, n in alphas) / steps) if steps else None,
-        "identical_all": None if None in identical else all(identical),
-        "draft_vocab_coverage": (sum(r["draft_vocab_coverage"] * r["ar_new_tokens"] for r in rows) / ar_tokens
-                                 if ar_tokens and all(r.get("draft_vocab_coverage") is not None for r in rows) else None),
-        "first_draft": _first_draft_total(rows),
-    }
-
-
-def _first_draft_total(rows: list[dict]) -> dict | None:
-    """The rows' RepeatSplit counts added up (None for the reference runs, which draft nothing)."""
-    from specviz.core.lookup import RepeatSplit
-
-    splits = [RepeatSplit.from_dict(r["first_draft"]) for r in rows if r.get("first_draft")]
-    return sum(splits, RepeatSplit()).to_dict() if splits else None
-
-
-def format_summary(summary: list[dict]) -> str:
-    f = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
-    lines = ["| method | prompts | tokens | tok/s | AR tok/s | speedup | α | τ | identical "
-             "| 1st draft right: repeats / new (share repeating) |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for s in summary:
-        fd = s.get("first_draft") or {}
-        split = (f"{f(fd.get('repeat_rate'), '.2f')} / {f(fd.get('new_rate'), '.2f')} ({f(fd.get('repeat_share'), '.0%')})"
-                 if fd else "-")
-        lines.append(f"| {s['method']} | {s['prompts']} | {s['new_tokens']} | {f(s['tok_per_s'], '.1f')} | "
-                     f"{f(s['ar_tok_per_s'], '.1f')} | {f(s['speedup'], '.2f')}× | {f(s['alpha'], '.2f')} | "
-                     f"{f(s['tau'], '.2f')} | {f(s['identical_all'], '')} | {split} |")
-    return "\n".join(lines)
-
-
 def cmd_check(args) -> int:
     """The drafter sanity check: compatible? correct? does it pay? Exit 0 when correct, 1 when not."""
     from tqdm import tqdm
 
-    from specviz.check import run as check, report
+    from specviz.check import report
+    from specviz.check import run as check
 
     given = {k: getattr(args, k) for k in ("gamma", "temperature", "samples", "max_new_tokens", "synthetic_samples")}
     options = check.CheckOptions(**{k: v for k, v in given.items() if v is not None})  # defaults live there
     prompts = read_prompts(args.prompts, None, args.limit) if args.prompts else None
     method = args.method or "vanilla"
-    if method == "pld" and args.draft:
-        raise InputError(f"--draft {args.draft!r} does not apply to pld (prompt lookup has no draft model): drop it")
-    target = _target(args)
+    if not registry.spec(method).has_weights and args.draft:
+        raise InputError(f"--draft {args.draft!r} does not apply to {method} ({registry.spec(method).label} has no "
+                         "draft model): drop it")
+    target = load_target(args)
     drafter, draft = check.drafter_for(method, target, args.draft)
     bars: dict[str, tqdm] = {}
 
@@ -427,11 +132,12 @@ def format_check(d: dict) -> str:
                          f"speculative {dv['spec_token']!r}, top-2 gap {dv['top2_gap']:.2e}"
                          + (" (near-tie)" if dv["near_tie"] else " (BUG)"))
     after = "" if fid.get("given") is None else f" after the prefill emitted {fid['given']!r}, of {fid['seeds']} seeds"
-    lines.append(f"   sampling fidelity ({fid['samples']} samples{after}, T={fid['temperature']:g}, prompt {fid['prompt_id']}): "
-                 f"chi2={fit['chi2']:.1f} dof={fit['dof']} p={fit['p_value']:.3g}, TV={fit['tv']:.3f} "
-                 f"(bound {fit['tv_bound']:.3f}) -> {'pass' if fid['passed'] else 'FAIL'}")
+    lines.append(f"   sampling fidelity ({fid['samples']} samples{after}, T={fid['temperature']:g}, prompt "
+                 f"{fid['prompt_id']}): chi2={fit['chi2']:.1f} dof={fit['dof']} p={fit['p_value']:.3g}, "
+                 f"TV={fit['tv']:.3f} (bound {fit['tv_bound']:.3f}) -> {'pass' if fid['passed'] else 'FAIL'}")
     if d["synthetic"]:
-        lines.append("   synthetic p/q: " + ", ".join(f"{s['name']} {'ok' if s['ok'] else 'FAIL'}" for s in d["synthetic"]))
+        lines.append("   synthetic p/q: "
+                     + ", ".join(f"{s['name']} {'ok' if s['ok'] else 'FAIL'}" for s in d["synthetic"]))
     lines.append(f"3. α={f(p['alpha'])} τ={f(p['tau'])} c={f(p['cost_ratio'], '.3f')} · speedup {f(p['speedup'])}× "
                  f"(Leviathan {f(p['predicted_speedup'])}×) · best γ {p['best_gamma']} (Leviathan), "
                  f"{p['best_gamma_hw']} (with this device's verify cost)")
@@ -443,7 +149,8 @@ def format_check(d: dict) -> str:
     for cat in p["by_category"]:
         lines.append(f"   {cat['name']}: α={f(cat['alpha'])} τ={f(cat['tau'])} speedup {f(cat['speedup'])}×")
     if p["batch_curve"]:
-        lines.append("   predicted speedup by batch: " + ", ".join(f"b={r['batch']} {r['speedup']:.2f}×" for r in p["batch_curve"]))
+        lines.append("   predicted speedup by batch: "
+                     + ", ".join(f"b={r['batch']} {r['speedup']:.2f}×" for r in p["batch_curve"]))
     lines.append(("verdict: " if d["correct"] else "verdict: ") + d["verdict"])
     return "\n".join(lines)
 
@@ -460,19 +167,21 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--race", action="store_true", help="also run plain AR on the race clock and report the speedup")
     g.add_argument("--no-color", action="store_true")
     g.add_argument("--color", action="store_true", help="force ANSI colours even when not a terminal")
-    _decode_args(g)
+    decode_args(g)
     b = sub.add_parser("bench", help="run methods against AR over a prompt file")
-    b.add_argument("--prompts", required=True, help="JSONL (id/question_id, category, prompt or turns) or one prompt a line")
+    b.add_argument("--prompts", required=True, help="JSONL (id/question_id, category, prompt or turns) or one prompt a "
+                                                    "line")
     b.add_argument("--method", nargs="+", help="methods to compare with AR, each optionally with its own γ and "
                    "drafter as name[:gamma][@drafter], e.g. vanilla:2 eagle:5 eagle@out/train/eagle/drafter (two EAGLE "
                    "drafters over one AR baseline; default: vanilla pld)")
     b.add_argument("--limit", type=int, default=None, help="at most N prompts, round-robin across categories")
     b.add_argument("--categories", default=None, help="comma-separated categories to keep")
-    b.add_argument("--compare-hf", action="store_true", help="add transformers' assisted generation with the same draft and γ")
+    b.add_argument("--compare-hf", action="store_true", help="add transformers' assisted generation with the same "
+                                                             "draft and γ")
     b.add_argument("--ar-reference", action="store_true", help="also time plain AR with stock sdpa attention and no "
                    "padding row (same dtype), and in fp32: the baseline is not slowed")
     b.add_argument("--json", required=True, help="output file")
-    _decode_args(b)
+    decode_args(b)
     c = sub.add_parser("check", help="drafter sanity check: compatible? correct? does it pay? (exit 1 when incorrect)")
     c.add_argument("--target", default=None, help=f"model spec (default {PAIR_HELP})")
     c.add_argument("--method", choices=CHECK_METHODS, default=None,
@@ -489,30 +198,36 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--report", default=None, help="write a self-contained HTML report here")
     c.add_argument("--json", default=None, help="write every figure as JSON here")
     c.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    c.add_argument("--dtype", default="auto", help="auto (bf16 on GPU and on CPUs with a bf16 vector path, else fp32), float32, bfloat16, float16")
+    c.add_argument("--dtype", default="auto", help="auto (bf16 on GPU and on CPUs with a bf16 vector path, else fp32), "
+                                                   "float32, bfloat16, float16")
     pr = sub.add_parser("profile", help="what verifying k tokens costs (T(k)) and each drafter's cost ratio c")
     pr.add_argument("--target", default=None, help=f"model spec (default {PAIR_HELP})")
     pr.add_argument("--draft", default=None, help="vanilla's draft: int8 (default) or a model spec")
-    pr.add_argument("--sizes", default=None, help="comma-separated tokens per forward (default 1,2,3,4,5,6,8,12,16,24,32)")
+    pr.add_argument("--sizes", default=None, help="comma-separated tokens per forward (default "
+                                                  "1,2,3,4,5,6,8,12,16,24,32)")
     pr.add_argument("--reps", default="5", help="timed forwards per size, median (default %(default)s)")
     pr.add_argument("--context", default="128", help="tokens already in the KV cache (default %(default)s)")
     pr.add_argument("--no-drafters", action="store_true", help="only T(k), not the drafters' c")
     pr.add_argument("--json", default=None, help="write the profile and the costs as JSON here")
     pr.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    pr.add_argument("--dtype", default="auto", help="auto (bf16 on GPU and on CPUs with a bf16 vector path, else fp32), float32, bfloat16, float16")
+    pr.add_argument("--dtype", default="auto", help="auto (bf16 on GPU and on CPUs with a bf16 vector path, else "
+                                                    "fp32), float32, bfloat16, float16")
     pr.set_defaults(method=None)
     t = sub.add_parser("train", help="train a drafter against the target (resumable)")
     t.add_argument("kind", choices=TRAINED_METHODS, help="eagle: one decoder layer over the target's features; "
-                   "medusa: heads proposing a candidate tree; layerskip: the target's first layers and an exit adapter; "
-                   "draft: a small distilled model sharing the target's embeddings and LM head")
+                   "medusa: heads proposing a candidate tree; layerskip: the target's first layers and an exit "
+                   "adapter; draft: a small distilled model sharing the target's embeddings and LM head")
     t.add_argument("--target", default=DEFAULT_TARGET, help="model spec (default %(default)s)")
     t.add_argument("--data", nargs="+", default=None, help="one or more files: your own prompts (JSONL with 'prompt', "
-                   "or one a line), which the target answers, and/or self-distillation ids (JSONL(.gz) of prompt_ids and "
-                   "answer_ids, used as they are), and/or folders written by `distill` (default: the committed self-distillation data)")
-    t.add_argument("--out", required=True, help="working folder: data, features, checkpoints; the drafter lands in OUT/drafter")
+                   "or one a line), which the target answers, and/or self-distillation ids (JSONL(.gz) of prompt_ids "
+                   "and answer_ids, used as they are), and/or folders written by `distill` (default: the committed "
+                   "self-distillation data)")
+    t.add_argument("--out", required=True, help="working folder: data, features, checkpoints; the drafter lands in "
+                                                "OUT/drafter")
     t.add_argument("--steps", default=str(TRAIN_DEFAULTS.steps), help="optimizer steps (default %(default)s)")
     t.add_argument("--epochs", default=None, help="instead of --steps: passes over the training tokens")
-    t.add_argument("--batch-tokens", default=str(TRAIN_DEFAULTS.batch_tokens), help="tokens per step (default %(default)s)")
+    t.add_argument("--batch-tokens", default=str(TRAIN_DEFAULTS.batch_tokens), help="tokens per step (default "
+                                                                                    "%(default)s)")
     t.add_argument("--lr", default=str(TRAIN_DEFAULTS.lr), help="peak learning rate (default %(default)s)")
     t.add_argument("--draft-vocab", default=None,
                    help=f"compressed draft vocabulary: the N tokens most frequent in the training data; 0 = full "
@@ -521,14 +236,16 @@ def parser() -> argparse.ArgumentParser:
                    help="eagle: fused = the target's hidden states after a low, a middle and a high layer (EAGLE-3); "
                    "final = its last hidden state only (EAGLE-1) (default %(default)s)")
     t.add_argument("--heads", default=str(TRAIN_DEFAULTS.medusa_heads), help="medusa heads (default %(default)s)")
-    t.add_argument("--exit-layer", default=str(TRAIN_DEFAULTS.exit_layer), help="layerskip: draft after this many target layers (default %(default)s)")
+    t.add_argument("--exit-layer", default=str(TRAIN_DEFAULTS.exit_layer), help="layerskip: draft after this many "
+                                                                                "target layers (default %(default)s)")
     t.add_argument("--draft-layers", default=",".join(map(str, TRAIN_DEFAULTS.draft_layers)),
                    help="draft: the target layers its own layers start from, comma-separated (default %(default)s)")
-    t.add_argument("--tree-size", default=str(TRAIN_DEFAULTS.tree_size), help="medusa: nodes in the candidate tree; for the default target, at most this many, the size "
-                   "chosen from held-out accuracy and the committed verify profile (default %(default)s)")
+    t.add_argument("--tree-size", default=str(TRAIN_DEFAULTS.tree_size), help="medusa: nodes in the candidate tree; "
+                   "for the default target, at most this many, the size chosen from held-out accuracy and the "
+                   "committed verify profile (default %(default)s)")
     t.add_argument("--precision", default=TRAIN_DEFAULTS.precision, choices=PRECISIONS,
-                   help="auto: the matmuls of training and of its feature pass in bf16 (autocast; weights and optimizer fp32) "
-                   "where the CPU has native bf16 (AVX512-BF16/AMX), else fp32 (default %(default)s)")
+                   help="auto: the matmuls of training and of its feature pass in bf16 (autocast; weights and "
+                   "optimizer fp32) where the CPU has native bf16 (AVX512-BF16/AMX), else fp32 (default %(default)s)")
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     t.add_argument("--init", default=None, help="start from this drafter folder of the same kind (e.g. a shipped one, "
                    "to go on training it on new data or your own domain): its weights, layout and draft vocabulary "
@@ -536,16 +253,20 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", default="0")
     tr = sub.add_parser("tree", help="re-choose a trained Medusa or EAGLE drafter's tree from its held-out accuracy "
                         "and a verify profile (the committed one, or --profile), without retraining")
-    tr.add_argument("drafter", help="a Medusa or EAGLE drafter folder trained here (e.g. assets/drafters/smollm2-135m-medusa)")
-    tr.add_argument("--data", nargs="+", default=None, help="self-distillation ids (JSONL(.gz)) or distill folders whose "
-                    "held-out split (every 20th example) is measured (default: the committed ids the drafter was trained on)")
+    tr.add_argument("drafter", help="a Medusa or EAGLE drafter folder trained here (e.g. "
+                                    "assets/drafters/smollm2-135m-medusa)")
+    tr.add_argument("--data", nargs="+", default=None, help="self-distillation ids (JSONL(.gz)) or distill folders "
+                    "whose held-out split (every 20th example) is measured (default: the committed ids the drafter was "
+                    "trained on)")
     tr.add_argument("--held-out", default=str(TREE_HELD_OUT), help="held-out answers to measure (default %(default)s)")
-    tr.add_argument("--profile", default=None, help="a verify profile of this machine (python -m specviz profile --json "
-                    "FILE) to fit the tree to (default: the committed one, assets/profiles/profile-bf16.json)")
-    tr.add_argument("--write", action="store_true", help="save the new tree in the drafter's config.json and model card")
-    d = sub.add_parser("distill", help="self-distillation data: the target answers a prompt file greedily, in resumable chunks")
-    d.add_argument("--prompts", default=None, help="JSONL(.gz) of id, category, prompt (default: the shared prompt set, "
-                   "../shared/data/prompts/train_prompts.jsonl.gz)")
+    tr.add_argument("--profile", default=None, help="a verify profile of this machine (python -m specviz profile "
+                    "--json FILE) to fit the tree to (default: the committed one, assets/profiles/profile-bf16.json)")
+    tr.add_argument("--write", action="store_true", help="save the new tree in the drafter's config.json and model "
+                                                         "card")
+    d = sub.add_parser("distill", help="self-distillation data: the target answers a prompt file greedily, in "
+                                       "resumable chunks")
+    d.add_argument("--prompts", default=None, help="JSONL(.gz) of id, category, prompt (default: the shared prompt "
+                   "set, ../shared/data/prompts/train_prompts.jsonl.gz)")
     d.add_argument("--out", default=None, help="folder of chunk-NNNNN.jsonl.gz files and manifest.json (default "
                    "assets/distill/prompts)")
     d.add_argument("--chunks", default=None, help="stop once the first N chunks of the file are done (default: all)")
@@ -602,10 +323,15 @@ def cmd_train(args) -> int:
         raise InputError(f"lr={lr} is out of range: use a value in (0, 1)")
     opts = train.TrainOptions(
         kind=args.kind, out=Path(args.out), target=args.target, data=tuple(args.data) if args.data else None,
-        steps=_int_arg("steps", args.steps, 1, 10**6), batch_tokens=_int_arg("batch-tokens", args.batch_tokens, 64, 10**6),
-        lr=lr, draft_vocab=None if args.draft_vocab is None else _int_arg("draft-vocab", args.draft_vocab, 0, 10**7), features=args.features, medusa_heads=_int_arg("heads", args.heads, 1, 8),
-        tree_size=_int_arg("tree-size", args.tree_size, 1, 64), exit_layer=_int_arg("exit-layer", args.exit_layer, 1, 256),
-        draft_layers=_layers_arg(args.draft_layers), resume=args.resume, init=Path(args.init) if args.init else None, seed=_int_arg("seed", args.seed, 0, 2**31), epochs=None if args.epochs is None else _int_arg("epochs", args.epochs, 1, 1000),
+        steps=_int_arg("steps", args.steps, 1, 10**6),
+        batch_tokens=_int_arg("batch-tokens", args.batch_tokens, 64, 10**6),
+        lr=lr, draft_vocab=None if args.draft_vocab is None else _int_arg("draft-vocab", args.draft_vocab, 0, 10**7),
+        features=args.features, medusa_heads=_int_arg("heads", args.heads, 1, 8),
+        tree_size=_int_arg("tree-size", args.tree_size, 1, 64),
+        exit_layer=_int_arg("exit-layer", args.exit_layer, 1, 256),
+        draft_layers=_layers_arg(args.draft_layers), resume=args.resume, init=Path(args.init) if args.init else None,
+        seed=_int_arg("seed", args.seed, 0, 2**31),
+        epochs=None if args.epochs is None else _int_arg("epochs", args.epochs, 1, 1000),
         precision=args.precision)
     train.train(opts)
     return 0
@@ -635,9 +361,8 @@ def cmd_distill(args) -> int:
 
     import torch
 
-    from specviz.train import distill
-
     from specviz.models import loader as models
+    from specviz.train import distill
 
     chunks = None if args.chunks is None else _int_arg("chunks", args.chunks, 1, 10**6)
     max_tokens = None if args.max_tokens is None else _int_arg("max-tokens", args.max_tokens, 1, 10**10)
@@ -660,8 +385,9 @@ def cmd_distill(args) -> int:
         source = models.resolve(args.target)
         t0 = time.perf_counter()
         target = models.get(args.target, device, dtype, attention=args.attention)
-        print(f"loaded {args.target} ({source.gguf_file or source.location}) in {dtype_name}, attention {target.attention}, "
-              f"{target.matmul} matmuls, {torch.get_num_threads()} threads, in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"loaded {args.target} ({source.gguf_file or source.location}) in {dtype_name}, attention "
+              f"{target.attention}, {target.matmul} matmuls, {torch.get_num_threads()} threads, in "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
         settings = {"target": args.target, "gguf_file": source.gguf_file, "dtype": dtype_name,
                     "attention": target.attention, "max_new_tokens": max_new, "greedy": True, "chunk_size": chunk_size,
                     "matmul": target.matmul, "threads": torch.get_num_threads(), "probe": distill.PROBE}
@@ -682,7 +408,7 @@ def cmd_profile(args) -> int:
         if not sizes:
             raise InputError(f"sizes={args.sizes!r} is empty: give e.g. 1,2,4,8")
     reps, context = _int_arg("reps", args.reps, 1, 100), _int_arg("context", args.context, 1, 4096)
-    target = _target(args)
+    target = load_target(args)
     print(f"target {target.name} on {hardware.describe(target.device, target.dtype)}; verification: {target.guarantee} "
           f"(attention {target.attention}{', one-token steps padded to two rows' if target.pad_one_row else ''})")
     prof = profile.verify_profile(target, sizes, context, reps)
@@ -696,7 +422,8 @@ def cmd_profile(args) -> int:
         print(profile.format_costs(costs))
     if args.json:
         out = {"command": "python -m specviz " + " ".join(sys.argv[1:]), "target": target.name,
-               "hardware": hardware.describe(target.device, target.dtype), "cpu": hardware.cpu_name(), "guarantee": target.guarantee,
+               "hardware": hardware.describe(target.device, target.dtype), "cpu": hardware.cpu_name(),
+               "guarantee": target.guarantee,
                "pad_one_row": target.pad_one_row, "profile": prof.to_dict(),
                "ratios": {str(k): prof.ratio(k) for k in prof.tokens}, "costs": costs}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -712,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
-        _default_pair(args)  # reads the bench --method entries: a malformed one is a one-line error too
+        default_pair(args)  # reads the bench --method entries: a malformed one is a one-line error too
         return {"generate": cmd_generate, "bench": cmd_bench, "check": cmd_check, "profile": cmd_profile,
                 "train": cmd_train, "distill": cmd_distill, "tree": cmd_tree}[args.command](args)
     except (ConfigError, ModelError, InputError) as exc:

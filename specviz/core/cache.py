@@ -44,23 +44,26 @@ class CachedLM:
     With pad_one_row, a forward of one new token feeds a padding row after it (dropped from the cache and
     the result), so no forward runs the one-row kernels (models.one_row_differs). With max_rows, a forward
     that carries drafts runs in pieces of at most that many rows (CPUs with AMX switch bf16 matmul kernels
-    past 32 rows, which changes a row's bits: a 63-node Medusa tree would no longer verify bit for bit)."""
+    past 32 rows, which changes a row's bits: a 63-node Medusa tree would no longer verify bit for bit).
+    With `fused` (models.fused.FusedLlama, a bf16 Llama on CPU) every forward runs that decoder over its own
+    preallocated KVBuffer instead: row-invariant by construction, so no padding row and no pieces."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, pad_one_row: bool = False,
-                 max_rows: int | None = None):
+                 max_rows: int | None = None, fused=None):
         self.model = model
         self.device = device
-        self.pad_one_row = pad_one_row
-        self.max_rows = max_rows
+        self.fused = fused
+        self.pad_one_row = pad_one_row and fused is None
+        self.max_rows = None if fused is not None else max_rows
         self.decoder = model.get_decoder()
-        self.cache = new_cache(model)
+        self.cache = fused.new_cache() if fused is not None else new_cache(model)
         self.seen = 0  # tokens whose keys/values are in the cache
         self.trace: list[Traced] | None = None  # set to a list to record every logits() forward
 
     @classmethod
     def of(cls, loaded) -> "CachedLM":
-        """For a models.LoadedModel, with its padding rule and row limit."""
-        return cls(loaded.model, loaded.device, loaded.pad_one_row, loaded.max_rows)
+        """For a models.LoadedModel, with its padding rule and row limit, on its fused decoder where it has one."""
+        return cls(loaded.model, loaded.device, loaded.pad_one_row, loaded.max_rows, loaded.fused)
 
     def _pieces(self, n: int, split: bool) -> list[tuple[int, int]]:
         """[a, b) bounds of about equal pieces of at most max_rows rows (none of one row) when split."""
@@ -70,6 +73,8 @@ class CachedLM:
 
     def _head(self, hidden: torch.Tensor, split: bool) -> torch.Tensor:
         """The LM head on rows (r, d), in the pieces _decode would use: (r, V) float32 on CPU."""
+        if self.fused is not None:
+            return self.fused.head(hidden)
         return torch.cat([lm_head(self.model, hidden[a:b]) for a, b in self._pieces(len(hidden), split)]).float().cpu()
 
     def _decode(self, input_ids: torch.Tensor, hidden_states: bool, split: bool = False, **inputs):
@@ -77,8 +82,10 @@ class CachedLM:
         pieces of at most max_rows rows (none of one row), each attending to the cache the pieces before it
         filled. Returns (last hidden state (n, d), the hidden states per layer, each (1, n, d), or None)."""
         n = input_ids.shape[1]
-        pieces = self._pieces(n, split)
         mask, position_ids = inputs.get("attention_mask"), inputs.get("position_ids")
+        if self.fused is not None:
+            return self.fused.decode(self.cache, input_ids[0], self.seen, mask, position_ids, hidden_states)
+        pieces = self._pieces(n, split)
         lasts, states = [], []
         for a, b in pieces:
             step = {}
@@ -141,13 +148,18 @@ class CachedLM:
 
     def keep_path(self, n_committed: int, path: list[int]) -> None:
         """After a tree forward: keep the committed context and the accepted path's nodes, drop the rest."""
-        keep_positions(self.cache, list(range(n_committed)) + [n_committed + i for i in path])
+        positions = list(range(n_committed)) + [n_committed + i for i in path]
+        if self.fused is not None:
+            self.cache.keep(positions)
+        else:
+            keep_positions(self.cache, positions)
         self.seen = n_committed + len(path)
 
     def rollback(self, n_valid: int) -> None:
         """Forget every position from n_valid on (rejected drafts)."""
         if n_valid < self.seen:
-            crop_to(self.cache, n_valid)
+            if self.fused is None:  # the fused decoder's KVBuffer just writes over the slots from n_valid on
+                crop_to(self.cache, n_valid)
             self.seen = n_valid
 
 

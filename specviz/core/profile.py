@@ -13,9 +13,10 @@ from typing import Callable, Optional
 
 import torch
 
+from specviz import methods as registry
 from specviz import metrics
-from specviz.core.cache import CachedLM, clock
 from specviz.config import DecodeConfig
+from specviz.core.cache import CachedLM, clock
 from specviz.metrics import CostProfile
 from specviz.models.loader import LoadedModel
 
@@ -23,7 +24,7 @@ SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)   # tokens per target forward
 CONTEXT = 128                                    # tokens already in the KV cache
 REPS = 5                                         # timed forwards per size (median), after one warm-up
 COST_PROMPT = "Explain how a refrigerator keeps food cold, step by step."
-COST_METHODS = ("vanilla", "eagle", "medusa", "layerskip", "draft")
+COST_METHODS = registry.names(lambda s: s.has_weights)  # the methods whose drafting costs a forward of weights
 
 
 @torch.inference_mode()
@@ -97,7 +98,8 @@ def drafter_costs(target: LoadedModel, methods=COST_METHODS, draft: Optional[str
     out = []
     for method in methods:
         try:
-            out.append(drafter_cost(target, method, ar_events, draft if method == "vanilla" else None, max_new_tokens))
+            out.append(drafter_cost(target, method, ar_events,
+                                    draft if registry.spec(method).uses_draft_model else None, max_new_tokens))
         except (ConfigError, ModelError) as exc:  # no drafter shipped for this target
             out.append({"method": method, "c": None, "skipped": str(exc)})
     return out

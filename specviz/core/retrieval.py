@@ -8,7 +8,7 @@ the continuations most of them share, grown best first, each node held by at lea
 that agree with its parent: a chain where the vote is clear, a fork where it splits. On held-out answers a budget
 of 6 nodes accepted 1.17 tokens per position as such a tree against 1.04 as the chain drafted before (voted token by
 token while the top token held a quarter of the votes), for 5.2 nodes against 4.3 drafted; 8 nodes 1.34 against
-1.16 (assets/bench/datastore_tree.py, .txt).
+1.16 (experiments/probes/datastore_tree.py, experiments/results/datastore_tree.txt).
 """
 from __future__ import annotations
 

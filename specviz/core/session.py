@@ -9,13 +9,12 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from specviz import engines
-
-from specviz.models import loader as models
+from specviz import engines, methods
 from specviz.config import TRAINED_METHODS, ConfigError, DecodeConfig, check_prompt
-from specviz.events import StepEvent
-from specviz.policy import Policy
 from specviz.core.race import Tick, race
+from specviz.events import StepEvent
+from specviz.models import loader as models
+from specviz.policy import Policy
 
 
 @dataclass
@@ -31,7 +30,8 @@ class Prepared:
         """AR and the speculative engine side by side on the race clock (lanes "ar" and "spec"), stopping
         with a ConfigError once the run exceeds the deployment's wall-time cap."""
         start = time.perf_counter()
-        for tick in race({"ar": self.ar.steps(self.prompt_ids, self.cfg), "spec": self.spec.steps(self.prompt_ids, self.cfg)}):
+        for tick in race({"ar": self.ar.steps(self.prompt_ids, self.cfg),
+                          "spec": self.spec.steps(self.prompt_ids, self.cfg)}):
             yield tick
             if time.perf_counter() - start > self.max_run_seconds:
                 raise ConfigError(f"the run was stopped after {self.max_run_seconds:g} s, the limit here: "
@@ -50,7 +50,7 @@ def prepare(prompt: str, cfg: DecodeConfig, target: str | models.LoadedModel, dr
     cfg = policy.check_config(cfg)
     if isinstance(target, str):
         target = models.get(policy.check_model(target, "target"))
-    if cfg.method == "vanilla" and isinstance(draft, str):
+    if methods.spec(cfg.method).uses_draft_model and isinstance(draft, str):
         policy.check_model(draft, "draft")
     if cfg.method in TRAINED_METHODS and policy.public:
         draft = None  # public mode: only the drafters shipped with the app, never a local folder

@@ -15,289 +15,31 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from specviz import methods
+from specviz.drafters.config import KINDS, DrafterConfig, DrafterError  # noqa: F401  (re-exported: drafters.KINDS, ...)
+from specviz.drafters.modules import (  # noqa: F401  (re-exported: methods' module paths, drafters.DraftLM, ...)
+    MLP,
+    Attention,
+    DecoderLayer,
+    DraftLM,
+    Eagle,
+    Eagle3,
+    Eagle3Layer,
+    ExitAdapter,
+    Medusa,
+    ResBlock,
+    RMSNorm,
+    load_into,
+    rotary,
+    rotate,
+)
 from specviz.models import kernels
-from specviz.models.loader import ModelError
-
-KINDS = ("eagle", "medusa", "layerskip", "draft")
-
-
-class DrafterError(ModelError):
-    """A drafter folder or checkpoint that cannot be used; the message is one line."""
-
-
-@dataclass
-class DrafterConfig:
-    kind: str                      # "eagle" | "medusa" | "layerskip" | "draft"
-    target: str                    # the target spec it was trained for
-    hidden_size: int
-    vocab_size: int                # the target's vocabulary
-    draft_vocab: int = 0           # N of the compressed head; 0 = the full vocabulary
-    # eagle
-    num_attention_heads: int = 0
-    num_key_value_heads: int = 0
-    intermediate_size: int = 0
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-5
-    input_norm: bool = True        # EAGLE-1 checkpoints have no input norm on their one layer
-    fc_bias: bool = True
-    feature_layers: list = field(default_factory=list)  # EAGLE-3: the target hidden states it fuses (indices into
-                                   # transformers' hidden_states: 0 = embeddings, i = after i layers); [] = EAGLE-1
-    own_lm_head: bool = False      # EAGLE-3 checkpoints carry their own LM head over the draft vocabulary
-    # medusa
-    medusa_heads: int = 0
-    own_lm_heads: bool = False     # Medusa-1 checkpoints carry one LM head per head
-    tree: list = field(default_factory=list)  # medusa: the candidate tree (choices), chosen from measured accuracies
-    # layerskip
-    exit_layer: int = 0            # draft from the hidden state after this many target layers
-    # draft
-    draft_layers: list = field(default_factory=list)  # the target layers its own layers started from
-    training: dict = field(default_factory=dict)  # data, steps, wall time, hardware, measured figures
-
-    @classmethod
-    def for_target(cls, kind: str, target_name: str, model_config, draft_vocab: int = 0, **extra) -> "DrafterConfig":
-        c = model_config
-        rope = getattr(c, "rope_parameters", None) or {}
-        theta = rope.get("rope_theta") or getattr(c, "rope_theta", None) or 10000.0
-        return cls(kind=kind, target=target_name, hidden_size=c.hidden_size, vocab_size=c.vocab_size,
-                   draft_vocab=draft_vocab, num_attention_heads=c.num_attention_heads,
-                   num_key_value_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
-                   intermediate_size=c.intermediate_size, rope_theta=float(theta),
-                   rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-5)), **extra)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, d: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
-
-
-def rotary(positions: torch.Tensor, hd: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rotary embedding's (cos, sin) at positions (T,): (T, hd) each, in `dtype`."""
-    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, device=positions.device, dtype=torch.float32) / hd))  # (hd/2,)
-    angles = positions.float()[:, None] * inv[None]  # (T, hd/2)
-    angles = torch.cat([angles, angles], -1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding (the Llama layout: halves rotated) of x (B, H, T, hd), with rotary()'s tables."""
-    hd = x.shape[-1]
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: DrafterConfig, in_features: int | None = None):
-        super().__init__()
-        d, self.h, self.kv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
-        self.hd, self.theta = d // self.h, cfg.rope_theta
-        n_in = in_features or d
-        self.q_proj = nn.Linear(n_in, self.h * self.hd, bias=False)
-        self.k_proj = nn.Linear(n_in, self.kv * self.hd, bias=False)
-        self.v_proj = nn.Linear(n_in, self.kv * self.hd, bias=False)
-        self.o_proj = nn.Linear(self.h * self.hd, d, bias=False)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, past: tuple | None, mask: torch.Tensor | None = None):
-        """x (B, T, d) at positions (T,), after `past` (keys, values) of shape (B, kv, S, hd). `mask` (T, S + T)
-        bool overrides the default causal one (training unrolls the drafter over its own guesses)."""
-        b, t, _ = x.shape
-        cos, sin = rotary(positions, self.hd, self.theta, x.dtype)  # once for q and k
-        q = rotate(self.q_proj(x).view(b, t, self.h, self.hd).transpose(1, 2), cos, sin)
-        k = rotate(self.k_proj(x).view(b, t, self.kv, self.hd).transpose(1, 2), cos, sin)
-        v = self.v_proj(x).view(b, t, self.kv, self.hd).transpose(1, 2)
-        s = 0
-        if past is not None:
-            s = past[0].shape[2]
-            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
-        if mask is not None:
-            causal = False
-        elif s == 0:
-            mask, causal = None, t > 1
-        else:
-            mask = torch.arange(s + t, device=x.device)[None] <= (s + torch.arange(t, device=x.device))[:, None]
-            causal = False
-        rep = self.h // self.kv
-        out = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
-                                             attn_mask=mask, is_causal=causal)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), (k, v)
-
-
-class MLP(nn.Module):
-    def __init__(self, d: int, inter: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(d, inter, bias=False)
-        self.up_proj = nn.Linear(d, inter, bias=False)
-        self.down_proj = nn.Linear(inter, d, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if cfg.input_norm else nn.Identity()
-        self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
-
-    def forward(self, x, positions, past, mask=None):
-        a, present = self.self_attn(self.input_layernorm(x), positions, past, mask)
-        x = x + a
-        return x + self.mlp(self.post_attention_layernorm(x)), present
-
-
-class Eagle(nn.Module):
-    """EAGLE-1: next feature = layer(fc([embedding of the next token, this feature])); the feature is the
-    target's final-norm hidden state, which the LM head reads as it is."""
-
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.fc_bias)
-        self.layers = nn.ModuleList([DecoderLayer(cfg)])
-
-    def lift(self, target_feats: torch.Tensor) -> torch.Tensor:
-        """The target's features as the drafter's input (B, T, d): EAGLE-1 reads them as they are."""
-        return target_feats
-
-    def readout(self, h: torch.Tensor) -> torch.Tensor:
-        """What the LM head reads from the drafter's output: EAGLE-1 predicts the final-norm feature itself."""
-        return h
-
-    def forward(self, feats: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, past=None, mask=None):
-        """feats (lifted), embeds (B, T, d) → predicted next features (B, T, d) and the new (keys, values)."""
-        return self.layers[0](self.fc(torch.cat([embeds, feats], -1)), positions, past, mask)
-
-
-class Eagle3Layer(nn.Module):
-    """EAGLE-3's one layer (`midlayer`): attention reads [norm(embedding), norm(hidden)] (2d wide); the residual
-    stream is the hidden state, then an MLP as in a Llama layer."""
-
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        d = cfg.hidden_size
-        self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
-        self.hidden_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, in_features=2 * d)
-        self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
-        self.mlp = MLP(d, cfg.intermediate_size)
-
-    def forward(self, embeds, hidden, positions, past, mask=None):
-        a, present = self.self_attn(torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], -1),
-                                    positions, past, mask)
-        x = hidden + a
-        return x + self.mlp(self.post_attention_layernorm(x)), present
-
-
-class Eagle3(nn.Module):
-    """EAGLE-3: `fc` fuses the target's hidden states from a low, a middle and a high layer into one (d); the
-    layer turns (that, the next token's embedding) into the next hidden state, which drafts the following
-    token through `norm` and the LM head and is itself the input of the next draft step (no fc there)."""
-
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        self.cfg = cfg
-        d = cfg.hidden_size
-        self.fc = nn.Linear(len(cfg.feature_layers) * d, d, bias=False)
-        self.midlayer = Eagle3Layer(cfg)
-        self.norm = RMSNorm(d, cfg.rms_norm_eps)
-        if cfg.own_lm_head:
-            self.lm_head = nn.Linear(d, cfg.draft_vocab or cfg.vocab_size, bias=False)
-
-    def lift(self, target_feats: torch.Tensor) -> torch.Tensor:
-        """The target's fused features (B, T, len(feature_layers) * d) as the drafter's input (B, T, d)."""
-        return self.fc(target_feats)
-
-    def readout(self, h: torch.Tensor) -> torch.Tensor:
-        return self.norm(h)
-
-    def forward(self, feats: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, past=None, mask=None):
-        """feats (lifted, or the previous step's output), embeds (B, T, d) → next hidden (B, T, d), (keys, values)."""
-        return self.midlayer(embeds, feats, positions, past, mask)
-
-
-class ResBlock(nn.Module):
-    def __init__(self, d: int):
-        super().__init__()
-        self.linear = nn.Linear(d, d)
-        nn.init.zeros_(self.linear.weight)  # starts as the identity: every head first predicts like the LM head
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + F.silu(self.linear(x))
-
-
-class Medusa(nn.Module):
-    """K heads; head k maps the feature at position t to one for the token at t + 1 + k (k = 1..K)."""
-
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        self.cfg = cfg
-        d = cfg.hidden_size
-        self.heads = nn.ModuleList(
-            [nn.Sequential(ResBlock(d), nn.Linear(d, cfg.vocab_size, bias=False)) if cfg.own_lm_heads
-             else nn.Sequential(ResBlock(d)) for _ in range(cfg.medusa_heads)])
-
-    def forward(self, feats: torch.Tensor) -> torch.Tensor:
-        """feats (..., d) → (K, ..., d) head features (before the LM head)."""
-        return torch.stack([head[0](feats) for head in self.heads])
-
-
-class ExitAdapter(nn.Module):
-    """LayerSkip's early exit: maps the hidden state after `exit_layer` target layers to one the target's
-    final norm and LM head can read (a residual MLP, zero-initialised: it starts as the plain early exit)."""
-
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
-        nn.init.zeros_(self.mlp.down_proj.weight)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return h + self.mlp(self.norm(h))
-
-
-class DraftLM(nn.Module):
-    """A small separate model: a few decoder layers (started from a selection of the target's and distilled)
-    between the target's own embeddings and (compressed) LM head. Only its layers and final norm are its own."""
-
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in cfg.draft_layers])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, past: list | None = None):
-        """embeds (B, T, d) at positions (T,) after `past` (a (keys, values) per layer) → final-norm
-        features (B, T, d) and the new past."""
-        x, present = embeds, []
-        for i, layer in enumerate(self.layers):
-            x, kv = layer(x, positions, None if past is None else past[i])
-            present.append(kv)
-        return self.norm(x), present
-
-    @classmethod
-    def from_target(cls, cfg: DrafterConfig, target_model: nn.Module) -> "DraftLM":
-        """Its layers start as copies of the target's layers `cfg.draft_layers`, its norm as the target's."""
-        module = cls(cfg)
-        decoder = target_model.get_decoder()
-        for mine, index in zip(module.layers, cfg.draft_layers):
-            load_into(mine, decoder.layers[index].state_dict(), f"target layer {index}")
-        module.norm.weight.data.copy_(decoder.norm.weight.data)
-        return module
 
 
 class Drafter:
@@ -307,6 +49,7 @@ class Drafter:
                  folder: Path | None = None):
         self.module, self.cfg, self.folder = module.eval(), cfg, folder
         self.module.requires_grad_(False)
+        self.readout = getattr(module, "readout", None)  # EAGLE's: what the LM head reads from its output
         self.dtype = next(module.parameters()).dtype  # what the module computes in (module_dtype)
         self.target_embed = target_model.get_input_embeddings()
         self.final_norm = target_model.get_decoder().norm  # layerskip exits through the target's own norm
@@ -333,7 +76,8 @@ class Drafter:
     @functools.cached_property
     def datastore(self):
         """The datastore of the answers it was trained on when they were your own data (train writes it beside the
-        weights, retrieval.DATASTORE_FILE), else None: the target's own datastore then serves (retrieval.datastore_for)."""
+        weights, retrieval.DATASTORE_FILE), else None: the target's own datastore then serves
+        (retrieval.datastore_for)."""
         from specviz.core import retrieval
 
         path = self.folder / retrieval.DATASTORE_FILE if self.folder else None
@@ -356,8 +100,8 @@ class Drafter:
     def logits(self, feats: torch.Tensor, head: int | None = None) -> torch.Tensor:
         """Draft logits over the draft vocabulary (..., N)."""
         rows = feats.reshape(-1, feats.shape[-1])  # (r, d): a head on 2-D rows never copies its weight
-        if self.cfg.kind == "eagle":
-            rows = self.module.readout(rows)
+        if self.readout is not None:
+            rows = self.readout(rows)
         if head is not None and self.cfg.own_lm_heads:
             out = self.module.heads[head][1](rows)
         else:
@@ -387,16 +131,18 @@ class Drafter:
         return out
 
 
-def build_module(cfg: DrafterConfig) -> nn.Module:
-    if cfg.kind == "eagle":
-        return Eagle3(cfg) if cfg.feature_layers else Eagle(cfg)
-    if cfg.kind == "medusa":
-        return Medusa(cfg)
-    if cfg.kind == "layerskip":
-        return ExitAdapter(cfg)
-    if cfg.kind == "draft":
-        return DraftLM(cfg)
-    raise DrafterError(f"drafter kind {cfg.kind!r} is unknown: use one of {', '.join(KINDS)}")
+def module_class(cfg: DrafterConfig) -> type[nn.Module]:
+    """The module of a drafter's kind (methods.MethodSpec.module); EAGLE-3's for an EAGLE drafter fusing features."""
+    if cfg.kind not in KINDS:
+        raise DrafterError(f"drafter kind {cfg.kind!r} is unknown: use one of {', '.join(KINDS)}")
+    cls = methods.load(methods.spec(cfg.kind).module)
+    return Eagle3 if cls is Eagle and cfg.feature_layers else cls
+
+
+def build_module(cfg: DrafterConfig, target_model: nn.Module | None = None) -> nn.Module:
+    """A drafter's module; given the target, started from its layers where the kind starts so (DraftLM.from_target)."""
+    cls = module_class(cfg)
+    return cls.from_target(cfg, target_model) if target_model is not None and hasattr(cls, "from_target") else cls(cfg)
 
 
 def choose_tree(accuracy: torch.Tensor, size: int) -> list[tuple[int, ...]]:
@@ -530,13 +276,15 @@ def _eagle3_layout(folder: Path, raw: dict, state: dict, target) -> tuple[Drafte
     `lm_head` over a draft vocabulary, and `d2t` (draft id -> target id offset; `t2d` is its inverse, a mask)."""
     mc = target.model.config
     d = int(raw.get("hidden_size", mc.hidden_size))
-    layers = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or eagle3_layers(mc.num_hidden_layers)
+    layers = ((raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+              or eagle3_layers(mc.num_hidden_layers))
     if state["fc.weight"].shape[1] != len(layers) * d:
         raise DrafterError(f"EAGLE-3 checkpoint {str(folder)!r}: fc reads {state['fc.weight'].shape[1]} features, "
                            f"not {len(layers)} target layers of {d}")
     if not all(0 <= int(i) < mc.num_hidden_layers for i in layers):
         raise DrafterError(f"EAGLE-3 checkpoint {str(folder)!r} fuses hidden states {list(layers)}: the target "
-                           f"{target.name} has {mc.num_hidden_layers} layers (use indices 0..{mc.num_hidden_layers - 1})")
+                           f"{target.name} has {mc.num_hidden_layers} layers "
+                           f"(use indices 0..{mc.num_hidden_layers - 1})")
     head = state.get("lm_head.weight")
     n_draft = int(head.shape[0]) if head is not None else int(raw.get("draft_vocab_size", mc.vocab_size))
     cfg = DrafterConfig.for_target("eagle", target.name, mc, 0 if n_draft == mc.vocab_size else n_draft,
@@ -572,7 +320,7 @@ def load(folder: str | Path, target) -> Drafter:
     return Drafter(module, cfg, target.model, None if vocab_ids is None else vocab_ids.long().to(target.device), folder)
 
 
-SMALL_KINDS = ("eagle", "medusa", "layerskip")  # one-layer drafters: a few rows through small matmuls per call
+SMALL_KINDS = methods.names(lambda s: s.small)  # one-layer drafters: a few rows through small matmuls per call
 
 
 def module_dtype(cfg: DrafterConfig, target) -> torch.dtype:
@@ -580,18 +328,11 @@ def module_dtype(cfg: DrafterConfig, target) -> torch.dtype:
     bf16 on specviz's row kernel (kernels.linear reads the bf16 weights as they are; torch's bf16 matmul ran their
     one-row matmuls at about half fp32's speed), or in fp32 where that kernel is not built. On a 2-core Xeon with AMX
     the row kernel drafted the default race's trees in 8.8 against fp32's 10.0 ms a step (Medusa 7.3 against 9.1),
-    the same drafts (assets/bench/drafter_dtype_ab.py). Elsewhere, the target's dtype (the GPU; the draft model, a
+    the same drafts (experiments/probes/drafter_dtype_ab.py). Elsewhere, the target's dtype (the GPU; the draft model, a
     stack of the target's own layers). Drafts only propose: verification stays exact."""
     if target.device.type != "cpu" or cfg.kind not in SMALL_KINDS:
         return target.dtype
     return torch.bfloat16 if target.dtype == torch.bfloat16 and kernels.available() else torch.float32
-
-
-def load_into(module: nn.Module, state: dict, name: str) -> None:
-    missing, unexpected = module.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
-    if missing or unexpected:
-        raise DrafterError(f"drafter weights {name!r} do not match the layout: missing {sorted(missing)[:3]}, "
-                           f"unexpected {sorted(unexpected)[:3]}")
 
 
 def n_params(module: nn.Module) -> int:
@@ -600,14 +341,5 @@ def n_params(module: nn.Module) -> int:
 
 def describe(cfg: DrafterConfig) -> str:
     vocab = f"draft vocabulary {cfg.draft_vocab} of {cfg.vocab_size}" if cfg.draft_vocab else "full vocabulary"
-    if cfg.kind == "medusa":
-        return f"Medusa, {cfg.medusa_heads} heads, {vocab}"
-    if cfg.kind == "layerskip":
-        return f"LayerSkip: the target's first {cfg.exit_layer} layers and a trained exit adapter, {vocab}"
-    if cfg.kind == "draft":
-        return (f"a distilled draft model of {len(cfg.draft_layers)} decoder layers (started from the target's layers "
-                f"{cfg.draft_layers}) sharing the target's embeddings and LM head, {vocab}")
-    if cfg.feature_layers:
-        return f"EAGLE-3, one decoder layer over the target's hidden states after layers {cfg.feature_layers}, {vocab}"
-    return f"EAGLE, one decoder layer, {vocab}"
+    return module_class(cfg).describe(cfg, vocab)
 

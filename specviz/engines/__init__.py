@@ -3,13 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specviz.config import DEFAULT_DRAFT, TRAINED_METHODS, ConfigError, DecodeConfig
+from specviz import methods
+from specviz.config import DEFAULT_DRAFT, ConfigError, DecodeConfig
 from specviz.engines.ar import AREngine
 from specviz.engines.base import Engine, generate
-from specviz.engines.draft_model import DistilledDrafter, ModelDrafter
-from specviz.engines.pld import PromptLookupDrafter
 from specviz.engines.speculative import SpeculativeEngine
-from specviz.models.loader import LoadedModel, load_draft
+from specviz.models.loader import LoadedModel
 from specviz.paths import DRAFTERS
 
 __all__ = ["AREngine", "Engine", "SpeculativeEngine", "build", "build_trained", "generate"]
@@ -44,25 +43,13 @@ def _download(repo_id: str) -> Path:
 
 
 def build_trained(folder: str | Path, target: LoadedModel, chain: bool = False) -> Engine:
-    """A trained drafter's engine: Medusa verifies trees and EAGLE drafts one when its config names one;
-    with chain=True (the step-through view) both draft a chain, as LayerSkip and the draft model always do."""
+    """A trained drafter's engine, built as its kind's registry entry says (methods.MethodSpec.engine): Medusa
+    verifies trees and EAGLE drafts one when its config names one; with chain=True (the step-through view) both
+    draft a chain, as LayerSkip and the draft model always do."""
     from specviz.drafters import trained as drafters
-    from specviz.engines.eagle import EagleDrafter
-    from specviz.engines.tree import MedusaChainDrafter, eagle_tree_engine, medusa_engine
 
     d = drafters.load(folder, target)
-    if d.kind == "layerskip":
-        from specviz.engines.layerskip import LayerSkipEngine
-
-        engine = LayerSkipEngine(target, d)
-    elif d.kind == "medusa":
-        engine = SpeculativeEngine("medusa", target, MedusaChainDrafter(d, str(folder))) if chain else medusa_engine(target, d)
-    elif d.kind == "draft":
-        engine = SpeculativeEngine("draft", target, DistilledDrafter(d, str(folder)))
-    elif d.cfg.tree and not chain:
-        engine = eagle_tree_engine(target, d)
-    else:
-        engine = SpeculativeEngine("eagle", target, EagleDrafter(d, str(folder)))
+    engine = methods.load(methods.spec(d.kind).engine)(target, d, chain, str(folder))
     engine.draft_vocab_ids = d.vocab_ids  # the target ids it can draft (None: all), for the bench's coverage figure
     return engine
 
@@ -71,11 +58,7 @@ def build(method: str, target: LoadedModel, draft: str | LoadedModel = DEFAULT_D
     """The engine for `method` ("ar" | "vanilla" | "pld" | "eagle" | "medusa" | "layerskip" | "draft") over `target`;
     chain=True asks for a chain-drafting engine (one with `cycle()` views, as the step-through needs)."""
     DecodeConfig(method=method)  # validates the name with the shared message
-    if method == "ar":
-        return AREngine(target)
-    if method == "pld":
-        return SpeculativeEngine("pld", target, PromptLookupDrafter())
-    if method in TRAINED_METHODS:
+    spec = methods.spec(method)
+    if spec.trained:
         return build_trained(drafter_folder(method, target, draft if isinstance(draft, str) else None), target, chain)
-    draft_model = draft if isinstance(draft, LoadedModel) else load_draft(draft, target)
-    return SpeculativeEngine("vanilla", target, ModelDrafter(draft_model))
+    return methods.load(spec.engine)(target, draft, chain, "")

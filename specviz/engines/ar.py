@@ -36,3 +36,8 @@ class AREngine:
             if finish:
                 return
             step += 1
+
+
+def build(target: LoadedModel, source=None, chain: bool = False, name: str = "") -> AREngine:
+    """AR's engine (methods.MethodSpec.engine): it drafts nothing, so `source` is ignored."""
+    return AREngine(target)

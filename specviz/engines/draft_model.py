@@ -5,8 +5,8 @@ import torch
 
 from specviz.core.cache import CachedLM
 from specviz.config import DecodeConfig
-from specviz.engines.speculative import Proposal, stop_drafting
-from specviz.models.loader import LoadedModel
+from specviz.engines.speculative import Proposal, SpeculativeEngine, stop_drafting
+from specviz.models.loader import LoadedModel, load_draft
 from specviz.core.sampling import pick, warp
 
 
@@ -84,3 +84,14 @@ class DistilledDraftSession:
         if self.seen > n_valid:
             self.past = [(k[:, :, :n_valid], v[:, :, :n_valid]) for k, v in self.past]
             self.seen = n_valid
+
+
+def build_vanilla(target: LoadedModel, source, chain: bool = False, name: str = "") -> SpeculativeEngine:
+    """vanilla's engine (methods.MethodSpec.engine): `source` is the draft, a LoadedModel or a model spec."""
+    draft = source if isinstance(source, LoadedModel) else load_draft(source, target)
+    return SpeculativeEngine("vanilla", target, ModelDrafter(draft))
+
+
+def build_distilled(target: LoadedModel, drafter, chain: bool = False, name: str = "") -> SpeculativeEngine:
+    """The distilled draft model's engine (methods.MethodSpec.engine): a chain, its drafter named `name`."""
+    return SpeculativeEngine("draft", target, DistilledDrafter(drafter, name))

@@ -13,7 +13,7 @@ import torch
 
 from specviz.config import DecodeConfig
 from specviz.drafters.trained import Drafter
-from specviz.engines.speculative import Proposal, stop_drafting
+from specviz.engines.speculative import Proposal, SpeculativeEngine, stop_drafting
 
 
 class EagleDrafter:
@@ -95,3 +95,13 @@ class EagleSession(FeatureHistory):
                              torch.tensor([pos], device=device), kv)
             feat, pos = out[0, -1], pos + 1
         return Proposal(drafted, torch.stack(qs), len(drafted))
+
+
+def build(target, drafter: Drafter, chain: bool = False, name: str = ""):
+    """EAGLE's engine (methods.MethodSpec.engine): its tree when the drafter's config names one, else (and with
+    chain=True, the step-through) a chain."""
+    if drafter.cfg.tree and not chain:
+        from specviz.engines.tree import eagle_tree_engine
+
+        return eagle_tree_engine(target, drafter)
+    return SpeculativeEngine("eagle", target, EagleDrafter(drafter, name))

@@ -20,10 +20,12 @@ from specviz.models.loader import LoadedModel
 
 class SplitLM(CachedLM):
     """The target run in two halves over one cache: `early()` through layers 0..L-1 (drafting), then
-    `logits()` through layers L..N-1 for everything the early half has seen (verification)."""
+    `logits()` through layers L..N-1 for everything the early half has seen (verification). With `fused`
+    (models.fused.FusedLlama) both halves run that decoder, as plain decoding does (CachedLM.of)."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, exit_layer: int, pad_one_row: bool = False):
-        super().__init__(model, device, pad_one_row)
+    def __init__(self, model: torch.nn.Module, device: torch.device, exit_layer: int, pad_one_row: bool = False,
+                 fused=None):
+        super().__init__(model, device, pad_one_row, fused=fused)
         self.exit_layer = exit_layer
         self.early_seen = 0                 # positions through layers 0..L-1
         self.pending: list[torch.Tensor] = []  # hidden states after layer L-1 of positions seen..early_seen-1
@@ -31,6 +33,8 @@ class SplitLM(CachedLM):
     def _layers(self, hidden: torch.Tensor, start: int, layers: range) -> torch.Tensor:
         """Run `layers` over hidden (1, q, d) at positions start..start+q-1. A single row is padded (a copy
         of itself one position on, dropped from the cache and the result) where models.one_row_differs."""
+        if self.fused is not None:  # causal over the new rows, at cache slots start..
+            return self.fused.layers(self.cache, hidden[0], start, layers=layers)[0][None]
         pad = self.pad_one_row and hidden.shape[1] == 1
         if pad:
             hidden = torch.cat([hidden, hidden], dim=1)
@@ -79,11 +83,13 @@ class SplitLM(CachedLM):
             outs.append(self._layers(torch.cat(self.pending, dim=1), self.seen, late))
         hidden = torch.cat(outs, dim=1)
         self.pending, self.seen = [], self.early_seen
+        if self.fused is not None:
+            return self.fused.head(self.fused.norm(hidden[0, -keep:]))  # (keep, V)
         return lm_head(self.model, self.decoder.norm(hidden[0, -keep:])).float().cpu()  # (keep, V)
 
     def rollback(self, n_valid: int) -> None:
         if n_valid < self.early_seen:
-            for layer in self.cache.layers:
+            for layer in self.cache.layers if self.fused is None else ():  # a KVBuffer's slots are written over
                 if getattr(layer, "keys", None) is not None and layer.keys.shape[-2] > n_valid:
                     layer.keys = layer.keys[..., :n_valid, :]
                     layer.values = layer.values[..., :n_valid, :]
@@ -123,7 +129,12 @@ class LayerSkipEngine(SpeculativeEngine):
         super().__init__("layerskip", target, drafter)
 
     def start(self, prompt_ids: list[int], cfg: DecodeConfig) -> RunState:
-        lm = SplitLM(self.target.model, self.target.device, self.drafter.cfg.exit_layer, self.target.pad_one_row)
+        lm = SplitLM(self.target.model, self.target.device, self.drafter.cfg.exit_layer, self.target.pad_one_row,
+                     self.target.fused)
         return RunState(cfg, lm, LayerSkipSession(lm, self.drafter, self.target.eos_ids),
                         torch.Generator().manual_seed(cfg.seed), len(prompt_ids), list(prompt_ids), cfg.initial_gamma())
 
+
+def build(target: LoadedModel, drafter: Drafter, chain: bool = False, name: str = "") -> LayerSkipEngine:
+    """LayerSkip's engine (methods.MethodSpec.engine): always a chain, over one SplitLM."""
+    return LayerSkipEngine(target, drafter)

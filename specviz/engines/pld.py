@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from specviz.config import DecodeConfig
-from specviz.engines.speculative import Proposal
+from specviz.engines.speculative import Proposal, SpeculativeEngine
 from specviz.core.lookup import lookup
 
 
@@ -28,3 +28,8 @@ class PromptLookupSession:
 
     def rollback(self, n_valid: int) -> None:
         pass  # stateless: it reads the committed tokens each step
+
+
+def build(target, source=None, chain: bool = False, name: str = "") -> SpeculativeEngine:
+    """Prompt lookup's engine (methods.MethodSpec.engine): it drafts from the context, so `source` is ignored."""
+    return SpeculativeEngine("pld", target, PromptLookupDrafter())

@@ -21,7 +21,7 @@ from specviz.config import ConfigError, DecodeConfig
 from specviz.drafters.trained import Drafter
 from specviz.engines.base import commit
 from specviz.engines.eagle import EagleSession, FeatureHistory
-from specviz.engines.speculative import Proposal, stop_drafting
+from specviz.engines.speculative import Proposal, SpeculativeEngine, stop_drafting
 from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD, DraftToken, StepEvent, Verdict
 from specviz.core.lookup import match
 from specviz.models.loader import LoadedModel
@@ -295,7 +295,7 @@ class TreeEngine:
         """The greedy proposal with prompt lookup's and the datastore's branches (cfg.lookup, cfg.retrieve). The
         datastore's steps aside when prompt lookup matched its longest n-gram: behind such a match its nodes were
         rarely accepted where the lookup's were not (4.2% of them on held-out answers, against 9.6-24% behind
-        shorter matches: assets/bench/datastore_rows.txt), and without those rows it ran as fast with the same τ
+        shorter matches: experiments/results/datastore_rows.txt), and without those rows it ran as fast with the same τ
         (README, Performance)."""
         cfg, tokens = run.cfg, run.tokens
         chain, order = (match(tokens, min(cfg.lookup, cap), cfg.pld_ngram_max, cfg.pld_ngram_min, self.target.eos_ids)
@@ -335,3 +335,11 @@ def medusa_engine(target: LoadedModel, drafter: Drafter, choices=None) -> TreeEn
 
 def eagle_tree_engine(target: LoadedModel, drafter: Drafter, choices=None) -> TreeEngine:
     return TreeEngine("eagle", target, EagleProposer(drafter), choices or drafter.cfg.tree or EAGLE_CHOICES)
+
+
+def build_medusa(target: LoadedModel, drafter: Drafter, chain: bool = False, name: str = ""):
+    """Medusa's engine (methods.MethodSpec.engine): its tree, or with chain=True (the step-through) one draw per head
+    verified as a chain."""
+    if chain:
+        return SpeculativeEngine("medusa", target, MedusaChainDrafter(drafter, name))
+    return medusa_engine(target, drafter)

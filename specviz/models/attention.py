@@ -16,7 +16,7 @@ one C call per layer computes every (row, head) on its own: each is one fixed se
 its bits never depend on the other rows (measured over the default target's 30 layers at 300 cached keys on a
 2-core Xeon: 2.1, 5.2 and 10.9 ms for 1, 5 and 16 rows, this function included; the C call alone 7.1 ms for 16
 rows, against 21.0 ms before it read bf16 rows as even/odd words and grouped each key/value head's queries:
-assets/bench/attend_ab.py; its AVX-512 build, the same bits, 5.6 against the AVX2 build's 8.3 ms for 16 rows).
+experiments/probes/attend_ab.py; its AVX-512 build, the same bits, 5.6 against the AVX2 build's 8.3 ms for 16 rows).
 Elsewhere the torch ops below run, row by row.
 """
 from __future__ import annotations

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from specviz.models import attention as rowwise
+from specviz.models import fused as fused_decoder
 from specviz.models import kernels
 from specviz import zerogpu
 from specviz.config import DEFAULT_TARGET
@@ -50,6 +51,7 @@ class LoadedModel:
     dtype: torch.dtype
     pad_one_row: bool = False   # a one-token forward feeds a padding row too (see pads_one_row)
     max_rows: int | None = None  # a forward carrying drafts runs in pieces of at most this many rows (BF16_ROWS)
+    fused: object = None        # models.fused.FusedLlama: the decoder CachedLM runs where it serves (else the stock one)
     _texts: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -64,7 +66,8 @@ class LoadedModel:
 
     @property
     def matmul(self) -> str:
-        """Which kernel computes the Linear layers: specviz's row kernel or torch's."""
+        """Which kernel computes the model's Linear modules (the stock decoder's): specviz's row kernel or torch's.
+        CachedLM runs the fused decoder instead where `fused` is set."""
         return "specviz row kernel" if isinstance(self.model.get_output_embeddings(), kernels.RowLinear) else "torch"
 
     @property
@@ -258,7 +261,8 @@ def load(spec: str, device: torch.device | None = None, dtype: torch.dtype | Non
         kernels.swap_in(model)  # bf16 matmuls streamed once for up to 8 rows, each row on its own
     pad = attention is None and pads_one_row(model, device, dtype)
     max_rows = BF16_ROWS if pad and native_bf16() else None
-    return LoadedModel(spec, model, tokenizer, device, dtype, pad_one_row=pad, max_rows=max_rows)
+    fused = fused_decoder.build(model, device, dtype) if attention is None else None  # weights packed once, here
+    return LoadedModel(spec, model, tokenizer, device, dtype, pad_one_row=pad, max_rows=max_rows, fused=fused)
 
 
 @torch.inference_mode()

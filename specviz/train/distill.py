@@ -474,7 +474,8 @@ def generate_chunks(target, prompts_path: str | Path, out_dir: str | Path, setti
             release(out_dir, index)
         t = manifest["totals"]
         log(f"chunk {index} of {n_chunks} done: {entry['prompts']} prompts, {entry['answer_tokens']} answer tokens in "
-            f"{entry['seconds']:.0f} s = {entry['tok_per_s']:.1f} tok/s, {entry['bytes'] / (entry['prompt_tokens'] + entry['answer_tokens']):.2f} "
-            f"bytes/token; total {t['chunks']} chunks, {t['prompts']} prompts, {t['answer_tokens']} answer tokens, "
+            f"{entry['seconds']:.0f} s = {entry['tok_per_s']:.1f} tok/s, "
+            f"{entry['bytes'] / (entry['prompt_tokens'] + entry['answer_tokens']):.2f} bytes/token; "
+            f"total {t['chunks']} chunks, {t['prompts']} prompts, {t['answer_tokens']} answer tokens, "
             f"{t['bytes']} bytes")
     return manifest

@@ -136,7 +136,8 @@ def default_prompts(n: int = 2400, seed: int = 0) -> list[str]:
         a, b, c = rng.randint(3, 99), rng.randint(3, 99), rng.randint(2, 9)
         x, y = rng.sample(THINGS, 2)
         template = {"writing": WRITING, "roleplay": ROLEPLAY, "qa": QA, "summary": SUMMARY, "extraction": EXTRACTION,
-                    "rag": RAG, "translation": TRANSLATION, "coding": CODING, "math": MATH, "reasoning": REASONING}[kind]
+                    "rag": RAG, "translation": TRANSLATION, "coding": CODING, "math": MATH,
+                    "reasoning": REASONING}[kind]
         prompt = rng.choice(template).format(
             topic=topic, person=person, passage=_passage(rng, topic), sentence=rng.choice(SENTENCES),
             foreign=rng.choice(FOREIGN), task=rng.choice(TASKS), a=a, b=b, c=c, x=x, y=y)

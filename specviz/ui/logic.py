@@ -12,15 +12,16 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Optional, TypeVar
 
-from specviz.ui import plots, render
-from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS, ConfigError, DecodeConfig
+from specviz import methods
+from specviz.ui import lesson, plots, render
+from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, ConfigError, DecodeConfig
 from specviz.events import StepEvent
 from specviz.metrics import Comparison, compare
 
 log = logging.getLogger("specviz.app")
 
 DEFAULTS = DecodeConfig()
-SPEC_METHODS = tuple(m for m in METHODS if m != "ar")  # AR is always the baseline lane
+SPEC_METHODS = methods.SPECULATIVE  # AR is always the baseline lane
 UPDATE_INTERVAL_S = 0.25                                # ~4 pane updates per second
 PLOT_INTERVAL_S = 1.0                                   # plots redraw about once a second (and at the end)
 
@@ -139,7 +140,7 @@ class Snapshot:
             "spec_text": self.text("spec"),
             "summary": self.comparison.to_dict() if self.comparison else None,
             "config": self.cfg.to_dict(),
-            "draft": self.draft if self.cfg.method == "vanilla" else None,
+            "draft": self.draft if methods.spec(self.cfg.method).uses_draft_model else None,
             "hardware": self.hardware,
         }
 
@@ -254,12 +255,13 @@ def throttle(stream: Iterable[T], interval: float = UPDATE_INTERVAL_S, key: Call
 # --- HTML -------------------------------------------------------------------------------------------------
 
 def pane_html(title: str, lane: Lane, running: bool) -> str:
-    """A pane: a header with live counters, then the coloured tokens (each with data-verdict)."""
+    """A pane: a header with live counters, then the coloured tokens (each with data-verdict), one band per target
+    forward (render.pane_body_html)."""
     state = "done" if lane.done else ("running" if running else "idle")
     stats = (f'<span class="sv-stat"><b>{lane.n_tokens}</b> tokens</span>'
              f'<span class="sv-stat"><b>{lane.clock:.2f}</b> s compute</span>'
              f'<span class="sv-stat"><b>{lane.tok_per_s:.1f}</b> tok/s</span>')
-    body = render.to_html(render.spans(lane.events)) if lane.events else '<span class="sv-placeholder">…</span>'
+    body = render.pane_body_html(lane.events) if lane.events else '<span class="sv-placeholder">…</span>'
     badge = {"done": "✓ done", "running": "● running", "idle": ""}[state]
     return (f'<div class="sv-pane-box" data-state="{state}">'
             f'<div class="sv-pane-head"><span class="sv-pane-title">{html.escape(title)}</span>'
@@ -282,7 +284,8 @@ def _num(value: Optional[float], fmt: str = "{:.2f}", none: str = "–") -> str:
 
 
 def summary_html(snap: Snapshot) -> str:
-    """The end-of-run summary: speedup beside the Leviathan prediction, α, τ, c, and the identity badge."""
+    """The end-of-run summary: the identity badge, the lesson (both texts, one above the other: lesson.py), then
+    speedup beside the Leviathan prediction, α, τ, c."""
     c = snap.comparison
     if c is None:
         return '<div class="sv-summary sv-summary-empty">The summary appears when both lanes have finished.</div>'
@@ -317,7 +320,8 @@ def summary_html(snap: Snapshot) -> str:
     settings = (f"{snap.cfg.method}, γ = {gamma}{lookup}, temperature {snap.cfg.temperature:g}, top-p {snap.cfg.top_p:g}, "
                 f"{c.spec.new_tokens} tokens, {c.spec.steps} target forwards vs {c.ar.steps}"
                 + (f" · on {snap.hardware}" if snap.hardware else ""))
-    return (f'<div class="sv-summary"><div class="sv-badges">{badge}</div>'
+    texts = lesson.lesson_html(ar_ev, spec_ev, snap.cfg.greedy, snap.title("ar"), snap.title("spec"))
+    return (f'<div class="sv-summary"><div class="sv-badges">{badge}</div>{texts}'
             f'<div class="sv-cards">{items}</div><div class="sv-settings">{html.escape(settings)}</div></div>')
 
 
@@ -353,6 +357,7 @@ class View:
     accept: object = None
     tree: object = None
     final_events: Optional[list[StepEvent]] = None  # the speculative lane's events, once the race is done
+    final: Optional[Snapshot] = None                 # the finished race itself, for a replay (ui/replay.py)
 
     def as_tuple(self) -> tuple:
         return (self.status, self.pane_ar, self.pane_spec, self.summary, self.alpha, self.speed, self.accept,
@@ -368,6 +373,7 @@ def view_of(snap: Snapshot, with_plots: bool = True) -> View:
         pane_spec=pane_html(snap.title("spec"), spec, running),
         summary=summary_html(snap),
         final_events=list(spec.events) if snap.phase == "done" else None,
+        final=snap if snap.phase == "done" else None,
     )
     if not with_plots:
         return view

@@ -3,11 +3,18 @@
 A speculative pane shows what the drafter proposed as well as what was kept: accepted drafts,
 then the rejected draft and the discarded ones after it (struck through), then the target's own
 resampled or bonus token. Colour always comes with a second cue (underline, strike, bold, fade).
+
+The app's panes read as text (`pane_body_html`): each target forward's tokens share a band, and only the one
+refused draft on the verified path stays inline; the drafts never on that path (other branches of a tree,
+drafts after a refusal) are marked `off_path`, hidden by the stylesheet (style.css) behind a per-step count
+unless "show every draft" is on.
 """
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Optional
 
 from specviz.events import StepEvent, Verdict
@@ -29,6 +36,9 @@ MEANINGS = {
     Verdict.BONUS: "the target's extra token when all drafts were kept",
     Verdict.PLAIN: "plain autoregressive token",
 }
+UNCOMMITTED = (Verdict.REJECTED, Verdict.DISCARDED)  # drafted tokens that are not part of the text
+_SPACES = re.compile(r" +")
+DECORATED = (Verdict.ACCEPTED, Verdict.REJECTED, Verdict.DISCARDED)  # underlined or struck: their spaces are kept out
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,7 @@ class Span:
     q_draft: Optional[float] = None
     p_target: Optional[float] = None
     accept_prob: Optional[float] = None
+    off_path: bool = False  # a draft never on the verified path: another branch, or drafted after the refusal
 
     @property
     def tooltip(self) -> str:
@@ -52,34 +63,78 @@ class Span:
         return " · ".join(parts)
 
 
+def refusal_index(e: StepEvent) -> Optional[int]:
+    """The index in `e.drafts` of the one refused draft on the verified path: the draft the target judged and
+    refused where it then wrote its own token (a chain has one; on a tree, the first of the refused children of
+    the accepted path's end, the drafter's best-ranked guess there). None when nothing was refused."""
+    return next((i for i, d in enumerate(e.drafts) if d.verdict is Verdict.REJECTED), None)
+
+
+def step_spans(e: StepEvent) -> list[Span]:
+    """One step's tokens in reading order: its kept drafts, then its refused and discarded drafts (all but the
+    refusal on the verified path marked off_path), then the target's own resampled token (or the bonus)."""
+    by_depth = {d.depth: d for d in e.drafts if d.verdict is Verdict.ACCEPTED}
+    kept = []
+    for i, t in enumerate(e.emitted):
+        d = by_depth.get(i) if t.verdict is Verdict.ACCEPTED else None
+        kept.append(Span(t.text, t.verdict, e.step, d.q_draft if d else None, t.p_target,
+                         d.accept_prob if d else None))
+    shown = refusal_index(e)
+    dropped = [Span(d.text, d.verdict, e.step, d.q_draft, d.p_target, d.accept_prob, off_path=i != shown)
+               for i, d in enumerate(e.drafts) if d.verdict in (Verdict.REJECTED, Verdict.DISCARDED)]
+    if kept and kept[-1].verdict is Verdict.RESAMPLED:
+        return kept[:-1] + dropped + kept[-1:]
+    return kept + dropped
+
+
 def spans(events: Iterable[StepEvent]) -> list[Span]:
     """Every token worth showing, in reading order: a step's kept drafts, then its refused and
     discarded drafts, then the target's own resampled token that replaced them (or the bonus)."""
-    out: list[Span] = []
-    for e in events:
-        by_depth = {d.depth: d for d in e.drafts if d.verdict is Verdict.ACCEPTED}
-        kept = []
-        for i, t in enumerate(e.emitted):
-            d = by_depth.get(i) if t.verdict is Verdict.ACCEPTED else None
-            kept.append(Span(t.text, t.verdict, e.step, d.q_draft if d else None, t.p_target,
-                             d.accept_prob if d else None))
-        dropped = [Span(d.text, d.verdict, e.step, d.q_draft, d.p_target, d.accept_prob)
-                   for d in e.drafts if d.verdict in (Verdict.REJECTED, Verdict.DISCARDED)]
-        if kept and kept[-1].verdict is Verdict.RESAMPLED:
-            out += kept[:-1] + dropped + kept[-1:]
-        else:
-            out += kept + dropped
-    return out
+    return [s for e in events for s in step_spans(e)]
 
 
 def to_html(items: list[Span]) -> str:
     """Spans as HTML; every token carries data-verdict and a hover title."""
-    parts = []
-    for s in items:
-        text = html.escape(s.text).replace("\n", "↵<br>") if s.text else "∅"
-        parts.append(f'<span class="sv-tok sv-{s.verdict.value}" data-verdict="{s.verdict.value}" '
-                     f'title="{html.escape(s.tooltip)}">{text}</span>')
-    return "".join(parts)
+    return "".join(_token_html(s) for s in items)
+
+
+def _token_html(s: Span, step: Optional[int] = None) -> str:
+    """One token; with `step`, the token is that step's band too (a step of one token)."""
+    newline = "↵" if s.verdict in UNCOMMITTED else "↵<br>"  # a refused newline breaks no line of the text
+    text = html.escape(s.text).replace("\n", newline) if s.text else "∅"
+    if s.verdict in DECORATED:
+        text = _SPACES.sub(r'<span class="sv-sp">\g<0></span>', text)  # no underline or strike through the spaces
+    classes = f"sv-tok sv-{s.verdict.value}" + " sv-off" * s.off_path
+    step_attr = ""
+    if step is not None:
+        classes += f" sv-step sv-band-{step % 2}"
+        step_attr = f' data-step="{step}"'
+    return (f'<span class="{classes}"{step_attr} data-verdict="{s.verdict.value}" '
+            f'title="{html.escape(s.tooltip)}">{text}</span>')
+
+
+def more_html(step: int, n: int) -> str:
+    """The small count of a step's drafts that were never on the verified path. Opening it shows them inline in
+    their step (style.css); the app also selects the step in the tree panel (data-step is the 0-based step)."""
+    note = (f"{n} draft{'s' * (n != 1)} of step {step + 1} never on the verified path (other branches of the tree, "
+            "drafts after a refusal): click to show them here and this step in the tree panel")
+    return f'<details class="sv-more" data-step="{step}"><summary title="{html.escape(note)}">+{n}</summary></details>'
+
+
+def pane_body_html(events: Iterable[StepEvent]) -> str:
+    """A lane as text: one band per target forward (alternating sv-band-0 / sv-band-1, data-step 0-based), its
+    committed tokens with their verdicts, the refusal on the verified path, the off-path drafts (hidden unless
+    "show every draft") and their count."""
+    out = []
+    for e in events:
+        items = step_spans(e)
+        hidden = sum(s.off_path for s in items)
+        if len(items) == 1:  # one token (every AR step): the token is the band, one node fewer per token
+            out.append(_token_html(items[0], e.step))
+            continue
+        more = more_html(e.step, hidden) if hidden else ""
+        out.append(f'<span class="sv-step sv-band-{e.step % 2}" data-step="{e.step}">{to_html(items)}{more}</span>')
+    return "".join(out)
 
 
 def legend_html() -> str:
@@ -87,22 +142,14 @@ def legend_html() -> str:
     for v in (Verdict.ACCEPTED, Verdict.REJECTED, Verdict.DISCARDED, Verdict.RESAMPLED, Verdict.BONUS):
         items.append(f'<span class="sv-legend-item"><span class="sv-tok sv-{v.value}" data-verdict="{v.value}">'
                      f'{v.value}</span> {html.escape(MEANINGS[v])}</span>')
+    items.append('<span class="sv-legend-item"><span class="sv-legend-band sv-step sv-band-1">shaded run</span> '
+                 'the tokens of one target forward</span>')
+    items.append('<span class="sv-legend-item"><span class="sv-more-key">+3</span> drafts never on the verified path '
+                 '(click: show them)</span>')
     return '<div class="sv-legend" id="legend">' + "".join(items) + "</div>"
 
 
-CSS = """
-.sv-pane { font-family: ui-monospace, 'DejaVu Sans Mono', Menlo, monospace; font-size: 17px; line-height: 1.7;
-  white-space: pre-wrap; word-break: break-word; }
-.sv-tok { border-radius: 3px; padding: 0 1px; }
-.sv-accepted { color: #007A5A; background: rgba(0,158,115,0.12); text-decoration: underline; text-decoration-thickness: 2px; }
-.sv-rejected { color: #D55E00; background: rgba(213,94,0,0.10); text-decoration: line-through; text-decoration-thickness: 2px; }
-.sv-discarded { color: #8C8C8C; text-decoration: line-through; opacity: 0.6; }
-.sv-resampled { color: #B77A00; background: rgba(230,159,0,0.15); font-weight: 700; }
-.sv-bonus { color: #0072B2; background: rgba(0,114,178,0.12); font-weight: 700; }
-.sv-plain { color: inherit; }
-.sv-legend { display: flex; flex-wrap: wrap; gap: 6px 18px; font-size: 15px; }
-.sv-legend-item { white-space: nowrap; }
-"""
+CSS = (Path(__file__).parent / "style.css").read_text(encoding="utf-8")  # the one stylesheet: panes and app
 
 ANSI = {
     Verdict.ACCEPTED: "\x1b[32;4m",   # green, underlined

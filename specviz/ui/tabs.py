@@ -13,9 +13,9 @@ from typing import Optional
 
 import gradio as gr
 
-from specviz import hardware, zerogpu
+from specviz import hardware, methods, zerogpu
 
-from specviz.ui import plots, render
+from specviz.ui import controls, plots, render
 from specviz.ui.logic import make_config, status_html, user_message
 from specviz.config import CHAIN_METHODS, DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, ConfigError
 from specviz.check.run import CHECK_METHODS, CHECKED_TRAINED
@@ -129,7 +129,7 @@ def run_check_ui(target: str = DEFAULT_TARGET, method: str = "vanilla", draft: s
         if not 1 <= n <= len(check.DEFAULT_PROMPTS):
             raise ConfigError(f"prompts={n} is out of range: use 1..{len(check.DEFAULT_PROMPTS)}")
         policy.check_model(target, "target")
-        if method == "vanilla":
+        if methods.spec(method).uses_draft_model:
             policy.check_model(draft, "draft")
         elif method in CHECKED_TRAINED:  # the shipped drafter; a local folder or Hub id only in private mode
             draft = None if policy.public or draft in (DEFAULT_DRAFT, hardware.default_pair().draft) else draft
@@ -275,8 +275,9 @@ def cycle_table_html(view: Optional[dict]) -> str:
 def step_status(session) -> str:
     cfg = session.cfg
     m = session.measured()
-    who = {"vanilla": f"vanilla, draft {session.draft}", "pld": "pld (prompt lookup)"}.get(
-        cfg.method, f"{cfg.method} (trained drafter, drafting a chain)")
+    entry = methods.spec(cfg.method)
+    who = (f"{cfg.method}, draft {session.draft}" if entry.uses_draft_model else
+           f"{cfg.method} (trained drafter, drafting a chain)" if entry.trained else f"{cfg.method} ({entry.label})")
     where = (f"finished ({session.run.finish_reason}) after {m['steps']} steps" if session.finished else
              f"{m['steps']} steps so far" if m["steps"] else "ready: press Next step")
     alpha = f" · α so far {_num(m['alpha'])} ({m['accepted']}/{m['drafted']}) · τ {_num(m['tau'])}" if m["steps"] else ""
@@ -360,6 +361,14 @@ def step_theory(session, alpha: float, c: float):
     return plots.theory_figure(float(alpha), float(c), session.measured() if session else None)
 
 
+def step_method_changed(method):
+    """The step-through form follows the drafter (controls.step_fields): the draft model only for a draft-model method,
+    with a line saying why it is hidden otherwise."""
+    fields = controls.step_fields(str(method))
+    return (gr.Dropdown(visible=fields.draft), gr.Dropdown(visible=fields.gamma),
+            fields.note_html("step-method-note"))
+
+
 def step_tab(concurrency_id: str = CONCURRENCY_ID, pair: hardware.Pair = hardware.EMBEDDED_PAIR) -> None:
     """Build the "Step through" tab (teaching mode) inside the caller's gr.Blocks (default draft: `pair`'s)."""
     with gr.Tab("Step through", elem_id="tab-step"):
@@ -380,6 +389,7 @@ def step_tab(concurrency_id: str = CONCURRENCY_ID, pair: hardware.Pair = hardwar
             seed = gr.Number(value=0, precision=0, label="Seed", min_width=90, elem_id="step-seed")
             max_new_tokens = gr.Number(value=32, precision=0, label="Max tokens", min_width=90,
                                        elem_id="step-max-new-tokens")
+        note = gr.HTML(controls.step_fields(STEP_DEFAULTS["method"]).note_html("step-method-note"))
         with gr.Row():
             reset = gr.Button("Reset ↺", size="lg", elem_id="step-reset")
             nxt = gr.Button("Next step ▶", variant="primary", size="lg", elem_id="step-next")
@@ -417,3 +427,5 @@ def step_tab(concurrency_id: str = CONCURRENCY_ID, pair: hardware.Pair = hardwar
         for slider in (alpha, c):
             slider.input(step_theory, inputs=[session, alpha, c], outputs=[theory], api_visibility="private",
                          show_progress="hidden")
+        method.input(step_method_changed, inputs=[method], outputs=[draft, gamma, note], api_visibility="private",
+                     show_progress="hidden")

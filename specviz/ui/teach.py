@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from specviz import metrics
+from specviz import methods, metrics
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, DecodeConfig
 from specviz.engines.speculative import Cycle, RunState, SpeculativeEngine
 from specviz.events import StepEvent
@@ -118,7 +118,7 @@ def start(prompt: str, cfg: DecodeConfig, target: str = DEFAULT_TARGET, draft: s
     prepared = prepare(prompt, cfg, target, draft, chain=True)  # one chain cycle per click
     engine = prepared.spec
     return TeachSession(engine, engine.start(prepared.prompt_ids, prepared.cfg), prompt,
-                        draft if cfg.method == "vanilla" else "", target, given_draft=draft)
+                        draft if methods.spec(cfg.method).uses_draft_model else "", target, given_draft=draft)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,201 @@
+"""`python -m specviz bench`: methods against AR over a prompt file, per prompt and per category, as JSON and a
+table; the prompt file's reader and the stock AR references."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+from specviz import methods as registry
+from specviz import prompts
+from specviz.cli.common import InputError, config_of, draft_for, load_target, method_spec
+from specviz.config import ConfigError, DecodeConfig, parse_gamma
+
+
+def _bench_methods(specs: list[str], args) -> dict[str, tuple[str, str | None, dict, str | None]]:
+    """--method entries `name[:gamma][+pld[:n]][+ret[:n]][@drafter]` → {label: (method, gamma or None, branches,
+    what it drafts with)}. `@` names a drafter folder (or Hub id) for a trained method, a draft model for vanilla, so
+    one run can race two drafters of the same kind over the same AR baseline; without it, --drafter / --draft. `+pld`
+    and `+ret` graft prompt lookup's and the datastore's continuation onto a tree drafter's tree
+    (DecodeConfig.lookup, retrieve)."""
+    out = {}
+    for spec in specs:
+        name, gamma, grafts, at, what = method_spec(spec)
+        if name not in registry.SPECULATIVE:
+            raise ConfigError(f"method={name!r} is not benchmarkable: use {', '.join(registry.SPECULATIVE)}, "
+                              "optionally with :gamma, +pld, +ret and @drafter (AR is always the baseline)")
+        if at and (not registry.spec(name).has_weights or not what):
+            raise ConfigError(f"method={spec!r}: @ names a drafter folder (eagle, medusa, layerskip, draft) or a draft "
+                              "model (vanilla), e.g. eagle@out/train/eagle/drafter; pld drafts from the prompt")
+        out[spec] = (name, gamma or None, grafts, what or draft_for(args, name))
+    return out
+
+
+def read_prompts(path: str, categories: list[str] | None, limit: int | None) -> list[dict]:
+    """specviz.prompts.read, then the categories and the round-robin --limit (a small sample still spans them)."""
+    try:
+        rows = prompts.pick(prompts.read(path), categories, limit, source=path)
+    except prompts.PromptFileError as exc:
+        raise InputError(str(exc)) from None
+    if not rows:
+        raise InputError(f"prompt file {path!r} holds no prompts")
+    return rows
+
+
+def _hf_assisted(target, draft, ids: list[int], cfg: DecodeConfig) -> tuple[list[int], float]:
+    """transformers' own assisted generation with the same draft and γ, greedy, timed."""
+    import torch
+
+    from specviz.core.cache import clock
+
+    input_ids = torch.tensor([ids], device=target.device)
+    kwargs = dict(assistant_model=draft.model, max_new_tokens=cfg.max_new_tokens, do_sample=False,
+                  num_assistant_tokens=cfg.initial_gamma(), num_assistant_tokens_schedule="constant",
+                  eos_token_id=sorted(target.eos_ids), pad_token_id=sorted(target.eos_ids)[0])
+    with torch.inference_mode():
+        t0 = clock(target.device)
+        out = target.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
+        t1 = clock(target.device)
+    return [int(t) for t in out[0, len(ids):]], t1 - t0
+
+
+def cmd_bench(args) -> int:
+    import torch
+    import transformers
+    from tqdm import tqdm
+
+    from specviz import engines, hardware, metrics
+    from specviz.core.lookup import RepeatSplit
+    from specviz.drafters import trained as drafters
+    from specviz.models import loader as models
+
+    methods = _bench_methods(args.method or ["vanilla", "pld"], args)
+    cfgs = {label: config_of(args, m, grafts).with_(**({"gamma": parse_gamma(g)} if g else {}))
+            for label, (m, g, grafts, _) in methods.items()}
+    base = config_of(args, "ar", {"lookup": 0, "retrieve": 0})
+    prompts = read_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
+    target = load_target(args)
+    built = {label: engines.build(m, target, what) for label, (m, _, _, what) in methods.items()}
+    ar = engines.build("ar", target)
+    draft = models.load_draft(args.draft, target) if args.compare_hf else None
+    # a trained drafter's compressed vocabulary (target ids); None for the full one and other methods
+    vocabs = {label: getattr(engine, "draft_vocab_ids", None) for label, engine in built.items()}
+    refs = _reference_ars(target) if args.ar_reference else {}
+    # warm-up (first-call allocations), not timed
+    warm_ids = target.encode_prompt("Hello")
+    for e in [ar, *built.values(), *refs.values()]:
+        engines.generate(e, warm_ids, base.with_(max_new_tokens=16, method=e.method))
+    rows = []
+    for row in tqdm(prompts, desc="bench", unit="prompt", file=sys.stderr):
+        ids = target.encode_prompt(row["prompt"])
+        ar_run = engines.generate(ar, ids, base)
+        ar_sum = metrics.summarize("ar", ar_run.events)
+        results = []
+        for m in methods:
+            run = engines.generate(built[m], ids, cfgs[m])
+            s = metrics.summarize(m, run.events)
+            results.append((m, run.token_ids, s.seconds, s.alpha, s.tau, RepeatSplit.of(ids, run.events)))
+        for label, engine in refs.items():
+            ref = engines.generate(engine, ids, base)
+            results.append((label, ref.token_ids, metrics.summarize("ar", ref.events).seconds, None, None, None))
+        if draft is not None:
+            hf_ids, hf_s = _hf_assisted(target, draft, ids, base)
+            results.append(("hf-assisted", hf_ids, hf_s, None, None, None))
+        for m, token_ids, seconds, alpha, tau, split in results:
+            n = len(token_ids)
+            rows.append({
+                "id": row["id"], "category": row["category"], "method": m, "new_tokens": n,
+                "seconds": seconds, "tok_per_s": n / seconds if seconds else None,
+                "ar_seconds": ar_sum.seconds, "ar_tok_per_s": ar_sum.tok_per_s, "ar_new_tokens": ar_sum.new_tokens,
+                "speedup": ((ar_sum.seconds / ar_sum.new_tokens) / (seconds / n) if n and seconds and ar_sum.new_tokens
+                            else None),
+                "alpha": alpha, "tau": tau,
+                "identical_to_ar": (token_ids == ar_run.token_ids) if base.greedy else None,
+                # the share of AR's tokens a compressed draft vocabulary holds (the rest can never be drafted)
+                "draft_vocab_coverage": drafters.coverage(vocabs.get(m), ar_run.token_ids),
+                # the first draft where the answer repeats its context and elsewhere (does the drafter copy?)
+                "first_draft": split.to_dict() if split else None,
+            })
+    summary = [_summarize_rows(m, [r for r in rows if r["method"] == m])
+               for m in dict.fromkeys(r["method"] for r in rows)]
+    report = {
+        "command": "python -m specviz " + " ".join(sys.argv[1:]),
+        "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
+        "hardware": hardware.describe(target.device, target.dtype), "attention": target.attention,
+        "pad_one_row": target.pad_one_row, "guarantee": target.guarantee,
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}",
+        "cpu": hardware.cpu_name(),
+        "target": args.target, "draft": args.draft, "config": base.to_dict(),
+        "summary": summary, "rows": rows,
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=1))
+    print(format_summary(summary))
+    print(f"wrote {args.json}")
+    return 0
+
+
+def _reference_ars(target) -> dict:
+    """Plain AR as users run it elsewhere, beside the baseline: the same dtype with stock sdpa attention and no
+    padding row ("ar-sdpa", when the baseline is the bitwise engine), and fp32 ("ar-fp32")."""
+    import torch
+
+    from specviz import engines
+    from specviz.models import loader as models
+
+    refs = {}
+    if target.attention != "sdpa" or target.pad_one_row:
+        refs["ar-sdpa"] = engines.build("ar", models.get(target.name, target.device, target.dtype, attention="sdpa"))
+    if target.dtype != torch.float32:
+        refs["ar-fp32"] = engines.build("ar", models.get(target.name, target.device, torch.float32))
+    return refs
+
+
+def _summarize_rows(method: str, rows: list[dict]) -> dict:
+    """Totals over prompts: speedup = total AR seconds / total method seconds over the same tokens."""
+    tokens = sum(r["new_tokens"] for r in rows)
+    seconds = sum(r["seconds"] for r in rows)
+    ar_tokens = sum(r["ar_new_tokens"] for r in rows)
+    ar_seconds = sum(r["ar_seconds"] for r in rows)
+    ar_rate = ar_tokens / ar_seconds if ar_seconds else None
+    rate = tokens / seconds if seconds else None
+    alphas = [(r["alpha"], r["tau"], r["new_tokens"]) for r in rows if r["alpha"] is not None]
+    steps = sum(n / tau for _, tau, n in alphas if tau)
+    identical = [r["identical_to_ar"] for r in rows]
+    return {
+        "method": method, "prompts": len(rows), "new_tokens": tokens, "tok_per_s": rate, "ar_tok_per_s": ar_rate,
+        "speedup": rate / ar_rate if rate and ar_rate else None,
+        "alpha": (sum(a * n for a, _, n in alphas) / sum(n for *_, n in alphas)) if alphas else None,
+        "tau": (sum(n for *_, n in alphas) / steps) if steps else None,
+        "identical_all": None if None in identical else all(identical),
+        "draft_vocab_coverage": (sum(r["draft_vocab_coverage"] * r["ar_new_tokens"] for r in rows) / ar_tokens
+                                 if ar_tokens and all(r.get("draft_vocab_coverage") is not None for r in rows)
+                                 else None),
+        "first_draft": _first_draft_total(rows),
+    }
+
+
+def _first_draft_total(rows: list[dict]) -> dict | None:
+    """The rows' RepeatSplit counts added up (None for the reference runs, which draft nothing)."""
+    from specviz.core.lookup import RepeatSplit
+
+    splits = [RepeatSplit.from_dict(r["first_draft"]) for r in rows if r.get("first_draft")]
+    return sum(splits, RepeatSplit()).to_dict() if splits else None
+
+
+def format_summary(summary: list[dict]) -> str:
+    f = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    lines = ["| method | prompts | tokens | tok/s | AR tok/s | speedup | α | τ | identical "
+             "| 1st draft right: repeats / new (share repeating) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summary:
+        fd = s.get("first_draft") or {}
+        split = (f"{f(fd.get('repeat_rate'), '.2f')} / {f(fd.get('new_rate'), '.2f')} "
+                 f"({f(fd.get('repeat_share'), '.0%')})"
+                 if fd else "-")
+        lines.append(f"| {s['method']} | {s['prompts']} | {s['new_tokens']} | {f(s['tok_per_s'], '.1f')} | "
+                     f"{f(s['ar_tok_per_s'], '.1f')} | {f(s['speedup'], '.2f')}× | {f(s['alpha'], '.2f')} | "
+                     f"{f(s['tau'], '.2f')} | {f(s['identical_all'], '')} | {split} |")
+    return "\n".join(lines)

@@ -1,0 +1,108 @@
+"""What the commands share: the decode options, the default pair, loading the target, and a bench entry's grammar."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specviz import methods as registry
+from specviz.config import DEFAULT_TARGET, GAMMA_MAX, METHODS, TRAINED_METHODS, ConfigError, DecodeConfig
+from specviz.hardware import GPU_DRAFT, GPU_TARGET
+
+DEFAULTS = DecodeConfig()
+
+
+class InputError(ValueError):
+    """Bad CLI input other than a decode setting (a missing or malformed prompt file)."""
+
+
+PAIR_HELP = f"{DEFAULT_TARGET} on CPU; on a GPU {GPU_TARGET} with the draft {GPU_DRAFT}"
+
+
+def default_pair(args) -> None:
+    """Left-out --target/--draft: this device's default pair (specviz/hardware.py; trained drafters keep their
+    target)."""
+    if args.command not in ("generate", "bench", "check", "profile"):
+        return
+    from specviz import hardware
+
+    methods = [method_spec(m)[0] for m in args.method] if isinstance(args.method, list) else [args.method or "vanilla"]
+    pair = hardware.GPU_PAIR  # for an explicit target: only the GPU pair's target comes with a draft of its own
+    if args.target is None:
+        pair = hardware.default_pair(args.device or None)
+        if pair.note:
+            print(f"specviz: {pair.note}", file=sys.stderr)
+        args.target = pair.target_for_all(methods)
+    if args.draft is None and (args.command != "check" or all(registry.spec(m).uses_draft_model for m in methods)):
+        args.draft = pair.draft_for(args.target)
+
+
+def decode_args(p: argparse.ArgumentParser, methods=METHODS) -> None:
+    p.add_argument("--target", default=None, help="model spec: smollm2-135m, ORG/NAME, folder or .gguf (default "
+                                                  f"{PAIR_HELP})")
+    p.add_argument("--draft", default=None, help="draft for vanilla: int8 or a model spec sharing the target's "
+                                                 "tokenizer (default: int8, or the GPU pair's draft)")
+    p.add_argument("--drafter", default=None, help="eagle, medusa, layerskip, draft: a folder written by `train` or a "
+                                                   "Hub id (default: the drafter shipped for the target)")
+    p.add_argument("--gamma", default=str(DEFAULTS.gamma), help=f"drafted tokens per step, 1..{GAMMA_MAX} or auto "
+                                                                "(default %(default)s)")
+    p.add_argument("--temperature", default=DEFAULTS.temperature, help="0 = greedy (default %(default)s)")
+    p.add_argument("--top-k", default=DEFAULTS.top_k, help="0 = off (default %(default)s)")
+    p.add_argument("--top-p", default=DEFAULTS.top_p, help="nucleus mass in (0, 1] (default %(default)s)")
+    p.add_argument("--max-new-tokens", default=DEFAULTS.max_new_tokens, help="(default %(default)s)")
+    p.add_argument("--seed", default=DEFAULTS.seed, help="(default %(default)s)")
+    p.add_argument("--lookup", default=DEFAULTS.lookup, help="eagle, medusa (greedy): also verify prompt lookup's "
+                   "continuation of up to this many tokens as one more branch of the tree; 0 = off (default "
+                   "%(default)s)")
+    p.add_argument("--retrieve", default=DEFAULTS.retrieve, help="eagle, medusa (greedy), the embedded target or a "
+                   "drafter trained on your own data: likewise up to this many nodes of what most often followed the "
+                   "context in the target's own answers (the datastore), a chain or a small tree; 0 = off (default "
+                   "%(default)s)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU and on CPUs with a bf16 vector path, else fp32), "
+                                                   "float32, bfloat16, float16")
+
+
+def config_of(args, method: str, grafts: dict | None = None) -> DecodeConfig:
+    """The decode settings of the command line; `grafts` ({"lookup": n} and/or {"retrieve": n}, a bench entry's own
+    branches) overrides --lookup and --retrieve."""
+    branches = {"lookup": args.lookup, "retrieve": args.retrieve, **(grafts or {})}
+    return DecodeConfig(method=method, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
+                        top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed, **branches)
+
+
+def load_target(args):
+    import torch
+
+    from specviz.models import loader as models
+
+    device = torch.device(args.device) if args.device else models.default_device()
+    if device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
+        raise ConfigError(f"device={args.device!r} is not available: use cpu"
+                          + (" or cuda" if torch.cuda.is_available() else ""))
+    return models.get(args.target, device, models.parse_dtype(args.dtype, device))
+
+
+def draft_for(args, method: str) -> str | None:
+    """What a method drafts with: --drafter for the trained drafters, --draft for vanilla."""
+    return args.drafter if method in TRAINED_METHODS else args.draft
+
+
+GRAFTS = {"pld": "lookup", "ret": "retrieve"}  # bench `+kind[:n]` -> the DecodeConfig branch it sets
+
+
+def method_spec(spec: str) -> tuple[str, str, dict, str, str]:
+    """A bench --method entry `name[:gamma][+pld[:n]][+ret[:n]][@drafter]` → (name, gamma, the branches it names
+    ({"lookup": n, "retrieve": n}), "@" or "", drafter)."""
+    from specviz.hardware import CPU_GRAFTS
+
+    head, at, what = spec.partition("@")
+    head, *extras = head.split("+")
+    name, _, gamma = head.partition(":")
+    grafts = {}
+    for extra in extras:
+        kind, _, n = extra.partition(":")
+        if kind not in GRAFTS:
+            raise ConfigError(f"method={spec!r}: + adds a branch to a tree drafter's tree: +pld (prompt lookup) or "
+                              "+ret (the datastore), each optionally :N tokens, e.g. eagle+pld:6+ret:6")
+        grafts[GRAFTS[kind]] = n or CPU_GRAFTS[GRAFTS[kind]]  # without :N, the length measured fastest on 2 CPU cores
+    return name, gamma, grafts, at, what

@@ -1,0 +1,229 @@
+"""The fused decoder: a Llama-architecture target's forward in one C call, for bf16 on CPU (the bitwise engine).
+
+Why: a bf16 AR step of the default target streams 269 MB of weights, ~10 ms at a 2-core machine's read bandwidth,
+but through the stock transformers decoder it took ~51 ms on an AMX Xeon: torch's bf16 matmuls read the weights at
+~40% of the bandwidth for one or two rows, and ~14 ms went to Python dispatch, small ops and the DynamicCache's
+per-step concatenation (experiments/probes/ar_step_profile.py). Here every Linear reads its weights packed once at
+load (kernels/packed_linear.c: 16 output rows by 2 input columns, contiguous), the layers run in one parallel region
+(kernels/llama.c) over a preallocated KV cache (KVBuffer), and only the embedding lookup, the final norm and the LM
+head are separate calls.
+
+Exactness: each row's bits depend only on the row, its position and the keys it sees (the packed matmul and every
+elementwise step take one fixed sequence of operations per row; attention is attend.c's), so verification of k
+drafts gives one-token decoding's logits bit for bit, with no padding row and no 32-row limit. The bits are this
+decoder's own, close to the stock model's (the same bf16 rounding points; other summation orders): CachedLM runs
+every forward of a run through it, or none.
+
+It serves targets whose loader picked row-wise attention (bf16 on CPU) and whose layers are Llama's: RMSNorm, rope
+(default, linear or llama3 scaling), q/k/v/o and a SiLU gate/up/down MLP without biases, head size a multiple of 16.
+SPECVIZ_FUSED=0 keeps the stock decoder (the probes compare both). Elsewhere (GPU, fp32, other architectures, no C
+compiler) CachedLM runs the stock decoder as before.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+import torch
+
+from specviz.models import attention, kernels
+
+ROPE_TYPES = ("default", "linear", "llama3")  # position-independent tables: computed once per position
+STORE_BF16, ADD_BF16, STORE_F32 = 0, 1, 2      # packed.h's output modes
+
+
+def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """`lib` (a kernels build) with the argument types of the functions used here."""
+    long, ptr = ctypes.c_long, ctypes.c_void_p
+    lib.pack_bf16.argtypes = [ptr, ptr, long, long, ctypes.c_int]
+    lib.linear_packed.argtypes = [ptr, ptr, ptr, long, long, long, ctypes.c_int, ctypes.c_int]
+    lib.rmsnorm_rows.argtypes = [ptr, ptr, ptr, long, long, ctypes.c_float]
+    lib.llama_layers.argtypes = ([ptr, long, ptr, long, ptr, ptr, ptr, ptr, long, ptr, ptr, long, long, ptr]
+                                 + [long] * 5 + [ctypes.c_float, ctypes.c_float, ctypes.c_int])
+    for f in (lib.pack_bf16, lib.linear_packed, lib.rmsnorm_rows, lib.llama_layers):
+        f.restype = None
+    return lib
+
+
+@functools.lru_cache(maxsize=1)
+def _lib() -> ctypes.CDLL:
+    """The kernels build `kernels.available()` loaded, typed."""
+    return _typed(kernels.library(kernels.best_isa()))
+
+
+def supports(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the fused decoder can run `model` here (see the module's docstring)."""
+    if os.environ.get("SPECVIZ_FUSED") == "0" or device.type != "cpu" or dtype != torch.bfloat16:
+        return False
+    cfg = model.config
+    try:
+        decoder, head = model.get_decoder(), model.get_output_embeddings()
+        layers = decoder.layers
+        attn, mlp = layers[0].self_attn, layers[0].mlp
+        shapes_ok = (cfg.hidden_size % 16 == 0 and attn.head_dim % 16 == 0 and attn.head_dim <= 256
+                     and cfg.intermediate_size % 16 == 0 and cfg.num_attention_heads % cfg.num_key_value_heads == 0)
+        plain = (getattr(cfg, "model_type", "") == "llama" and not getattr(cfg, "attention_bias", False)
+                 and not getattr(cfg, "mlp_bias", False) and cfg.hidden_act == "silu"
+                 and getattr(cfg, "pretraining_tp", 1) == 1 and head is not None and getattr(head, "bias", None) is None
+                 and decoder.rotary_emb.rope_type in ROPE_TYPES and mlp.gate_proj.weight.dtype == torch.bfloat16
+                 and len(layers) == cfg.num_hidden_layers)
+    except (AttributeError, TypeError, IndexError):
+        return False
+    return (shapes_ok and plain and cfg._attn_implementation == attention.NAME and kernels.available())
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """A (N, K) bf16 weight in packed_linear.c's layout: blocks of 16 rows, pairs of columns interleaved."""
+    weight = weight.detach().to(torch.bfloat16).contiguous()
+    n, k = weight.shape
+    out = torch.empty(-(-n // 16) * 16 * k, dtype=torch.bfloat16)
+    _lib().pack_bf16(weight.data_ptr(), out.data_ptr(), n, k, kernels.threads())
+    return out
+
+
+class KVBuffer:
+    """One run's keys and values for every layer, preallocated: keys and values (layers, kv heads, capacity, head
+    dim) bf16, grown by doubling. How many positions are valid is its owner's count (CachedLM.seen): a rejected
+    draft's slots are simply written over."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int = 512):
+        self.keys = torch.empty(layers, kv_heads, capacity, head_dim, dtype=torch.bfloat16)
+        self.values = torch.empty_like(self.keys)
+        self._pointers()
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    def _pointers(self) -> None:
+        layers = self.keys.shape[0]
+        self.table = torch.tensor([[self.keys[i].data_ptr(), self.values[i].data_ptr()] for i in range(layers)],
+                                  dtype=torch.int64)  # (layers, 2) addresses for llama_layers
+
+    def ensure(self, positions: int) -> None:
+        """Room for `positions` slots (doubling; the slots held are copied)."""
+        if positions <= self.capacity:
+            return
+        capacity = self.capacity
+        while capacity < positions:
+            capacity *= 2
+        keys = torch.empty(*self.keys.shape[:2], capacity, self.keys.shape[3], dtype=torch.bfloat16)
+        values = torch.empty_like(keys)
+        keys[:, :, :self.capacity] = self.keys
+        values[:, :, :self.capacity] = self.values
+        self.keys, self.values = keys, values
+        self._pointers()
+
+    @torch.inference_mode()
+    def keep(self, positions: list[int]) -> None:
+        """Keep the slots `positions` (increasing: the committed context, then a tree's accepted path) as slots
+        0 .. len - 1: the rows that move are written over the first dropped ones."""
+        first = next((k for k, p in enumerate(positions) if p != k), len(positions))
+        if first < len(positions):
+            index = torch.tensor(positions[first:], dtype=torch.long)
+            self.keys[:, :, first:len(positions)] = self.keys.index_select(2, index)
+            self.values[:, :, first:len(positions)] = self.values.index_select(2, index)
+
+
+class FusedLlama:
+    """A Llama model's weights packed for llama_layers (built once per loaded model, read-only, shared by runs)."""
+
+    def __init__(self, model: torch.nn.Module):
+        cfg, decoder = model.config, model.get_decoder()
+        attn = decoder.layers[0].self_attn
+        self.n_layers, self.d, self.head_dim = len(decoder.layers), cfg.hidden_size, attn.head_dim
+        self.heads, self.kv_heads, self.ffn = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size
+        self.eps, self.scale = float(decoder.norm.variance_epsilon), float(attn.scaling)
+        self.embedding = decoder.embed_tokens.weight              # (V, d)
+        self.final_norm = decoder.norm.weight.detach().contiguous()  # (d,)
+        self.rotary = decoder.rotary_emb
+        self._keep, rows = [], []
+        for layer in decoder.layers:
+            a, m = layer.self_attn, layer.mlp
+            parts = [layer.input_layernorm.weight.detach().contiguous(),
+                     pack(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),  # ((H + 2 KVH) hd, d)
+                     pack(a.o_proj.weight),                                                  # (d, H hd)
+                     layer.post_attention_layernorm.weight.detach().contiguous(),
+                     pack(torch.cat([m.gate_proj.weight, m.up_proj.weight])),                # (2 F, d)
+                     pack(m.down_proj.weight)]                                               # (d, F)
+            self._keep += parts
+            rows.append([p.data_ptr() for p in parts])
+        self.weights = torch.tensor(rows, dtype=torch.int64)       # (layers, 6) addresses
+        self.head_weight = model.get_output_embeddings().weight
+        self.vocab = self.head_weight.shape[0]
+        self.head_packed = pack(self.head_weight)                 # (V, d) packed
+        self.cos = self.sin = torch.empty(0, self.head_dim, dtype=torch.bfloat16)
+
+    def new_cache(self) -> KVBuffer:
+        return KVBuffer(self.n_layers, self.kv_heads, self.head_dim)
+
+    def _rope_upto(self, positions: int) -> None:
+        """cos/sin tables (positions, head dim) bf16 from the model's own rotary embedding (the stock bits)."""
+        if positions <= self.cos.shape[0]:
+            return
+        size = max(1024, 1 << (positions - 1).bit_length())
+        ids = torch.arange(size)[None]
+        cos, sin = self.rotary(self.embedding[:1], position_ids=ids)  # (1, size, hd) each, bf16
+        self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (n,) -> (n, d) bf16."""
+        return torch.nn.functional.embedding(ids, self.embedding)
+
+    @torch.inference_mode()
+    def layers(self, cache: KVBuffer, hidden: torch.Tensor, start: int, positions: torch.Tensor | None = None,
+               mask: torch.Tensor | None = None, layers: range | None = None, states: bool = False):
+        """Run `layers` (all by default) over hidden (n, d) bf16, whose rows go to cache slots start .. start + n - 1
+        at `positions` (n,) (default: their slots), attending causally or as the bool mask (1, 1, n, start + n)
+        allows. Returns (hidden after the last layer (n, d), each layer's output (len(layers), n, d) or None)."""
+        hidden = hidden.to(torch.bfloat16).contiguous().clone()  # (n, d), updated in place by the C code
+        n = hidden.shape[0]
+        layers = range(self.n_layers) if layers is None else layers
+        cache.ensure(start + n)
+        self._rope_upto(start + n + 1)
+        index = offsets = None
+        if mask is not None:
+            index, offsets = attention.visible_index(mask, n, start + n)
+        if positions is not None:
+            positions = positions.reshape(-1).to(torch.int64).contiguous()
+        out = torch.empty(len(layers), n, self.d, dtype=torch.bfloat16) if states else None
+        ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+        _lib().llama_layers(hidden.data_ptr(), n, ptr(positions), start, self.cos.data_ptr(), self.sin.data_ptr(),
+                            self.weights.data_ptr(), cache.table.data_ptr(), cache.capacity, ptr(index), ptr(offsets),
+                            layers.start, layers.stop, ptr(out), self.d, self.head_dim, self.heads, self.kv_heads,
+                            self.ffn, self.eps, self.scale, kernels.threads())
+        return hidden, out
+
+    def norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The final RMSNorm of rows (r, d) bf16."""
+        hidden = hidden.contiguous()
+        out = torch.empty_like(hidden)
+        _lib().rmsnorm_rows(hidden.data_ptr(), self.final_norm.data_ptr(), out.data_ptr(), hidden.shape[0], self.d,
+                            self.eps)
+        return out
+
+    def head(self, rows: torch.Tensor) -> torch.Tensor:
+        """The LM head on final-norm rows (r, d) bf16 -> logits (r, V) float32 (bf16 values, as the stock head's)."""
+        rows = rows.to(torch.bfloat16).contiguous()
+        out = torch.empty(rows.shape[0], self.vocab, dtype=torch.float32)
+        _lib().linear_packed(rows.data_ptr(), self.head_packed.data_ptr(), out.data_ptr(), rows.shape[0], self.d,
+                             self.vocab, STORE_F32, kernels.threads())
+        return out
+
+    def decode(self, cache: KVBuffer, ids: torch.Tensor, start: int, mask: torch.Tensor | None = None,
+               positions: torch.Tensor | None = None, hidden_states: bool = False):
+        """The decoder over ids (n,) fed at slots start..: (final-norm hidden (n, d), and with hidden_states the
+        tuple transformers returns: the embeddings, each layer's output, the last replaced by the final-norm one,
+        each (1, n, d))."""
+        embedded = self.embed(ids)
+        hidden, out = self.layers(cache, embedded, start, positions, mask, states=hidden_states)
+        last = self.norm(hidden)
+        if not hidden_states:
+            return last, None
+        return last, (embedded[None], *(out[i][None] for i in range(self.n_layers - 1)), last[None])
+
+
+def build(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> FusedLlama | None:
+    """The fused decoder for `model` where `supports` says it runs here, else None."""
+    return FusedLlama(model) if supports(model, device, dtype) else None

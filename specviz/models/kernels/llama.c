@@ -1,0 +1,149 @@
+/* A Llama decoder's layers in one call (llama_layers), in bf16 as transformers computes them on CPU, row by row.
+
+Per layer: h += o(attention(rope(q, k), v)) of rmsnorm(h); h += down(silu(gate) * up) of rmsnorm(h); the matmuls are
+packed_matmul's (row-invariant, weights packed at load), the attention attend.c's (one fixed sequence per (row,
+head)). Every other step is elementwise or a reduction inside one row, in 8-lane registers in every build, with
+torch's bf16 rounding points: rmsnorm rounds x * rsqrt(mean(x^2) + eps) to bf16, then its product with the weight;
+rope rounds q * cos, rotate_half(q) * sin and their sum; silu(gate) and its product with up are rounded; each
+residual sum is rounded. So a row's bits depend only on the row, its position and the keys it sees: one token
+alone gets the bits it gets among drafts, and no padding row is needed. One parallel region runs all the layers:
+its threads claim each phase's chunks (a matmul's column groups, rows, (row, head) pairs) as they come (RUN_PHASE). */
+#include "packed.h"
+
+#define PHASES 10  /* a layer's phases (RUN_PHASE) */
+#define CHUNK 2    /* matmul column groups (32 outputs each) a claim */
+
+static inline long upto(long a, long b) { return a < b ? a : b; }
+
+/* exp of each lane (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n), x clamped to [-87, 88] */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(_mm256_mul_ps(y, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* out = weight * bf16(x * rsqrt(mean(x^2) + eps)), one row of d (d % 8 == 0); the sum of squares in 8 lanes, then
+   hsum's fixed order */
+static void rmsnorm_row(const uint16_t *x, const uint16_t *weight, uint16_t *out, long d, float eps) {
+    __m256 acc = _mm256_setzero_ps();
+    for (long k = 0; k < d; k += 8) {
+        __m256 v = load8_bf16(x + k);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+    }
+    float mean = hsum(acc) / (float)d;
+    __m256 scale = _mm256_set1_ps(1.0f / __builtin_sqrtf(mean + eps));
+    for (long k = 0; k < d; k += 8) {
+        __m256 normed = round8_bf16(_mm256_mul_ps(load8_bf16(x + k), scale));
+        store8_bf16(out + k, round8_bf16(_mm256_mul_ps(normed, load8_bf16(weight + k))));
+    }
+}
+
+/* rmsnorm over n rows (the final norm), single-threaded */
+void rmsnorm_rows(const uint16_t *x, const uint16_t *weight, uint16_t *out, long n, long d, float eps) {
+    for (long r = 0; r < n; ++r) rmsnorm_row(x + r * d, weight, out + r * d, d, eps);
+}
+
+/* heads x (hd) at x, in place: x * cos + rotate_half(x) * sin, each product and the sum rounded to bf16 */
+static void rope_heads(uint16_t *x, long heads, long hd, const uint16_t *cos, const uint16_t *sin) {
+    long half = hd / 2;
+    for (long h = 0; h < heads; ++h) {
+        uint16_t *xh = x + h * hd;
+        for (long j = 0; j < half; j += 8) {
+            __m256 x1 = load8_bf16(xh + j), x2 = load8_bf16(xh + half + j);
+            __m256 a = _mm256_sub_ps(round8_bf16(_mm256_mul_ps(x1, load8_bf16(cos + j))),
+                                     round8_bf16(_mm256_mul_ps(x2, load8_bf16(sin + j))));
+            __m256 b = _mm256_add_ps(round8_bf16(_mm256_mul_ps(x2, load8_bf16(cos + half + j))),
+                                     round8_bf16(_mm256_mul_ps(x1, load8_bf16(sin + half + j))));
+            store8_bf16(xh + j, round8_bf16(a));
+            store8_bf16(xh + half + j, round8_bf16(b));
+        }
+    }
+}
+
+/* out[j] = bf16(bf16(silu(gate[j])) * up[j]), silu(g) = g / (1 + exp(-g)) as torch computes it */
+static void silu_mul_row(const uint16_t *gate, const uint16_t *up, uint16_t *out, long f) {
+    for (long j = 0; j < f; j += 8) {
+        __m256 g = load8_bf16(gate + j);
+        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        __m256 s = round8_bf16(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+        store8_bf16(out + j, round8_bf16(_mm256_mul_ps(s, load8_bf16(up + j))));
+    }
+}
+
+/* Layers l0 .. l1-1 over h (n, d) bf16, in place. Row r sits at position pos[r] (rope) and cache slot slot0 + r, and
+   attends over the slots idx[off[r] .. off[r+1]) (attend.c); pos NULL: positions slot0 + r; off NULL: causal, row r
+   over the slots 0 .. slot0 + r (idx unused). weights: 6 addresses a layer: input norm (d), q|k|v
+   packed ((H + 2 KVH) hd rows), o packed (d rows), post-attention norm (d), gate|up packed (2 F rows), down packed
+   (d rows). caches: 2 addresses a layer: keys, values, each (KVH, cap, hd) bf16. cos, sin: (positions, hd) bf16
+   tables. states (l1 - l0, n, d) or NULL: h after each layer. d, hd, F multiples of 16. */
+void llama_layers(uint16_t *h, long n, const int64_t *pos, long slot0, const uint16_t *cos, const uint16_t *sin,
+                  const int64_t *weights, const int64_t *caches, long cap, const int32_t *idx, const int64_t *off,
+                  long l0, long l1, uint16_t *states, long d, long hd, long H, long KVH, long F, float eps, float scale,
+                  int threads) {
+    long qd = H * hd, qkvd = (H + 2 * KVH) * hd, g = H / KVH, hs = cap * hd;
+    uint16_t *xn = (uint16_t *)__builtin_malloc(n * d * 2), *qkv = (uint16_t *)__builtin_malloc(n * qkvd * 2);
+    uint16_t *att = (uint16_t *)__builtin_malloc(n * qd * 2), *gu = (uint16_t *)__builtin_malloc(n * 2 * F * 2);
+    uint16_t *act = (uint16_t *)__builtin_malloc(n * F * 2);
+    float *q32 = (float *)__builtin_malloc(n * qd * 4), *o32 = (float *)__builtin_malloc(n * qd * 4);
+    int64_t *at = (int64_t *)__builtin_malloc(n * 3 * sizeof(int64_t)), *span = at + n;  /* positions; [begin, end) */
+    int32_t *causal = off ? 0 : (int32_t *)__builtin_malloc((slot0 + n) * sizeof(int32_t));
+    for (long r = 0; r < n; ++r) {
+        at[r] = pos ? pos[r] : slot0 + r;
+        span[2 * r] = off ? off[r] : 0;
+        span[2 * r + 1] = off ? off[r + 1] : slot0 + r + 1;
+    }
+    if (causal) {
+        for (long i = 0; i < slot0 + n; ++i) causal[i] = (int32_t)i;
+        idx = causal;
+    }
+    long KV = n * KVH, groups[3] = {packed_groups(qkvd), packed_groups(d), packed_groups(2 * F)};
+    long chunks[3] = {(groups[0] + CHUNK - 1) / CHUNK, (groups[1] + CHUNK - 1) / CHUNK, (groups[2] + CHUNK - 1) / CHUNK};
+    phase_t *phases = (phase_t *)__builtin_calloc((l1 - l0) * PHASES, sizeof(phase_t));
+    #pragma omp parallel num_threads(threads)
+    for (long l = l0; l < l1; ++l) {
+        const int64_t *wl = weights + 6 * l;
+        uint16_t *kc = (uint16_t *)caches[2 * l], *vc = (uint16_t *)caches[2 * l + 1];
+        phase_t *ph = phases + (l - l0) * PHASES;
+        RUN_PHASE(ph + 0, n, r, rmsnorm_row(h + r * d, (const uint16_t *)wl[0], xn + r * d, d, eps));
+        RUN_PHASE(ph + 1, chunks[0], c, packed_matmul(xn, d, (const uint16_t *)wl[1], n, d, qkvd, qkv, qkvd, STORE_BF16,
+                                                      c * CHUNK, upto((c + 1) * CHUNK, groups[0])));
+        RUN_PHASE(ph + 2, n, r, {  /* rope on q and k; k and v into the cache; q to fp32 for attention */
+            uint16_t *row = qkv + r * qkvd;
+            rope_heads(row, H + KVH, hd, cos + at[r] * hd, sin + at[r] * hd);
+            for (long j = 0; j < KVH; ++j) {
+                __builtin_memcpy(kc + j * hs + (slot0 + r) * hd, row + qd + j * hd, hd * 2);
+                __builtin_memcpy(vc + j * hs + (slot0 + r) * hd, row + qd + (KVH + j) * hd, hd * 2);
+            }
+            for (long i = 0; i < qd; ++i) q32[r * qd + i] = bf16_to_float(row[i]);
+        });
+        RUN_PHASE(ph + 3, KV, t, {  /* one (row, key/value head) a task, its query heads together */
+            long r = t / KVH, j = t % KVH, o = r * qd + j * g * hd;
+            attend_bf16(q32 + o, kc + j * hs, vc + j * hs, o32 + o, idx, span + 2 * r, 1, g, 1, hd, hs, scale, 1);
+            for (long i = 0; i < g * hd; ++i) att[o + i] = float_to_bf16(o32[o + i]);
+        });
+        RUN_PHASE(ph + 4, chunks[1], c, packed_matmul(att, qd, (const uint16_t *)wl[2], n, qd, d, h, d, ADD_BF16,
+                                                      c * CHUNK, upto((c + 1) * CHUNK, groups[1])));
+        RUN_PHASE(ph + 5, n, r, rmsnorm_row(h + r * d, (const uint16_t *)wl[3], xn + r * d, d, eps));
+        RUN_PHASE(ph + 6, chunks[2], c, packed_matmul(xn, d, (const uint16_t *)wl[4], n, d, 2 * F, gu, 2 * F, STORE_BF16,
+                                                      c * CHUNK, upto((c + 1) * CHUNK, groups[2])));
+        RUN_PHASE(ph + 7, n, r, silu_mul_row(gu + r * 2 * F, gu + r * 2 * F + F, act + r * F, F));
+        RUN_PHASE(ph + 8, chunks[1], c, packed_matmul(act, F, (const uint16_t *)wl[5], n, F, d, h, d, ADD_BF16,
+                                                      c * CHUNK, upto((c + 1) * CHUNK, groups[1])));
+        if (states)
+            RUN_PHASE(ph + 9, n, r, __builtin_memcpy(states + ((l - l0) * n + r) * d, h + r * d, d * 2));
+    }
+    __builtin_free(phases);
+    __builtin_free(xn); __builtin_free(qkv); __builtin_free(att); __builtin_free(gu); __builtin_free(act);
+    __builtin_free(q32); __builtin_free(o32); __builtin_free(at); __builtin_free(causal);
+}

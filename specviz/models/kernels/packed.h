@@ -1,0 +1,75 @@
+/* What packed_linear.c and llama.c share: the packed matmul called from inside a parallel region, the row-wise
+   attention of attend.c, and 8-lane bf16 <-> fp32 helpers (the same code in every build, so the same bits). */
+#ifndef SPECVIZ_KERNELS_PACKED_H
+#define SPECVIZ_KERNELS_PACKED_H
+
+#include "common.h"
+
+/* what packed_matmul does with an output: store it rounded to bf16; add it (rounded) to the bf16 already there and
+   round the sum, as torch's `x + linear(y)` in bf16 does; store its bf16 rounding as fp32 (logits) */
+enum { STORE_BF16 = 0, ADD_BF16 = 1, STORE_F32 = 2 };
+
+/* y (M, N) = x (M, K) bf16, rows ldx apart . W^T, W (N, K) packed by pack_bf16; y's rows ldy apart: the column
+   groups g0 .. g1-1 only (a group: 32 outputs, packed_groups(N) of them), so threads can share a matmul's groups. */
+void packed_matmul(const uint16_t *x, long ldx, const uint16_t *packed, long M, long K, long N, void *y, long ldy,
+                   int mode, long g0, long g1);
+
+static inline long packed_groups(long N) { return (N + 31) / 32; }
+
+/* Work sharing without barriers: a phase is `count` chunks that threads claim one at a time; a thread waits only for
+   chunks claimed and not yet finished before it starts the next phase, never for a thread that has not arrived (on
+   shared cores a descheduled thread would hold an OpenMP barrier for a whole time slice; here the others take its
+   work). Which thread runs a chunk never changes a bit. */
+typedef struct { long next, done, pad[6]; } phase_t;  /* one cache line each */
+
+/* RUN_PHASE(phase, chunks, c, work): every thread runs `work` for the chunks c it claims, then waits for the rest */
+#define RUN_PHASE(ph, count, c, ...) do {                                                       \
+        long c;                                                                                  \
+        while ((c = __atomic_fetch_add(&(ph)->next, 1, __ATOMIC_RELAXED)) < (count)) {          \
+            __VA_ARGS__;                                                                         \
+            __atomic_fetch_add(&(ph)->done, 1, __ATOMIC_RELEASE);                                \
+        }                                                                                        \
+        wait_phase(ph, count);                                                                   \
+    } while (0)
+
+void wait_phase(phase_t *ph, long count);
+
+void attend_bf16(const float *q, const uint16_t *k, const uint16_t *v, float *out, const int32_t *idx,
+                 const int64_t *off, long R, long H, long KVH, long D, long hs, float scale, int threads);
+
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    __builtin_memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* fp32 -> bf16, round to nearest even (torch's rounding), NaN -> 0x7fc0 */
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t b;
+    __builtin_memcpy(&b, &f, 4);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+/* 8 bf16 -> 8 fp32 */
+static inline __m256 load8_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+/* each lane rounded to bf16 (nearest even), kept as fp32: what torch's bf16 result of an fp32 computation holds */
+static inline __m256 round8_bf16(__m256 v) {
+    __m256i bits = _mm256_castps_si256(v);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    bits = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
+    return _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* 8 fp32 already rounded to bf16 (round8_bf16) -> 8 bf16 */
+static inline void store8_bf16(uint16_t *p, __m256 rounded) {
+    __m256i high = _mm256_srli_epi32(_mm256_castps_si256(rounded), 16);
+    __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(high, high), 0x08);
+    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
+}
+
+#endif

@@ -1,0 +1,144 @@
+"""The fused decoder (specviz/models/fused.py, kernels/packed_linear.c and llama.c): its matmul is row-invariant in
+every build, it computes the stock model's function to bf16 accuracy, its KV buffer grows and keeps paths without
+changing a bit, and LayerSkip's split run verifies bit for bit through it too."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from specviz import engines
+from specviz.config import DecodeConfig
+from specviz.core.cache import CachedLM
+from specviz.models import fused, kernels
+from specviz.models import loader as models
+
+PROMPT = "Write a short story about a lighthouse keeper and a storm."
+
+
+def packed_builds() -> dict:
+    return {isa: lib for isa in kernels.ISAS if (lib := kernels.library(isa)) is not None}
+
+
+def linear_packed(lib, x: torch.Tensor, packed: torch.Tensor, n: int, mode: int = fused.STORE_F32) -> torch.Tensor:
+    fused._typed(lib)
+    out = torch.empty(x.shape[0], n, dtype=torch.float32 if mode == fused.STORE_F32 else torch.bfloat16)
+    lib.linear_packed(x.data_ptr(), packed.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], n, mode, 2)
+    return out
+
+
+@pytest.mark.parametrize("n,k", [(576, 576), (40, 64), (1000, 1536)])  # 40, 1000: a last block of 8 rows of zeros
+def test_packed_matmul_is_row_invariant_in_every_build(n, k):
+    """Each row's output has the same bits whatever the other rows (1 to 19: passes of 8, 4 and single rows, one or
+    two blocks a pass), is the fp32 product of the bf16 values to bf16 rounding, and the AVX2 and AVX-512 builds
+    agree."""
+    builds = packed_builds()
+    if not builds:
+        pytest.skip("no C compiler or no AVX2/FMA here")
+    generator = torch.Generator().manual_seed(0)
+    weight = (torch.randn(n, k, generator=generator) * 0.05).bfloat16()
+    x = torch.randn(19, k, generator=generator).bfloat16()
+    packed = fused.pack(weight)
+    reference = (x.float() @ weight.float().T).bfloat16().float()  # (19, n)
+    outs = {}
+    for isa, lib in builds.items():
+        out = linear_packed(lib, x, packed, n)
+        for a, b in [(0, 1), (5, 6), (0, 2), (3, 8), (0, 9), (2, 19), (7, 12)]:
+            assert torch.equal(linear_packed(lib, x[a:b].contiguous(), packed, n), out[a:b]), (isa, a, b)
+        assert torch.allclose(out, reference, atol=2e-2, rtol=1e-2), isa
+        outs[isa] = out
+    if "avx512" in outs:
+        assert torch.equal(outs["avx2"], outs["avx512"])
+
+
+def test_packed_matmul_modes():
+    """STORE_BF16 rounds like torch's bf16 Linear output; ADD_BF16 adds to what is there and rounds the sum."""
+    if not kernels.available():
+        pytest.skip("no C kernels here")
+    generator = torch.Generator().manual_seed(2)
+    weight, x = torch.randn(48, 32, generator=generator).bfloat16(), torch.randn(3, 32, generator=generator).bfloat16()
+    lib, packed = fused._lib(), fused.pack(weight)
+    as_f32 = linear_packed(lib, x, packed, 48)
+    as_bf16 = linear_packed(lib, x, packed, 48, fused.STORE_BF16)
+    assert torch.equal(as_bf16.float(), as_f32)
+    residual = torch.randn(3, 48, generator=generator).bfloat16()
+    summed = residual.clone()
+    lib.linear_packed(x.data_ptr(), packed.data_ptr(), summed.data_ptr(), 3, 32, 48, fused.ADD_BF16, 1)
+    assert torch.equal(summed, residual + as_bf16)
+
+
+@pytest.fixture(scope="module")
+def pair(target_bf16):
+    """The default target on the fused decoder and on the stock one (the same model)."""
+    if target_bf16.fused is None:
+        pytest.skip("the fused decoder does not run here (no C kernels)")
+    return target_bf16, dataclasses.replace(target_bf16, fused=None)
+
+
+def test_fused_decoder_computes_the_stock_function(pair):
+    """Each hidden state fed to the drafters (the embeddings, layers' outputs, the final norm's) and the logits are
+    as close to the fp32 model's as the stock bf16 decoder's are (measured: 0.1-3% relative, both), and greedy
+    decoding gives the stock decoder's tokens."""
+    target, stock = pair
+    ids = target.encode_prompt(PROMPT)
+    fp32 = models.get(target.name, target.device, torch.float32)
+    layers = (0, 5, 15, 29, 30)
+    fast_logits, fast_states = CachedLM.of(target).logits(ids, keep=len(ids), features=layers)
+    stock_logits, stock_states = CachedLM.of(stock).logits(ids, keep=len(ids), features=layers)
+    exact_logits, exact_states = CachedLM.of(fp32).logits(ids, keep=len(ids), features=layers)
+    d = target.model.config.hidden_size
+    for i in range(len(layers)):
+        fast, bf16, exact = (s[:, i * d:(i + 1) * d].float() for s in (fast_states, stock_states, exact_states))
+        error = lambda a: float((a - exact).norm() / exact.norm())  # noqa: E731
+        assert error(fast) <= 1.25 * error(bf16) + 1e-3, layers[i]
+    assert float((fast_logits - exact_logits).abs().mean()) <= 1.25 * float((stock_logits - exact_logits).abs().mean())
+    cfg = DecodeConfig(method="ar", max_new_tokens=24)
+    assert (engines.generate(engines.build("ar", target), ids, cfg).token_ids
+            == engines.generate(engines.build("ar", stock), ids, cfg).token_ids)
+
+
+def test_kv_buffer_growth_and_kept_paths_change_no_bit(pair):
+    """Fed one token at a time through a buffer that starts at 16 slots (grown 3 times), the last logits equal one
+    forward of the whole sequence; a tree's kept path leaves what one-token decoding of that path leaves."""
+    target, _ = pair
+    ids = (target.encode_prompt(PROMPT) * 4)[:70]
+    small = CachedLM.of(target)
+    small.cache = fused.KVBuffer(target.fused.n_layers, target.fused.kv_heads, target.fused.head_dim, capacity=16)
+    rows = [small.logits(ids[:20])[0]] + [small.logits(ids[:end])[0] for end in range(21, 71)]
+    whole = CachedLM.of(target).logits(ids, keep=51)
+    assert small.cache.capacity == 128 and torch.equal(torch.stack(rows), whole)
+
+
+def test_layerskip_verifies_bitwise_through_the_fused_decoder(pair):
+    """LayerSkip drafts through the first layers one token at a time and verifies through the rest (SplitLM): on the
+    fused decoder its verification rows are one-token decoding's bit for bit, a wrong draft rolled back included,
+    and its greedy answer is AR's."""
+    from specviz.engines.layerskip import SplitLM
+
+    target, _ = pair
+    ids = target.encode_prompt(PROMPT)
+    cfg = DecodeConfig(method="ar", max_new_tokens=12)
+    answer = engines.generate(engines.build("ar", target), ids, cfg).token_ids
+    one_token = CachedLM.of(target)
+    reference = [one_token.logits(ids)[0]] + [one_token.logits(ids + answer[:j])[0] for j in range(1, len(answer))]
+    lm = SplitLM(target.model, target.device, 6, fused=target.fused)
+    rows, done = [lm.logits(ids)[0]], 0  # rows[j] predicts answer[j]
+    while done + 4 < len(answer):
+        committed = ids + answer[:done + 1]
+        drafts = answer[done + 1:done + 4] + [7]  # three right drafts, then a wrong one
+        for j in range(len(drafts) + 1):  # drafting runs the first layers one token at a time
+            lm.early(committed + drafts[:j])
+        rows.extend(lm.logits(committed, drafts, keep=len(drafts) + 1)[:4])  # the row after the wrong one: dropped
+        lm.rollback(len(committed) + 3)  # the wrong draft rejected
+        done += 4
+    assert len(rows) >= 9 and torch.equal(torch.stack(rows), torch.stack(reference[:len(rows)]))
+    layerskip = engines.build("layerskip", target)
+    assert engines.generate(layerskip, ids, dataclasses.replace(cfg, method="layerskip")).token_ids == answer
+
+
+def test_switched_off_and_unsupported(monkeypatch, tiny_target):
+    """SPECVIZ_FUSED=0 keeps the stock decoder; so does an fp32 model."""
+    assert tiny_target.fused is None and not fused.supports(tiny_target.model, tiny_target.device, torch.float32)
+    monkeypatch.setenv("SPECVIZ_FUSED", "0")
+    assert not fused.supports(tiny_target.model, torch.device("cpu"), torch.bfloat16)

@@ -1,0 +1,132 @@
+"""The method registry (specviz/methods.py): every name list and per-method choice is derived from it."""
+import subprocess
+import sys
+
+import pytest
+import torch
+from tiny import random_drafter
+
+from specviz import config, engines, methods
+from specviz.config import ConfigError, DecodeConfig
+from specviz.drafters import trained as drafters
+from specviz.engines.speculative import SpeculativeEngine
+from specviz.engines.tree import TreeEngine
+
+ORDER = ("ar", "vanilla", "pld", "eagle", "medusa", "layerskip", "draft")
+
+
+def test_registry_order_and_fields():
+    assert tuple(methods.METHODS) == ORDER == methods.names()
+    for name, s in methods.METHODS.items():
+        assert s.name == name and s.label and s.description and "\n" not in s.description
+        assert s.family in ("baseline", "draft model", "lookup", "trained")
+        assert s.drafts in ("none", "chain", "tree")
+        assert set(s.grafts) <= {"lookup", "retrieve"}
+        assert s.gamma_applies == s.speculative  # γ means something for every drafter, nothing for AR
+        assert s.kind == (name if s.trained else "")
+        assert bool(s.loss) == bool(s.module) == bool(s.layout) == s.trained  # trained: `python -m specviz train NAME`
+        assert bool(s.tree_from) == s.tree
+        assert not (s.trained and s.uses_draft_model)
+        if s.checkable:
+            assert s.chain and s.drafter  # the check runs a chain drafter over the chain loop
+    with pytest.raises(Exception):
+        methods.METHODS["ar"].name = "x"  # frozen
+
+
+def test_derived_name_lists_match_the_registry():
+    from specviz import hardware
+    from specviz.check import run as check
+    from specviz.core import profile
+    from specviz.ui import logic
+
+    assert config.METHODS == ORDER
+    assert config.TRAINED_METHODS == ("eagle", "medusa", "layerskip", "draft") == drafters.KINDS
+    assert config.CHAIN_METHODS == ("vanilla", "pld", "eagle", "medusa", "layerskip", "draft")
+    assert config.CHECK_METHODS == ("vanilla", "pld", "eagle", "medusa", "draft")
+    assert config.LOOKUP_METHODS == ("eagle", "medusa")
+    assert drafters.SMALL_KINDS == ("eagle", "medusa", "layerskip")
+    assert check.CHECKED_TRAINED == ("eagle", "medusa", "draft")
+    assert profile.COST_METHODS == ("vanilla", "eagle", "medusa", "layerskip", "draft")
+    assert logic.SPEC_METHODS == methods.SPECULATIVE == ORDER[1:]
+    assert hardware.CPU_LOOKUPS == (("eagle", hardware.CPU_LOOKUP), ("medusa", hardware.CPU_LOOKUP))
+    assert hardware.CPU_RETRIEVES == (("eagle", hardware.CPU_RETRIEVE), ("medusa", hardware.CPU_RETRIEVE))
+    assert [m for m in ORDER if methods.spec(m).uses_draft_model] == ["vanilla"]
+    assert [m for m in ORDER if methods.spec(m).tree] == ["eagle", "medusa"]
+
+
+@pytest.mark.parametrize("name", ORDER)
+def test_every_name_builds_a_config(name):
+    cfg = DecodeConfig(method=name)
+    assert cfg.method == name and methods.spec(name) is methods.METHODS[name]
+
+
+@pytest.mark.parametrize("bad", ["eagle3", "", "AR", None, 3])
+def test_unknown_name_is_one_line(bad):
+    with pytest.raises(ConfigError) as spec_error:
+        methods.spec(bad)
+    message = str(spec_error.value)
+    assert message == f"method={bad!r} is unknown: use one of ar, vanilla, pld, eagle, medusa, layerskip, draft"
+    if isinstance(bad, str):
+        with pytest.raises(ConfigError) as config_error:
+            DecodeConfig(method=bad)
+        assert str(config_error.value) == message  # the same line as DecodeConfig's
+
+
+@pytest.mark.parametrize("name", ORDER)
+@pytest.mark.parametrize("branch", ["lookup", "retrieve"])
+def test_grafts_only_where_the_spec_says(name, branch):
+    if branch in methods.spec(name).grafts:
+        assert getattr(DecodeConfig(method=name, **{branch: 4}), branch) == 4
+    else:
+        with pytest.raises(ConfigError, match=f"^{branch}=4 applies to the tree drafters only: use it with eagle or "
+                                              f"medusa, not {name}$"):
+            DecodeConfig(method=name, **{branch: 4})
+
+
+def test_dotted_paths_resolve():
+    for s in methods.METHODS.values():
+        for path in (s.engine, s.drafter, s.module, s.loss):
+            if path:
+                assert callable(methods.load(path)), path
+
+
+def test_registry_and_config_are_torch_free():
+    code = "import sys, specviz.config, specviz.methods; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_untrained_engines_follow_the_registry(tiny_target, tiny_draft):
+    assert engines.build("ar", tiny_target).method == "ar"
+    assert isinstance(engines.build("pld", tiny_target), SpeculativeEngine)
+    vanilla = engines.build("vanilla", tiny_target, tiny_draft)
+    assert vanilla.method == "vanilla" and vanilla.drafter.draft is tiny_draft
+
+
+@pytest.mark.parametrize("kind,extra", [("eagle", {"tree": [[0], [1], [0, 0]]}), ("medusa", {"medusa_heads": 2}),
+                                        ("layerskip", {"exit_layer": 1}), ("draft", {"draft_layers": [0]})])
+def test_trained_engines_follow_the_registry(tmp_path, tiny_target, kind, extra):
+    d = random_drafter(tiny_target, kind, torch.arange(0, 64, 2), **extra)
+    drafters.save(tmp_path / "d", d.module, d.cfg, d.vocab_ids, "# card\n")
+    s = methods.spec(kind)
+    race, chain = (engines.build_trained(tmp_path / "d", tiny_target, chain=c) for c in (False, True))
+    assert race.method == chain.method == kind
+    assert isinstance(race, TreeEngine) == s.tree and not isinstance(chain, TreeEngine)
+    assert torch.equal(race.draft_vocab_ids, d.vocab_ids)
+    assert drafters.describe(d.cfg).endswith("draft vocabulary 32 of 64")
+    if s.checkable:
+        from specviz.check import run as check
+
+        drafter, draft = check.drafter_for(kind, tiny_target, str(tmp_path / "d"))
+        assert isinstance(drafter, methods.load(s.drafter)) and draft is None
+
+
+def test_describe_names_each_layout(tiny_target):
+    cfg = lambda kind, **extra: drafters.DrafterConfig.for_target(kind, "t", tiny_target.model.config, **extra)  # noqa: E731
+    assert drafters.describe(cfg("eagle")) == "EAGLE, one decoder layer, full vocabulary"
+    assert drafters.describe(cfg("eagle", feature_layers=[1, 2])).startswith("EAGLE-3, one decoder layer over the "
+                                                                             "target's hidden states after layers [1, 2]")
+    assert drafters.describe(cfg("medusa", medusa_heads=3)) == "Medusa, 3 heads, full vocabulary"
+    assert drafters.describe(cfg("layerskip", exit_layer=1)).startswith("LayerSkip: the target's first 1 layers")
+    assert drafters.describe(cfg("draft", draft_layers=[0])).startswith("a distilled draft model of 1 decoder layers")
+    with pytest.raises(drafters.DrafterError, match="drafter kind 'x' is unknown: use one of eagle, medusa"):
+        drafters.build_module(cfg("x"))
