@@ -11,14 +11,24 @@ import os
 
 import gradio as gr
 
-from specviz.ui import controls, replay, tabs as app_tabs, render
-
 from specviz import hardware, zerogpu
-from specviz.ui.logic import (DEFAULT_PROMPT, DEFAULTS, SPEC_METHODS, empty_view, example_rows,
-                               live_views, make_config, race_result, race_stream, status_html, user_message)
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX
 from specviz.policy import Policy
-from specviz.ui import plots
+from specviz.ui import controls, plots, render, replay
+from specviz.ui import tabs as app_tabs
+from specviz.ui.logic import (
+    DEFAULT_PROMPT,
+    DEFAULTS,
+    SPEC_METHODS,
+    empty_view,
+    example_rows,
+    live_views,
+    make_config,
+    race_result,
+    race_stream,
+    status_html,
+    user_message,
+)
 
 CONCURRENCY_ID = "cpu"  # one queue worker for the one device: runs never disturb each other's timing
 DRAFT_CHOICES = [DEFAULT_DRAFT, DEFAULT_TARGET]
@@ -113,7 +123,7 @@ def race_api(prompt: str = DEFAULT_PROMPT, method: str = "", draft: str = "",
     hardware. An empty method is this machine's default race (the app's), an empty γ the method's fastest γ measured
     on this machine (hardware.Pair.gamma_for), an empty draft its default draft (int8 on CPU, SmolLM2-135M beside the 1.7B on a GPU),
     an empty lookup (retrieve) the length of prompt lookup's (the datastore's) branch on a tree drafter's tree measured
-    fastest here (0 for the others)."""
+    fastest here (0 for the others)."""  # noqa: E501
     try:
         pair = hardware.default_pair()
         method = method or pair.method
@@ -207,11 +217,13 @@ def build_ui() -> gr.Blocks:
                 with gr.Column(scale=2):
                     with gr.Row():
                         method = gr.Dropdown(list(SPEC_METHODS), value=pair.method, label="Method",
-                                             info="vanilla: draft model · pld: prompt lookup · eagle, medusa, layerskip, draft: trained drafters",
+                                             info="vanilla: draft model · pld: prompt lookup · eagle, medusa, "
+                                                  "layerskip, draft: trained drafters",
                                              elem_id="method")
                         draft = gr.Dropdown(app_tabs.choices_with_default(pair.draft, DRAFT_CHOICES), value=pair.draft,
                                             label="Draft model (vanilla)",
-                                            allow_custom_value=True, info="int8 copy, or a model sharing the vocabulary",
+                                            allow_custom_value=True,
+                                            info="int8 copy, or a model sharing the vocabulary",
                                             visible=fields.draft, elem_id="draft")
                         gamma = gr.Dropdown(["auto"] + [str(g) for g in range(1, GAMMA_MAX + 1)],
                                             value=str(pair.gamma), label=_gamma_label(fields),
@@ -266,8 +278,8 @@ def build_ui() -> gr.Blocks:
             recording = gr.State(None)  # this session's last finished race (logic.Snapshot), for the replay
 
             run_event = run.click(
-                zerogpu.gpu(run_race, run_seconds), inputs=[prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed,
-                                                          lookup, retrieve],
+                zerogpu.gpu(run_race, run_seconds),
+                inputs=[prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed, lookup, retrieve],
                 outputs=[status, pane_ar, pane_spec, summary, plot_alpha, plot_speed, plot_accept, plot_tree,
                          spec_events, tree_step, recording, replay_button],
                 concurrency_limit=1, concurrency_id=CONCURRENCY_ID, api_name="race_stream", show_progress="hidden")
@@ -293,8 +305,8 @@ def warm_up(on_zero_gpu: bool = False) -> None:
     """Load this machine's default pair once (and the embedded target the trained drafters are tied to), then
     run a few tokens so the first click answers at once. On ZeroGPU no GPU is attached outside the wrapped
     handlers: the models load (each worker inherits them) and nothing runs."""
-    from specviz.models import loader as models
     from specviz.core import profile, retrieval
+    from specviz.models import loader as models
 
     pair = hardware.default_pair()
     if pair.note:
@@ -309,8 +321,10 @@ def warm_up(on_zero_gpu: bool = False) -> None:
     if not on_zero_gpu:
         race_result(DEFAULT_PROMPT, make_config(max_new_tokens=16), pair.draft, pair.target)  # kernels picked
         prof = profile.profile_of(target)  # the verify profile the summary's prediction reads
-        print("specviz: verify cost T(k)/T(1): " + ", ".join(f"k={k} {prof.ratio(k):.2f}" for k in (2, 5, 8, 17)), flush=True)
-    print(f"specviz: models ready on {hardware.describe(target.device, target.dtype)} ({target.guarantee} verification)",
+        print("specviz: verify cost T(k)/T(1): " + ", ".join(f"k={k} {prof.ratio(k):.2f}" for k in (2, 5, 8, 17)),
+              flush=True)
+    print(f"specviz: models ready on {hardware.describe(target.device, target.dtype)} "
+          f"({target.guarantee} verification)",
           flush=True)
 
 

@@ -26,7 +26,8 @@ class MethodSpec:
     uses_draft_model: bool = False   # drafts with a separate draft model: --draft MODEL
     grafts: tuple[str, ...] = ()     # DecodeConfig branches its tree verifies too: "lookup" (prompt lookup), "retrieve"
     chain: bool = False              # can draft a chain: the step-through tab takes it
-    checkable: bool = False          # `python -m specviz check --method NAME` takes it (a chain drafter over the chain loop)
+    # `python -m specviz check --method NAME` takes it (a chain drafter over the chain loop)
+    checkable: bool = False
     gamma: str = ""                  # what γ means for it ("" = does not apply: AR)
     drafter: str = ""                # "module:Class" of its chain drafter (check, step-through): Class() for prompt
                                      # lookup, Class(draft model), or Class(Drafter, name) for a trained one

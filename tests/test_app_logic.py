@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import pytest
+from test_render import AR, FULL, NO_DRAFT, PARTIAL
 
-from specviz.ui import logic
 from specviz.config import ConfigError, DecodeConfig
 from specviz.metrics import compare
-from test_render import AR, FULL, NO_DRAFT, PARTIAL
+from specviz.ui import logic
 
 
 def test_form_defaults_come_from_decode_config():

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import time
 
-
 from specviz import hardware
 from specviz.ui.logic import method_label
 from tests.browser_kit import ASSETS, set_number

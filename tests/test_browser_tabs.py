@@ -2,10 +2,7 @@
 click through a few cycles and a quick check, and save the screenshots in assets/."""
 from __future__ import annotations
 
-
-
 from tests.browser_kit import ASSETS, plot_traces, set_number
-
 
 
 def test_step_through_in_browser(app_url, browser):

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from specviz import engines
-from specviz.core.cache import CachedLM
 from specviz.config import DecodeConfig
+from specviz.core.cache import CachedLM
 from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.pld import lookup
 from specviz.engines.speculative import Proposal, SpeculativeEngine, next_gamma
@@ -72,7 +72,8 @@ def test_scripted_partial_acceptance(tiny_target):
     run = run_ids(SpeculativeEngine("scripted", tiny_target, drafter), PROMPT, cfg)
     assert run.token_ids == ar.token_ids
     first = run.events[0]
-    assert [d.verdict for d in first.drafts] == [Verdict.ACCEPTED, Verdict.ACCEPTED, Verdict.REJECTED, Verdict.DISCARDED]
+    assert [d.verdict for d in first.drafts] == [Verdict.ACCEPTED, Verdict.ACCEPTED, Verdict.REJECTED,
+                                                 Verdict.DISCARDED]
     assert [t.verdict for t in first.emitted] == [Verdict.ACCEPTED, Verdict.ACCEPTED, Verdict.RESAMPLED]
     rejected_at = []
     pos = len(PROMPT)
@@ -138,7 +139,8 @@ def test_eos_is_exact(tiny_target, tiny_draft):
     from tests.conftest import tiny_model
     model = tiny_model(0, eos=eos)
     draft = tiny_model(1, eos=eos)
-    for engine in [engines.build("ar", model), engines.build("vanilla", model, draft), engines.build("vanilla", model, model)]:
+    built = [engines.build("ar", model), engines.build("vanilla", model, draft), engines.build("vanilla", model, model)]
+    for engine in built:
         run = run_ids(engine, PROMPT, cfg)
         assert run.token_ids == ar[:first + 1], engine.method
         assert run.events[-1].finish_reason == "eos"
@@ -172,8 +174,8 @@ def test_prompt_lookup():
 def test_repeat_split_asks_whether_the_first_draft_copies():
     """Each step's first own draft is filed under "repeats" when prompt lookup's 3..6-token rule predicts the
     target's token there, else "new"; grafted nodes and the drafter's rank-1 guesses never count."""
-    from specviz.events import LOOKUP_HEAD, DraftToken, EmittedToken, StepEvent
     from specviz.core.lookup import RepeatSplit, first_draft_sentence
+    from specviz.events import LOOKUP_HEAD, DraftToken, EmittedToken, StepEvent
 
     def step(i, drafts, emitted):
         return StepEvent(i, tuple(DraftToken(t, "", v, 0.5, depth=dep, rank=r, head=h) for t, v, dep, r, h in drafts),
@@ -182,7 +184,8 @@ def test_repeat_split_asks_whether_the_first_draft_copies():
     prompt = [7, 1, 2, 3, 4, 9, 1, 2]
     events = [step(0, [], [3]),  # the prefill drafts nothing: not counted
               step(1, [(4, A, 0, 0, 0), (9, A, 1, 0, 1)], [4, 9, 5]),  # after 1 2 3 the context says 4: repeats, right
-              step(2, [(8, R, 0, 0, 0), (6, A, 0, 1, 0), (6, A, 0, 0, LOOKUP_HEAD)], [6]),  # after 9 5: new, own top wrong
+              # after 9 5: new, own top wrong
+              step(2, [(8, R, 0, 0, 0), (6, A, 0, 1, 0), (6, A, 0, 0, LOOKUP_HEAD)], [6]),
               step(3, [(1, R, 0, 0, 0)], [2]),  # after 5 6: new (no match), wrong
               step(4, [(3, A, 0, 0, 0)], [3])]  # after 5 6 2: no 3-token match (only "2" recurs): new, right
     split = RepeatSplit.of(prompt, events)

@@ -11,6 +11,7 @@ import torch
 from specviz import engines
 from specviz.config import DecodeConfig
 from specviz.core.cache import CachedLM
+from specviz.core.trees import Tree
 from specviz.models import fused, kernels
 from specviz.models import loader as models
 
@@ -73,7 +74,7 @@ def pair(target_bf16):
     """The default target on the fused decoder and on the stock one (the same model)."""
     if target_bf16.fused is None:
         pytest.skip("the fused decoder does not run here (no C kernels)")
-    return target_bf16, dataclasses.replace(target_bf16, fused=None)
+    return target_bf16, models.stock_decoder(target_bf16)
 
 
 def test_fused_decoder_computes_the_stock_function(pair):
@@ -98,6 +99,23 @@ def test_fused_decoder_computes_the_stock_function(pair):
             == engines.generate(engines.build("ar", stock), ids, cfg).token_ids)
 
 
+@pytest.mark.parametrize("isa", sorted(kernels.ISAS))
+def test_every_build_decodes_row_invariantly(pair, monkeypatch, isa):
+    """In each build this CPU runs (AVX2 passes 4 rows at a time, AVX-512 8), the layers give a row fed with 6 others
+    the bits it gets fed alone, one at a time after the rows before it."""
+    target, _ = pair
+    lib = kernels.library(isa)
+    if lib is None:
+        pytest.skip(f"no {isa} build here")
+    monkeypatch.setattr(fused, "_lib", lambda: fused._typed(lib))
+    decoder = target.fused
+    hidden = decoder.embed(torch.tensor(target.encode_prompt(PROMPT)[:7]))  # (7, d)
+    together, _ = decoder.layers(decoder.new_cache(), hidden, 0)
+    cache = decoder.new_cache()
+    alone = torch.cat([decoder.layers(cache, hidden[i:i + 1], i)[0] for i in range(7)])
+    assert torch.equal(together, alone)
+
+
 def test_kv_buffer_growth_and_kept_paths_change_no_bit(pair):
     """Fed one token at a time through a buffer that starts at 16 slots (grown 3 times), the last logits equal one
     forward of the whole sequence; a tree's kept path leaves what one-token decoding of that path leaves."""
@@ -108,6 +126,17 @@ def test_kv_buffer_growth_and_kept_paths_change_no_bit(pair):
     rows = [small.logits(ids[:20])[0]] + [small.logits(ids[:end])[0] for end in range(21, 71)]
     whole = CachedLM.of(target).logits(ids, keep=51)
     assert small.cache.capacity == 128 and torch.equal(torch.stack(rows), whole)
+    tree = Tree.from_choices([[0], [1], [0, 0], [1, 0], [1, 1]])  # nodes 0..4 in this order; node 4's parent is 1
+    nodes = [11, 101, 12, 13, 102]
+    lm = CachedLM.of(target)
+    lm.logits(ids[:60])
+    lm.tree_logits(ids[:61], tree, nodes)
+    lm.keep_path(61, [1, 4])
+    after = lm.logits(ids[:61] + [101, 102, 21])[0]
+    fresh = CachedLM.of(target)
+    for end in range(61, 65):
+        expected = fresh.logits((ids[:61] + [101, 102, 21])[:end])[0]
+    assert tree.parents[4] == 1 and torch.equal(after, expected)
 
 
 def test_layerskip_verifies_bitwise_through_the_fused_decoder(pair):

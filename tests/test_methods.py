@@ -123,8 +123,8 @@ def test_trained_engines_follow_the_registry(tmp_path, tiny_target, kind, extra)
 def test_describe_names_each_layout(tiny_target):
     cfg = lambda kind, **extra: drafters.DrafterConfig.for_target(kind, "t", tiny_target.model.config, **extra)  # noqa: E731
     assert drafters.describe(cfg("eagle")) == "EAGLE, one decoder layer, full vocabulary"
-    assert drafters.describe(cfg("eagle", feature_layers=[1, 2])).startswith("EAGLE-3, one decoder layer over the "
-                                                                             "target's hidden states after layers [1, 2]")
+    eagle3 = drafters.describe(cfg("eagle", feature_layers=[1, 2]))
+    assert eagle3.startswith("EAGLE-3, one decoder layer over the target's hidden states after layers [1, 2]")
     assert drafters.describe(cfg("medusa", medusa_heads=3)) == "Medusa, 3 heads, full vocabulary"
     assert drafters.describe(cfg("layerskip", exit_layer=1)).startswith("LayerSkip: the target's first 1 layers")
     assert drafters.describe(cfg("draft", draft_layers=[0])).startswith("a distilled draft model of 1 decoder layers")

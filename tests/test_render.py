@@ -4,8 +4,11 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
+from specviz.events import DraftToken as D
+from specviz.events import EmittedToken as E
+from specviz.events import StepEvent
+from specviz.events import Verdict as V
 from specviz.ui import render
-from specviz.events import DraftToken as D, EmittedToken as E, StepEvent, Verdict as V
 
 # step 0: four drafts, two kept, the third refused (the fourth never judged), the target resamples " looks"
 PARTIAL = StepEvent(0, (
@@ -23,7 +26,8 @@ FULL = StepEvent(1, (
     0.005, 0.02, 2, 1, 2, "length")
 # prompt lookup found nothing: no drafts, the target's own token
 NO_DRAFT = StepEvent(2, (), (E(19, "!", V.PLAIN, 0.3),), 0.0, 0.02, 0, 1, 0)
-AR = [StepEvent(i, (), (E(t, s, V.PLAIN, 0.5),), 0.0, 0.02, 0, 1, 0) for i, (t, s) in enumerate([(11, "The"), (12, " sky")])]
+AR = [StepEvent(i, (), (E(t, s, V.PLAIN, 0.5),), 0.0, 0.02, 0, 1, 0)
+      for i, (t, s) in enumerate([(11, "The"), (12, " sky")])]
 
 
 def test_spans_order_kept_then_refused_then_resampled():

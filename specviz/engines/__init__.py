@@ -28,7 +28,8 @@ def drafter_folder(method: str, target: LoadedModel, draft: str | None) -> Path:
     shipped = SHIPPED / f"{target.name}-{method}"
     if not shipped.is_dir():
         raise ConfigError(f"no {method} drafter is shipped for target {target.name!r}: train one with "
-                          f"python -m specviz train {method} --target {target.name} --out DIR, then pass --draft DIR/drafter")
+                          f"python -m specviz train {method} --target {target.name} --out DIR, "
+                          "then pass --draft DIR/drafter")
     return shipped
 
 
@@ -39,7 +40,8 @@ def _download(repo_id: str) -> Path:
         return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.pt", "*.bin", "*.md"]))
     except Exception as exc:  # offline, unknown repo, gated: one line, whatever the cause
         raise ConfigError(f"drafter {repo_id!r} could not be downloaded ({type(exc).__name__}): give a local folder "
-                          "written by python -m specviz train, or a Hub id of a Medusa-1, EAGLE-1 or EAGLE-3 drafter") from None
+                          "written by python -m specviz train, or a Hub id of a Medusa-1, EAGLE-1 or EAGLE-3 "
+                          "drafter") from None
 
 
 def build_trained(folder: str | Path, target: LoadedModel, chain: bool = False) -> Engine:

@@ -5,12 +5,12 @@ from typing import Iterator
 
 import torch
 
-from specviz.core.cache import CachedLM, clock
 from specviz.config import DecodeConfig
+from specviz.core.cache import CachedLM, clock
+from specviz.core.sampling import pick, warp
 from specviz.engines.base import commit
 from specviz.events import StepEvent, Verdict
 from specviz.models.loader import LoadedModel
-from specviz.core.sampling import pick, warp
 
 
 class AREngine:

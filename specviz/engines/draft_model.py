@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from specviz.core.cache import CachedLM
 from specviz.config import DecodeConfig
+from specviz.core.cache import CachedLM
+from specviz.core.sampling import pick, warp
 from specviz.engines.speculative import Proposal, SpeculativeEngine, stop_drafting
 from specviz.models.loader import LoadedModel, load_draft
-from specviz.core.sampling import pick, warp
 
 
 class ModelDrafter:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from specviz.core.cache import CachedLM, lm_head
 from specviz.config import DecodeConfig
+from specviz.core.cache import CachedLM, lm_head
 from specviz.drafters.trained import Drafter
 from specviz.engines.speculative import Proposal, RunState, SpeculativeEngine, stop_drafting
 from specviz.models.loader import LoadedModel

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from specviz.config import DecodeConfig
-from specviz.engines.speculative import Proposal, SpeculativeEngine
 from specviz.core.lookup import lookup
+from specviz.engines.speculative import Proposal, SpeculativeEngine
 
 
 class PromptLookupDrafter:

@@ -10,12 +10,12 @@ from typing import Iterator, Protocol
 
 import torch
 
-from specviz.core.cache import CachedLM, clock
 from specviz.config import DecodeConfig
+from specviz.core.cache import CachedLM, clock
+from specviz.core.sampling import ChainResult, verify_chain, warp
 from specviz.engines.base import commit
 from specviz.events import DraftToken, StepEvent, Verdict
 from specviz.models.loader import LoadedModel
-from specviz.core.sampling import ChainResult, verify_chain, warp
 
 
 @dataclass(frozen=True)

@@ -16,18 +16,18 @@ from typing import Iterator, Protocol
 
 import torch
 
-from specviz.core.cache import CachedLM, clock
 from specviz.config import ConfigError, DecodeConfig
+from specviz.core.cache import CachedLM, clock
+from specviz.core.lookup import match
+from specviz.core.retrieval import Datastore, datastore_for, datastores
+from specviz.core.sampling import pick, verify_chain, warp
+from specviz.core.trees import Tree, greedy_walk
 from specviz.drafters.trained import Drafter
 from specviz.engines.base import commit
 from specviz.engines.eagle import EagleSession, FeatureHistory
 from specviz.engines.speculative import Proposal, SpeculativeEngine, stop_drafting
 from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD, DraftToken, StepEvent, Verdict
-from specviz.core.lookup import match
 from specviz.models.loader import LoadedModel
-from specviz.core.retrieval import Datastore, datastore_for, datastores
-from specviz.core.sampling import pick, verify_chain, warp
-from specviz.core.trees import Tree, greedy_walk
 
 # Defaults for 2 CPU cores, where verifying 16 tokens costs about two AR steps: the top-1 chain plus the
 # runners-up that pay most often. Trained drafters store their own tree, chosen from measured accuracies.
@@ -43,7 +43,8 @@ class TreeProposal:
     q_nodes: list[float]          # (n,) each node's probability under the distribution it came from
     q_chain: torch.Tensor | None  # (n, V) sampling: the distributions of the chain's draws; None for greedy
     forwards: int
-    grafted: tuple[tuple[int, int], ...] = ()  # (node, source head) of the nodes a graft added: LOOKUP_HEAD, RETRIEVAL_HEAD
+    # (node, source head) of the nodes a graft added: LOOKUP_HEAD, RETRIEVAL_HEAD
+    grafted: tuple[tuple[int, int], ...] = ()
 
 
 def graft(prop: TreeProposal, chain: list[int], source: int) -> TreeProposal:
@@ -106,7 +107,8 @@ class MedusaProposer:
         if state.feature is None:
             return None
         feats = self.d.module(self.d.inputs(state.feature[None]))[:, 0]  # (K, d)
-        q_heads = torch.stack([warp(self.d.logits(f, head=k).float().cpu(), cfg) for k, f in enumerate(feats)])  # (K, N)
+        # (K, N)
+        q_heads = torch.stack([warp(self.d.logits(f, head=k).float().cpu(), cfg) for k, f in enumerate(feats)])
         if cfg.greedy:
             tree = Tree.from_choices([p for p in tree.paths if len(p) <= room])
             ranked = torch.argsort(q_heads, dim=-1, descending=True)[:, :1 + max(tree.ranks)]  # (K, r)
@@ -117,7 +119,8 @@ class MedusaProposer:
             small = [pick(q_heads[k], False, generator) for k in range(tree.size)]
             q_chain = self.d.scatter(q_heads[:tree.size])
         q_nodes = [float(q_heads[tree.depths[i] - 1, s]) for i, s in enumerate(small)]
-        return TreeProposal(tree, [int(t) for t in self.d.to_target_ids(torch.tensor(small)).tolist()], q_nodes, q_chain, 1)
+        ids = [int(t) for t in self.d.to_target_ids(torch.tensor(small)).tolist()]
+        return TreeProposal(tree, ids, q_nodes, q_chain, 1)
 
 
 class MedusaChainDrafter:
@@ -260,7 +263,8 @@ class TreeEngine:
             kept = hidden
         else:
             tree, node_tokens = prop.tree, prop.node_tokens
-            logits, hidden = run.target.tree_logits(tokens, tree, node_tokens, features=run.drafts.features)  # (1 + n, V)
+            # logits (1 + n, V)
+            logits, hidden = run.target.tree_logits(tokens, tree, node_tokens, features=run.drafts.features)
             p_rows = warp(logits[:, :vocab], cfg)  # row 0: after the root; row i + 1: after node i
             if prop.q_chain is None:
                 path, nxt = greedy_walk(tree, node_tokens, p_rows.argmax(-1).tolist())
@@ -281,7 +285,8 @@ class TreeEngine:
         emitted, finish = commit(candidates, n_new, cfg, self.target.eos_ids, text_of)
         n_used = min(len(path), len(emitted))  # accepted drafts after an EOS are never used
         nodes = [n if n.verdict is not Verdict.ACCEPTED or n.depth < n_used else
-                 DraftToken(n.token_id, n.text, Verdict.DISCARDED, n.q_draft, None, None, n.parent, n.depth, n.head, n.rank)
+                 DraftToken(n.token_id, n.text, Verdict.DISCARDED, n.q_draft, None, None, n.parent, n.depth, n.head,
+                            n.rank)
                  for n in nodes]
         tokens.extend(t.token_id for t in emitted)
         size = prop.tree.size if prop else 0

@@ -153,19 +153,20 @@ class FusedLlama:
         self.head_weight = model.get_output_embeddings().weight
         self.vocab = self.head_weight.shape[0]
         self.head_packed = pack(self.head_weight)                 # (V, d) packed
-        self.cos = self.sin = torch.empty(0, self.head_dim, dtype=torch.bfloat16)
+        self.rope = (torch.empty(0, self.head_dim, dtype=torch.bfloat16),) * 2  # (cos, sin), replaced whole
 
     def new_cache(self) -> KVBuffer:
         return KVBuffer(self.n_layers, self.kv_heads, self.head_dim)
 
-    def _rope_upto(self, positions: int) -> None:
-        """cos/sin tables (positions, head dim) bf16 from the model's own rotary embedding (the stock bits)."""
-        if positions <= self.cos.shape[0]:
-            return
-        size = max(1024, 1 << (positions - 1).bit_length())
-        ids = torch.arange(size)[None]
-        cos, sin = self.rotary(self.embedding[:1], position_ids=ids)  # (1, size, hd) each, bf16
-        self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()
+    def _rope_upto(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin tables (at least `positions`, head dim) bf16 from the model's own rotary embedding (the stock
+        bits), grown by doubling."""
+        rope = self.rope
+        if positions > rope[0].shape[0]:
+            size = max(1024, 1 << (positions - 1).bit_length())
+            cos, sin = self.rotary(self.embedding[:1], position_ids=torch.arange(size)[None])  # (1, size, hd) each
+            rope = self.rope = (cos[0].contiguous(), sin[0].contiguous())
+        return rope
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (n,) -> (n, d) bf16."""
@@ -181,7 +182,7 @@ class FusedLlama:
         n = hidden.shape[0]
         layers = range(self.n_layers) if layers is None else layers
         cache.ensure(start + n)
-        self._rope_upto(start + n + 1)
+        cos, sin = self._rope_upto(start + n + 1)
         index = offsets = None
         if mask is not None:
             index, offsets = attention.visible_index(mask, n, start + n)
@@ -189,7 +190,7 @@ class FusedLlama:
             positions = positions.reshape(-1).to(torch.int64).contiguous()
         out = torch.empty(len(layers), n, self.d, dtype=torch.bfloat16) if states else None
         ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
-        _lib().llama_layers(hidden.data_ptr(), n, ptr(positions), start, self.cos.data_ptr(), self.sin.data_ptr(),
+        _lib().llama_layers(hidden.data_ptr(), n, ptr(positions), start, cos.data_ptr(), sin.data_ptr(),
                             self.weights.data_ptr(), cache.table.data_ptr(), cache.capacity, ptr(index), ptr(offsets),
                             layers.start, layers.stop, ptr(out), self.d, self.head_dim, self.heads, self.kv_heads,
                             self.ffn, self.eps, self.scale, kernels.threads())

@@ -10,6 +10,7 @@ A spec is one of:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import os
 import pickle
@@ -259,10 +260,18 @@ def load(spec: str, device: torch.device | None = None, dtype: torch.dtype | Non
         warm_up(model, device)
     if attention is None and uses_row_kernel(device, dtype):
         kernels.swap_in(model)  # bf16 matmuls streamed once for up to 8 rows, each row on its own
-    pad = attention is None and pads_one_row(model, device, dtype)
-    max_rows = BF16_ROWS if pad and native_bf16() else None
     fused = fused_decoder.build(model, device, dtype) if attention is None else None  # weights packed once, here
-    return LoadedModel(spec, model, tokenizer, device, dtype, pad_one_row=pad, max_rows=max_rows, fused=fused)
+    if fused is not None:  # row-invariant by construction: no padding row, no pieces
+        return LoadedModel(spec, model, tokenizer, device, dtype, fused=fused)
+    return stock_decoder(LoadedModel(spec, model, tokenizer, device, dtype), attention is None)
+
+
+def stock_decoder(loaded: LoadedModel, bitwise: bool = True) -> LoadedModel:
+    """`loaded` on the stock transformers decoder (no fused decoder), with the padding rule and row limit that make
+    it bitwise where it runs row-wise attention (bitwise=False: neither, the bench's reference AR). The probes
+    compare it with the fused decoder on the same weights."""
+    pad = bitwise and pads_one_row(loaded.model, loaded.device, loaded.dtype)
+    return dataclasses.replace(loaded, fused=None, pad_one_row=pad, max_rows=BF16_ROWS if pad and native_bf16() else None)
 
 
 @torch.inference_mode()

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Optional, TypeVar
 
 from specviz import methods
-from specviz.ui import lesson, plots, render
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, ConfigError, DecodeConfig
 from specviz.events import StepEvent
 from specviz.metrics import Comparison, compare
+from specviz.ui import lesson, plots, render
 
 log = logging.getLogger("specviz.app")
 
@@ -52,7 +52,8 @@ EXAMPLES: dict[str, list[str]] = {
         "What causes the seasons on Earth?",
     ],
 }
-DEFAULT_PROMPT = EXAMPLES["writing"][0]  # the CPU's default race (EAGLE with prompt lookup's branch) also drafts from its own words
+# the CPU's default race (EAGLE with prompt lookup's branch) also drafts from its own words
+DEFAULT_PROMPT = EXAMPLES["writing"][0]
 LANE_TITLES = {"ar": "Plain autoregressive", "spec": "Speculative ({method})"}
 
 
@@ -182,9 +183,9 @@ def race_stream(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT,
     Raises ConfigError / ModelError for bad input, RunFailed (logged) for anything unexpected (after the
     first, 'loading' snapshot)."""
     from specviz import hardware
-    from specviz.models.loader import ModelError
     from specviz.core.profile import profile_of
     from specviz.core.session import prepare  # torch and the engines load on first use, not at import
+    from specviz.models.loader import ModelError
 
     snap = Snapshot(cfg, draft)
     yield snap
@@ -317,7 +318,8 @@ def summary_html(snap: Snapshot) -> str:
                  f'AR {html.escape(repr(ar_tok))} vs speculative {html.escape(repr(spec_tok))}</span>')
     lookup = f", prompt lookup branch of up to {snap.cfg.lookup} tokens" if snap.cfg.lookup else ""
     lookup += f", datastore branch of up to {snap.cfg.retrieve} nodes" if snap.cfg.retrieve else ""
-    settings = (f"{snap.cfg.method}, γ = {gamma}{lookup}, temperature {snap.cfg.temperature:g}, top-p {snap.cfg.top_p:g}, "
+    settings = (f"{snap.cfg.method}, γ = {gamma}{lookup}, temperature {snap.cfg.temperature:g}, "
+                f"top-p {snap.cfg.top_p:g}, "
                 f"{c.spec.new_tokens} tokens, {c.spec.steps} target forwards vs {c.ar.steps}"
                 + (f" · on {snap.hardware}" if snap.hardware else ""))
     texts = lesson.lesson_html(ar_ev, spec_ev, snap.cfg.greedy, snap.title("ar"), snap.title("spec"))

@@ -106,7 +106,8 @@ def speed_figure(lanes: Mapping[str, Sequence[StepEvent]], labels: Optional[Mapp
         data.append({
             "type": "scatter", "x": xs, "y": ys, "mode": "lines",
             "name": f"{label} · {rate:.1f} tok/s" if events else label,
-            "line": {"color": LANE_COLOURS.get(lane, ROLLING), "width": 4 if i else 3, "dash": "solid" if i else "dash"},
+            "line": {"color": LANE_COLOURS.get(lane, ROLLING), "width": 4 if i else 3,
+                     "dash": "solid" if i else "dash"},
             "hovertemplate": "%{y} tokens after %{x:.2f} s<extra>" + label + "</extra>"})
     return _figure(data, "Tokens over compute time (slope = tok/s)",
                    # inside the plot's bottom-right corner, below both lines (they rise from the origin and the

@@ -14,12 +14,11 @@ from typing import Optional
 import gradio as gr
 
 from specviz import hardware, methods, zerogpu
-
+from specviz.check.run import CHECK_METHODS, CHECKED_TRAINED
+from specviz.config import CHAIN_METHODS, DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, ConfigError
+from specviz.policy import Policy
 from specviz.ui import controls, plots, render
 from specviz.ui.logic import make_config, status_html, user_message
-from specviz.config import CHAIN_METHODS, DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, ConfigError
-from specviz.check.run import CHECK_METHODS, CHECKED_TRAINED
-from specviz.policy import Policy
 
 CONCURRENCY_ID = "cpu"  # the app's one device queue: checks and steps never overlap a race's timing
 TARGET_CHOICES = [DEFAULT_TARGET, "HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-360M-Instruct"]
@@ -69,9 +68,11 @@ def check_figures_html(data: dict) -> str:
         ("greedy identity", f"{same}/{len(g['prompts'])}", "prompts where speculative = plain AR, token for token"
          + (f"; {g['near_ties']} near-tie flips" if g["near_ties"] else "")),
         ("max |Δlogit|", f"{g['verify_logit_max_abs_diff']:.3g}",
-         f"verification vs one-token decoding over {g['judged_positions']} positions ({g['guarantee']}: 0 = bit for bit)"),
+         f"verification vs one-token decoding over {g['judged_positions']} positions "
+         f"({g['guarantee']}: 0 = bit for bit)"),
         ("exact sampling", "pass" if fid["passed"] else "FAIL",
-         f"{fit['n']} seeds at T={fid['temperature']:g}: p = {fit['p_value']:.3g}, TV {fit['tv']:.3f} (bound {fit['tv_bound']:.3f})"),
+         f"{fit['n']} seeds at T={fid['temperature']:g}: p = {fit['p_value']:.3g}, TV {fit['tv']:.3f} "
+         f"(bound {fit['tv_bound']:.3f})"),
         ("acceptance rate α", f(p["alpha"]), "accepted / judged drafted tokens (greedy runs)"),
         ("τ", f(p["tau"]), "tokens per target forward, the bonus token included"),
         ("cost ratio c", f(p["cost_ratio"], ".3f"), p["cost_ratio_basis"]),
@@ -86,7 +87,8 @@ def check_figures_html(data: dict) -> str:
         pct = lambda v: "–" if v is None else f"{v:.0%}"  # noqa: E731
         cards.append(("copies? repeats / new", f"{pct(split['repeat_rate'])} / {pct(split['new_rate'])}",
                       f"first draft accepted where the answer repeats its context ({split['repeat_steps']} of "
-                      f"{split['repeat_steps'] + split['new_steps']} steps) / elsewhere; prompt lookup drafts the former"))
+                      f"{split['repeat_steps'] + split['new_steps']} steps) / elsewhere; "
+                      "prompt lookup drafts the former"))
     vocab = p.get("draft_vocab")
     if vocab:  # a compressed draft vocabulary caps what can be drafted
         cards.append(("draft vocabulary", f"{vocab['coverage']:.1%}",
@@ -112,9 +114,10 @@ def run_check_ui(target: str = DEFAULT_TARGET, method: str = "vanilla", draft: s
                  progress=gr.Progress()):
     """Run `specviz check` on a target and drafter; returns the verdict, the key figures, the report's plots
     and the JSON and HTML reports as files. A bad value or model is a one-line message in the verdict box."""
-    from specviz.check import run as check, report
-    from specviz.models import loader as models
+    from specviz.check import report
+    from specviz.check import run as check
     from specviz.config import DecodeConfig, _number
+    from specviz.models import loader as models
 
     empty = (None,) * 4 + (None, None)
     try:
@@ -185,23 +188,26 @@ def check_tab(concurrency_id: str = CONCURRENCY_ID, pair: hardware.Pair = hardwa
 
     with gr.Tab("Check a drafter", elem_id="tab-check"):
         gr.HTML(f"<style>{TABS_CSS}</style><p class='sv-intro'>Is a drafter <b>compatible</b> with the target (same "
-                "vocabulary), is decoding with it <b>exact</b> (greedy output identical to plain decoding; sampled first "
+                "vocabulary), is decoding with it <b>exact</b> (greedy output identical to plain decoding; "
+                "sampled first "
                 "tokens follow the target's distribution) and does it <b>pay</b> on this machine (α, τ, cost ratio c, "
                 "speedup against the prediction)? The same check as <code>python -m specviz check</code>.</p>")
         with gr.Row():
-            target = gr.Dropdown(choices_with_default(pair.target, TARGET_CHOICES), value=pair.target, label="Target model",
-                                 allow_custom_value=True, elem_id="check-target")
+            target = gr.Dropdown(choices_with_default(pair.target, TARGET_CHOICES), value=pair.target,
+                                 label="Target model", allow_custom_value=True, elem_id="check-target")
             method = gr.Dropdown(list(CHECK_METHODS), value="vanilla", label="Drafter",
                                  info="vanilla: a draft model · pld: prompt lookup · eagle, draft: trained drafters",
                                  elem_id="check-method")
-            draft = gr.Dropdown(choices_with_default(pair.draft, DRAFT_CHOICES), value=pair.draft, label="Draft model (vanilla) or drafter folder", allow_custom_value=True,
-                                info="int8 copy, or a model sharing the vocabulary; eagle/draft: the shipped one", elem_id="check-draft")
+            draft = gr.Dropdown(choices_with_default(pair.draft, DRAFT_CHOICES), value=pair.draft,
+                                label="Draft model (vanilla) or drafter folder", allow_custom_value=True,
+                                info="int8 copy, or a model sharing the vocabulary; eagle/draft: the shipped one",
+                                elem_id="check-draft")
             gamma = gr.Dropdown(GAMMAS, value="4", label="γ (drafted tokens per step)", elem_id="check-gamma")
         with gr.Row():
             temperature = gr.Slider(0.05, 2.0, value=1.0, step=0.05, label="Temperature for the sampling test",
                                     elem_id="check-temperature")
-            samples = gr.Slider(20, CHECK_SAMPLES_MAX, value=200, step=10, label="Samples (seeds) for the sampling test",
-                                elem_id="check-samples")
+            samples = gr.Slider(20, CHECK_SAMPLES_MAX, value=200, step=10,
+                                label="Samples (seeds) for the sampling test", elem_id="check-samples")
             prompts = gr.Slider(1, len(DEFAULT_PROMPTS), value=3, step=1, label="Prompts (built-in, by category)",
                                 elem_id="check-prompts")
             max_new_tokens = gr.Slider(4, CHECK_TOKENS_MAX, value=32, step=1, label="New tokens per prompt",
@@ -220,7 +226,8 @@ def check_tab(concurrency_id: str = CONCURRENCY_ID, pair: hardware.Pair = hardwa
             json_file = gr.File(label="JSON report", elem_id="check-json", interactive=False)
             html_file = gr.File(label="HTML report (self-contained, opens offline)", elem_id="check-html",
                                 interactive=False)
-        run.click(zerogpu.gpu(run_check_ui, check_gpu_seconds), inputs=[target, method, draft, gamma, temperature, samples, prompts, max_new_tokens],
+        run.click(zerogpu.gpu(run_check_ui, check_gpu_seconds),
+                  inputs=[target, method, draft, gamma, temperature, samples, prompts, max_new_tokens],
                   outputs=[verdict, figures, plot_fidelity, plot_alpha, plot_gamma, plot_batch, json_file, html_file],
                   api_name="check", concurrency_limit=1, concurrency_id=concurrency_id, show_progress="full")
 
@@ -233,7 +240,8 @@ RULE_SAMPLING = ("Each drafted token is kept when the uniform draw <b>u &lt; min
                  "the target draws its own token from the residual <b>norm(max(0, p − q))</b> and the later drafts are "
                  "discarded unjudged; if every draft is kept the target adds a bonus token drawn from p.")
 RULE_GREEDY = ("Greedy (temperature 0): a drafted token is kept when it equals the target's argmax. At the first "
-               "mismatch the target's argmax replaces it; if every draft is kept the target adds its argmax as a bonus.")
+               "mismatch the target's argmax replaces it; if every draft is kept the target adds its argmax "
+               "as a bonus.")
 
 
 def _num(v: Optional[float], spec: str = ".2f") -> str:
@@ -280,7 +288,8 @@ def step_status(session) -> str:
            f"{cfg.method} (trained drafter, drafting a chain)" if entry.trained else f"{cfg.method} ({entry.label})")
     where = (f"finished ({session.run.finish_reason}) after {m['steps']} steps" if session.finished else
              f"{m['steps']} steps so far" if m["steps"] else "ready: press Next step")
-    alpha = f" · α so far {_num(m['alpha'])} ({m['accepted']}/{m['drafted']}) · τ {_num(m['tau'])}" if m["steps"] else ""
+    alpha = (f" · α so far {_num(m['alpha'])} ({m['accepted']}/{m['drafted']}) · τ {_num(m['tau'])}"
+             if m["steps"] else "")
     text = (f"Seed {cfg.seed} · {who} · γ = {cfg.gamma} · temperature {cfg.temperature:g} · "
             f"{m['tokens']}/{cfg.max_new_tokens} tokens · {where}{alpha}")
     return status_html(text, "ok" if session.finished else "info")
@@ -373,7 +382,8 @@ def step_tab(concurrency_id: str = CONCURRENCY_ID, pair: hardware.Pair = hardwar
     """Build the "Step through" tab (teaching mode) inside the caller's gr.Blocks (default draft: `pair`'s)."""
     with gr.Tab("Step through", elem_id="tab-step"):
         gr.HTML(f"<style>{TABS_CSS}</style><p class='sv-intro'><b>Teaching mode.</b> One draft/verify cycle per "
-                "click: what the drafter proposed (q), what the target thinks (p), the acceptance test and its verdict. "
+                "click: what the drafter proposed (q), what the target thinks (p), the acceptance test and "
+                "its verdict. "
                 "The same seed gives the same run, token for token, as the Race tab's speculative lane with these "
                 "settings (Medusa and EAGLE draft a chain here, one guess per position, where the race verifies "
                 "their tree).</p>")
@@ -409,7 +419,8 @@ def step_tab(concurrency_id: str = CONCURRENCY_ID, pair: hardware.Pair = hardwar
                                   elem_id="step-c")
                 theory = gr.Plot(plots.theory_figure(0.7, 0.1), elem_id="step-theory", show_label=False)
                 gr.Markdown("Curves: the sliders' α and c. ◆: the steps so far — measured τ at their mean γ, and "
-                            "the speedup predicted from their α and c (c here is a draft forward over a verify forward, "
+                            "the speedup predicted from their α and c (c here is a draft forward over "
+                            "a verify forward, "
                             "as this tab runs no plain lane). The Race tab measures the real speedup.")
         with gr.Accordion("This cycle as data (JSON)", open=False):
             data = gr.JSON(elem_id="step-data")
