@@ -7,19 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specviz.check import run as check
-
-from specviz.drafters import trained as drafters
-
 from specviz import engines
-
-from specviz.models import loader as models
-
+from specviz.check import run as check
+from specviz.config import DecodeConfig
 from specviz.core import profile
 from specviz.core.cache import CachedLM
-from specviz.config import DecodeConfig
-from specviz.engines import SHIPPED
 from specviz.core.trees import Tree
+from specviz.drafters import trained as drafters
+from specviz.engines import SHIPPED
+from specviz.models import loader as models
 
 PROMPT = "Explain why the sky is blue, in three sentences."
 
@@ -28,7 +24,8 @@ PROMPT = "Explain why the sky is blue, in three sentences."
 def path(target_bf16) -> tuple[list[int], list[int]]:
     """The prompt's ids and 16 greedy tokens after it (a real continuation)."""
     ids = target_bf16.encode_prompt(PROMPT)
-    return ids, engines.generate(engines.build("ar", target_bf16), ids, DecodeConfig(method="ar", max_new_tokens=16)).token_ids
+    run = engines.generate(engines.build("ar", target_bf16), ids, DecodeConfig(method="ar", max_new_tokens=16))
+    return ids, run.token_ids
 
 
 def one_token_rows(target: models.LoadedModel, ids: list[int], continuation: list[int]) -> torch.Tensor:
@@ -56,7 +53,8 @@ def chain_rows(target: models.LoadedModel, ids: list[int], continuation: list[in
 
 def test_the_bf16_cpu_engine_is_bitwise(target_bf16):
     assert target_bf16.attention == "rowwise" and target_bf16.bitwise and target_bf16.guarantee == "bitwise"
-    padded = target_bf16.fused is None and (models.native_bf16() or models.one_row_differs(target_bf16.model, torch.bfloat16))
+    padded = target_bf16.fused is None and (models.native_bf16()
+                                            or models.one_row_differs(target_bf16.model, torch.bfloat16))
     assert target_bf16.pad_one_row == padded  # the fused decoder is row-invariant by construction: no padding row
 
 
@@ -91,11 +89,15 @@ def test_shipped_tree_verification_equals_one_token_decoding_bitwise(target_bf16
     """Every node of the shipped trees (and of a wide one), verified in one forward with the tree mask, has the
     logits one-token decoding computes after the same path."""
     ids, continuation = path
-    choices = {"wide": WIDE, "big": BIG}[kind] if kind in ("wide", "big") else drafters.load(SHIPPED / f"smollm2-135m-{kind}", target_bf16).cfg.tree
+    if kind in ("wide", "big"):
+        choices = {"wide": WIDE, "big": BIG}[kind]
+    else:
+        choices = drafters.load(SHIPPED / f"smollm2-135m-{kind}", target_bf16).cfg.tree
     tree = Tree.from_choices(choices)
     context = ids + continuation[:5]
-    node_tokens = [continuation[5 + tree.depths[i] - 1] if tree.ranks[i] == 0 else (977 * (i + 3)) % target_bf16.vocab_size
-                   for i in range(tree.size)]  # the top rank follows the real continuation, the others are other tokens
+    # the top rank follows the real continuation, the others are other tokens
+    node_tokens = [continuation[5 + tree.depths[i] - 1] if tree.ranks[i] == 0
+                   else (977 * (i + 3)) % target_bf16.vocab_size for i in range(tree.size)]
     lm = CachedLM.of(target_bf16)
     lm.logits(context[:-1])
     rows = lm.tree_logits(context, tree, node_tokens)  # (1 + n, V)
@@ -183,7 +185,8 @@ def test_attention_kernel_is_row_invariant_and_accurate(length, rows, dim):
     mask[0, 0] = torch.arange(length)[None, :] <= (length - rows + torch.arange(rows))[:, None]
     mask[0, 0, 5:, length - rows + 2] = False  # a branch the later rows do not see, as in a tree
     assert kernels.can_attend(q, k)
-    out, _ = attention.rowwise_attention(None, q, k, v, mask)  # 16 rows x 9 heads over 300 keys: threaded (ATTEND_PARALLEL)
+    # 16 rows x 9 heads over 300 keys: threaded (ATTEND_PARALLEL)
+    out, _ = attention.rowwise_attention(None, q, k, v, mask)
     for i in range(rows):
         alone, _ = attention.rowwise_attention(None, q[:, :, i:i + 1], k, v, mask[:, :, i:i + 1].clone())
         assert torch.equal(alone[0, 0], out[0, i]), i

@@ -108,7 +108,8 @@ class CachedLM:
         EAGLE-1 and Medusa draft from; a tuple of hidden-state indices, those states side by side (n, len * d),
         what EAGLE-3 fuses."""
         if extra and len(tokens) - self.seen > 1:  # a prompt not in the cache yet: its own forward first, as plain
-            # decoding runs it, so its keys and values have the same bits (AMX CPUs take other bf16 kernels past 32 rows)
+            # decoding runs it, so its keys and values have the same bits (AMX CPUs take other bf16 kernels past
+            # 32 rows)
             first = self.logits(tokens, keep=max(1, keep - len(extra)), features=features)
             rest = self.logits(tokens, extra, keep=min(keep, len(extra)), features=features)
             if not features:
@@ -126,7 +127,9 @@ class CachedLM:
         if self.trace is not None:
             self.trace.append(Traced(self.seen, new, logits))
         self.seen += len(new)
-        return (logits, fused(states, features, len(new)) if isinstance(features, tuple) else hidden) if features else logits
+        if not features:
+            return logits
+        return logits, fused(states, features, len(new)) if isinstance(features, tuple) else hidden
 
     @torch.inference_mode()
     def tree_logits(self, tokens: list[int], tree, node_tokens: list[int], features: bool = False):
@@ -140,11 +143,14 @@ class CachedLM:
         position_ids, mask = tree_inputs(len(tokens), n_fed, tree, self.model.config._attn_implementation,
                                          next(self.model.parameters()).dtype)
         input_ids = torch.tensor([list(tokens[self.seen:]) + list(node_tokens)], dtype=torch.long, device=self.device)
-        hidden, states = self._decode(input_ids, isinstance(features, tuple), split=True, attention_mask=mask.to(self.device),
+        hidden, states = self._decode(input_ids, isinstance(features, tuple), split=True,
+                                      attention_mask=mask.to(self.device),
                                       position_ids=position_ids.to(self.device))  # (n_fed + n, d)
         self.seen += input_ids.shape[1]
         logits = self._head(hidden[n_fed - 1:], split=True)  # (1 + n, V)
-        return (logits, fused(states, features, len(hidden)) if isinstance(features, tuple) else hidden) if features else logits
+        if not features:
+            return logits
+        return logits, fused(states, features, len(hidden)) if isinstance(features, tuple) else hidden
 
     def keep_path(self, n_committed: int, path: list[int]) -> None:
         """After a tree forward: keep the committed context and the accepted path's nodes, drop the rest."""

