@@ -28,6 +28,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from timing import median_seconds  # noqa: E402  (experiments/probes/timing.py: the probes' one median timer)
+
 from specviz import engines  # noqa: E402
 from specviz.config import DecodeConfig  # noqa: E402
 from specviz.core.cache import CachedLM  # noqa: E402
@@ -48,20 +50,9 @@ def cpu_name() -> str:
     return "avx512" if "avx512f" in flags else "avx2"
 
 
-def median_time(f, reps: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        f()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def bandwidth(out) -> float:
     big = torch.ones(1 << 29, dtype=torch.bfloat16)  # 1 GiB
-    seconds = median_time(lambda: torch.sum(big), reps=7)
+    seconds = median_seconds(lambda: torch.sum(big), reps=7, warmup=2)
     gbs = big.numel() * 2 / seconds / 1e9
     out(f"read bandwidth: torch.sum over 1 GiB bf16, {torch.get_num_threads()} threads: {gbs:.1f} GB/s "
         f"({seconds * 1e3:.1f} ms)")
@@ -148,7 +139,7 @@ def fused_parts(target, out, reps: int = 21) -> None:
     times = {name: [] for name in parts}
     for _ in range(reps):
         for name, f in parts.items():
-            times[name].append(median_time(f, 1, warmup=0))
+            times[name].append(median_seconds(f, 1, warmup=0))
     out(f"\nfused step parts at {start} cached tokens (ms, median of {reps}, interleaved):")
     for name, ts in times.items():
         out(f"  {name:28s} {statistics.median(ts) * 1e3:7.2f}")
@@ -156,7 +147,7 @@ def fused_parts(target, out, reps: int = 21) -> None:
     costs = {k: [] for k in sizes}
     for _ in range(7):
         for k in sizes:
-            costs[k].append(median_time(lambda: step(k), 1, warmup=0))
+            costs[k].append(median_seconds(lambda: step(k), 1, warmup=0))
     base = statistics.median(costs[0])
     out("  T(k)/T(1), a forward of k rows (1 token + k-1 drafts): " + ", ".join(
         f"{k + 1}: {statistics.median(costs[k]) / base:.2f}" for k in sizes) + f"  (T(1) {base * 1e3:.1f} ms)")
@@ -190,7 +181,7 @@ def linear_shapes(out, budget_mb: int = 160) -> None:
                     f(x, ws[i[0] % len(ws)])
                     i[0] += 1
                 reps = max(5, min(200, len(ws) * 3))
-                seconds = median_time(call, reps, warmup=len(ws))
+                seconds = median_seconds(call, reps, warmup=len(ws))
                 gbs = n * k * (4 if kind == "torch fp32" else 2) / seconds / 1e9
                 cells.append(f"{seconds * 1e3:8.3f} ({gbs:5.1f} GB/s)")
             out(f"  {label:18s} {rows:4d} " + " ".join(f"{c:>22s}" for c in cells))
@@ -198,10 +189,7 @@ def linear_shapes(out, budget_mb: int = 160) -> None:
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
-    out = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
-    fused._lib().linear_packed(x.data_ptr(), packed.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], n,
-                               fused.STORE_BF16, kernels.threads())
-    return out
+    return fused.linear_packed(x, packed, n)
 
 
 def main() -> None:

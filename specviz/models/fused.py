@@ -82,6 +82,16 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def linear_packed(x: torch.Tensor, packed: torch.Tensor, n: int, store: int = STORE_BF16) -> torch.Tensor:
+    """x (r, K) bf16 times a weight of N rows in pack()'s layout -> (r, N), bf16 (STORE_BF16) or float32
+    (STORE_F32): one row-invariant packed matmul, as the fused decoder runs every Linear."""
+    x = x.to(torch.bfloat16).contiguous()
+    out = torch.empty(x.shape[0], n, dtype=torch.float32 if store == STORE_F32 else torch.bfloat16)
+    _lib().linear_packed(x.data_ptr(), packed.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], n, store,
+                         kernels.threads())
+    return out
+
+
 class KVBuffer:
     """One run's keys and values for every layer, preallocated: keys and values (layers, kv heads, capacity, head
     dim) bf16, grown by doubling. How many positions are valid is its owner's count (CachedLM.seen): a rejected
@@ -206,11 +216,7 @@ class FusedLlama:
 
     def head(self, rows: torch.Tensor) -> torch.Tensor:
         """The LM head on final-norm rows (r, d) bf16 -> logits (r, V) float32 (bf16 values, as the stock head's)."""
-        rows = rows.to(torch.bfloat16).contiguous()
-        out = torch.empty(rows.shape[0], self.vocab, dtype=torch.float32)
-        _lib().linear_packed(rows.data_ptr(), self.head_packed.data_ptr(), out.data_ptr(), rows.shape[0], self.d,
-                             self.vocab, STORE_F32, kernels.threads())
-        return out
+        return linear_packed(rows, self.head_packed, self.vocab, STORE_F32)
 
     def decode(self, cache: KVBuffer, ids: torch.Tensor, start: int, mask: torch.Tensor | None = None,
                positions: torch.Tensor | None = None, hidden_states: bool = False):
