@@ -11,11 +11,13 @@ other rows: verification stays bitwise one-token decoding with no padding row.
 The same library holds the row-wise attention over a bf16 KV cache that every bf16 CPU forward uses (attend):
 one fixed sequence of operations per (row, head), so a row's bits never depend on the other rows either.
 
-The C lives beside this file: rowwise_linear.c (linear_bf16), attend.c (attend_bf16) and common.h. Both .c files
-are compiled together once per content version with the system C compiler into a per-user cache (about a second)
-and called through ctypes: for AVX2/FMA, and also for AVX-512 where the CPU has it, whose attention takes 16-lane
-registers and gives the AVX2 build's bits (one tree of 16 rows over 800 keys, 30 layers: 21.7 against 15.4 ms
-on 2 cores, experiments/results/attend_ab_avx512.txt). Where there is no compiler, or the CPU lacks AVX2/FMA,
+The C lives beside this file: rowwise_linear.c (linear_bf16), attend.c (attend_bf16) and common.h, and the fused
+decoder's (specviz/models/fused.py) packed_linear.c (pack_bf16, linear_packed), llama.c (llama_layers) and packed.h.
+The .c files are compiled together once per content version with the system C compiler into a per-user cache
+(about a second) and called through ctypes: for AVX2/FMA; for AVX-512 where the CPU has it, whose attention takes
+16-lane registers and gives the AVX2 build's bits (one tree of 16 rows over 800 keys, 30 layers: 21.7 against
+15.4 ms on 2 cores, experiments/results/attend_ab_avx512.txt); and for AVX512-BF16, whose packed matmul takes
+vdpbf16ps (its own bits). Where there is no compiler, or the CPU lacks AVX2/FMA,
 `available()` is False and the stock torch kernels run (a Space's image without gcc, say): a failed build logs one
 line saying why (logger "specviz.kernels"), and `describe()` names what runs here.
 """

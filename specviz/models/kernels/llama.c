@@ -13,7 +13,13 @@ its threads claim each phase's chunks (a matmul's column groups, rows, (row, hea
 #define PHASES 10  /* a layer's phases (RUN_PHASE) */
 #define CHUNK 2    /* matmul column groups (32 outputs each) a claim */
 
-static inline long upto(long a, long b) { return a < b ? a : b; }
+static inline long chunks(long N) { return (packed_groups(N) + CHUNK - 1) / CHUNK; }
+
+/* chunk c of the matmul y (M, N) (+)= x (M, K) . W^T: its CHUNK column groups */
+static inline void matmul_chunk(long c, const uint16_t *x, int64_t w, long M, long K, long N, uint16_t *y, int mode) {
+    long end = (c + 1) * CHUNK < packed_groups(N) ? (c + 1) * CHUNK : packed_groups(N);
+    packed_matmul(x, K, (const uint16_t *)w, M, K, N, y, N, mode, c * CHUNK, end);
+}
 
 /* exp of each lane (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n), x clamped to [-87, 88] */
 static inline __m256 exp8(__m256 x) {
@@ -107,8 +113,7 @@ void llama_layers(uint16_t *h, long n, const int64_t *pos, long slot0, const uin
         for (long i = 0; i < slot0 + n; ++i) causal[i] = (int32_t)i;
         idx = causal;
     }
-    long KV = n * KVH, groups[3] = {packed_groups(qkvd), packed_groups(d), packed_groups(2 * F)};
-    long chunks[3] = {(groups[0] + CHUNK - 1) / CHUNK, (groups[1] + CHUNK - 1) / CHUNK, (groups[2] + CHUNK - 1) / CHUNK};
+    long KV = n * KVH;
     phase_t *phases = (phase_t *)__builtin_calloc((l1 - l0) * PHASES, sizeof(phase_t));
     #pragma omp parallel num_threads(threads)
     for (long l = l0; l < l1; ++l) {
@@ -116,8 +121,7 @@ void llama_layers(uint16_t *h, long n, const int64_t *pos, long slot0, const uin
         uint16_t *kc = (uint16_t *)caches[2 * l], *vc = (uint16_t *)caches[2 * l + 1];
         phase_t *ph = phases + (l - l0) * PHASES;
         RUN_PHASE(ph + 0, n, r, rmsnorm_row(h + r * d, (const uint16_t *)wl[0], xn + r * d, d, eps));
-        RUN_PHASE(ph + 1, chunks[0], c, packed_matmul(xn, d, (const uint16_t *)wl[1], n, d, qkvd, qkv, qkvd, STORE_BF16,
-                                                      c * CHUNK, upto((c + 1) * CHUNK, groups[0])));
+        RUN_PHASE(ph + 1, chunks(qkvd), c, matmul_chunk(c, xn, wl[1], n, d, qkvd, qkv, STORE_BF16));
         RUN_PHASE(ph + 2, n, r, {  /* rope on q and k; k and v into the cache; q to fp32 for attention */
             uint16_t *row = qkv + r * qkvd;
             rope_heads(row, H + KVH, hd, cos + at[r] * hd, sin + at[r] * hd);
@@ -132,14 +136,11 @@ void llama_layers(uint16_t *h, long n, const int64_t *pos, long slot0, const uin
             attend_bf16(q32 + o, kc + j * hs, vc + j * hs, o32 + o, idx, span + 2 * r, 1, g, 1, hd, hs, scale, 1);
             for (long i = 0; i < g * hd; ++i) att[o + i] = float_to_bf16(o32[o + i]);
         });
-        RUN_PHASE(ph + 4, chunks[1], c, packed_matmul(att, qd, (const uint16_t *)wl[2], n, qd, d, h, d, ADD_BF16,
-                                                      c * CHUNK, upto((c + 1) * CHUNK, groups[1])));
+        RUN_PHASE(ph + 4, chunks(d), c, matmul_chunk(c, att, wl[2], n, qd, d, h, ADD_BF16));
         RUN_PHASE(ph + 5, n, r, rmsnorm_row(h + r * d, (const uint16_t *)wl[3], xn + r * d, d, eps));
-        RUN_PHASE(ph + 6, chunks[2], c, packed_matmul(xn, d, (const uint16_t *)wl[4], n, d, 2 * F, gu, 2 * F, STORE_BF16,
-                                                      c * CHUNK, upto((c + 1) * CHUNK, groups[2])));
+        RUN_PHASE(ph + 6, chunks(2 * F), c, matmul_chunk(c, xn, wl[4], n, d, 2 * F, gu, STORE_BF16));
         RUN_PHASE(ph + 7, n, r, silu_mul_row(gu + r * 2 * F, gu + r * 2 * F + F, act + r * F, F));
-        RUN_PHASE(ph + 8, chunks[1], c, packed_matmul(act, F, (const uint16_t *)wl[5], n, F, d, h, d, ADD_BF16,
-                                                      c * CHUNK, upto((c + 1) * CHUNK, groups[1])));
+        RUN_PHASE(ph + 8, chunks(d), c, matmul_chunk(c, act, wl[5], n, F, d, h, ADD_BF16));
         if (states)
             RUN_PHASE(ph + 9, n, r, __builtin_memcpy(states + ((l - l0) * n + r) * d, h + r * d, d * 2));
     }
