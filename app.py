@@ -12,10 +12,12 @@ import os
 import gradio as gr
 
 from specviz import hardware, zerogpu
-from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX
+from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, TREE_NODES_MAX, TREE_SHAPES
 from specviz.policy import Policy
+from specviz.serving import export
 from specviz.ui import controls, plots, render, replay
 from specviz.ui import tabs as app_tabs
+from specviz.ui import watch as watch_tab
 from specviz.ui.logic import (
     DEFAULT_PROMPT,
     DEFAULTS,
@@ -26,6 +28,7 @@ from specviz.ui.logic import (
     make_config,
     race_result,
     race_stream,
+    short_label,
     status_html,
     user_message,
 )
@@ -75,15 +78,16 @@ A cheap *drafter* guesses the next γ tokens; the target then checks all γ gues
 
 
 def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed, lookup=DEFAULTS.lookup,
-             retrieve=DEFAULTS.retrieve):
+             retrieve=DEFAULTS.retrieve, tree=DEFAULTS.tree, tree_nodes=DEFAULTS.tree_nodes):
     """The streaming handler: yields every output at most ~4 times a second, and always the final state.
     Any error ends the run with a one-line message in the status bar (no traceback, no server path); the
     app keeps serving. A Stop closes this generator (GeneratorExit is not caught)."""
     try:
         cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed, lookup, retrieve)
+        cfg = cfg.with_(**controls.tree_settings(method, tree, tree_nodes))  # the tree drafters' shape
         target, draft = hardware.default_pair().run_args(method, draft)
         first = True
-        for view in live_views(race_stream(prompt, cfg, draft, target)):
+        for view in live_views(metered(race_stream(prompt, cfg, draft, target))):
             events = view.final_events
             if first:  # a new race: forget the last one (the tree slider's steps, the replay)
                 first, start = False, ([], None, gr.Button(interactive=False))
@@ -117,13 +121,14 @@ def run_replay(final, pace):
 def race_api(prompt: str = DEFAULT_PROMPT, method: str = "", draft: str = "",
              gamma: str = "", temperature: float = DEFAULTS.temperature,
              top_p: float = DEFAULTS.top_p, max_new_tokens: int = DEFAULTS.max_new_tokens,
-             seed: int = DEFAULTS.seed, lookup: str = "", retrieve: str = "") -> dict:
+             seed: int = DEFAULTS.seed, lookup: str = "", retrieve: str = "", tree: str = DEFAULTS.tree,
+             tree_nodes: int = DEFAULTS.tree_nodes) -> dict:
     """Race plain AR against a speculative method on one prompt; returns both texts, the summary
     (metrics.Comparison.to_dict(): speedup, α, τ, cost ratio c, the Leviathan prediction, identity) and the
     hardware. An empty method is this machine's default race (the app's), an empty γ the method's fastest γ measured
     on this machine (hardware.Pair.gamma_for), an empty draft its default draft (int8 on CPU, SmolLM2-135M beside the 1.7B on a GPU),
     an empty lookup (retrieve) the length of prompt lookup's (the datastore's) branch on a tree drafter's tree measured
-    fastest here (0 for the others)."""  # noqa: E501
+    fastest here (0 for the others). tree: a tree drafter's static tree or a dynamic one of tree_nodes nodes."""  # noqa: E501
     try:
         pair = hardware.default_pair()
         method = method or pair.method
@@ -131,10 +136,32 @@ def race_api(prompt: str = DEFAULT_PROMPT, method: str = "", draft: str = "",
         lookup = str(lookup).strip() or str(pair.lookup_for(method))
         retrieve = str(retrieve).strip() or str(pair.retrieve_for(method))
         cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed, lookup, retrieve)
+        cfg = cfg.with_(**controls.tree_settings(method, tree, tree_nodes))
         target, draft = pair.run_args(method, draft)
-        return race_result(prompt, cfg, draft, target)
+        snap = None
+        for snap in metered(race_stream(prompt, cfg, draft, target)):  # race_result's fold, counted
+            pass
+        return snap.result()
     except Exception as exc:
         raise gr.Error(user_message(exc, Policy.from_env().public), print_exception=False) from None
+
+
+def metered(stream):
+    """A race's snapshots, passed through while its speculative lane's new events feed the app's counters (the
+    /metrics route, specviz/serving/export.py), the race counted as a running request."""
+    seen = 0
+    with export.APP.running():
+        for snap in stream:
+            events = snap.lanes["spec"].events
+            for event in events[seen:]:
+                export.APP.observe(event, short_label(snap.cfg))
+            seen = len(events)
+            yield snap
+
+
+def launch_options() -> dict:
+    """What launch() adds to gradio's FastAPI app: the /metrics route of the app's own counters."""
+    return {"app_kwargs": {"routes": [export.metrics_route()]}}
 
 
 def method_defaults(method) -> tuple[str, str, str]:
@@ -153,7 +180,7 @@ def method_changed(method):
     return (gr.Dropdown(visible=fields.draft),
             gr.Dropdown(value=gamma, visible=fields.gamma, label=_gamma_label(fields), info=GAMMA_INFO),
             gr.Dropdown(value=lookup, visible=fields.lookup), gr.Dropdown(value=retrieve, visible=fields.retrieve),
-            fields.note_html())
+            fields.note_html(), gr.Radio(visible=fields.tree), gr.Dropdown(visible=fields.tree))
 
 
 GAMMA_INFO = "follows the method: its fastest γ measured here"
@@ -238,6 +265,14 @@ def build_ui() -> gr.Blocks:
                                                info="eagle, medusa: also verify what most often followed in the "
                                                     "target's own answers (up to this many nodes); 0 = off",
                                                visible=fields.retrieve, elem_id="retrieve")
+                        tree = gr.Radio(list(TREE_SHAPES), value=DEFAULTS.tree, label="Tree",
+                                        info="eagle, medusa: static = the drafter's stored tree; dynamic = grown each "
+                                             "step from the drafter's confidence (EAGLE-2)",
+                                        visible=fields.tree, elem_id="tree")
+                        tree_nodes = gr.Dropdown([str(n) for n in range(1, TREE_NODES_MAX + 1)],
+                                                 value=str(DEFAULTS.tree_nodes), label="Dynamic tree nodes",
+                                                 info="the nodes of highest path probability verified",
+                                                 visible=fields.tree, elem_id="tree-nodes")
                     method_note = gr.HTML(fields.note_html())
                     with gr.Row():
                         temperature = gr.Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05,
@@ -279,7 +314,8 @@ def build_ui() -> gr.Blocks:
 
             run_event = run.click(
                 zerogpu.gpu(run_race, run_seconds),
-                inputs=[prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed, lookup, retrieve],
+                inputs=[prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed, lookup, retrieve,
+                        tree, tree_nodes],
                 outputs=[status, pane_ar, pane_spec, summary, plot_alpha, plot_speed, plot_accept, plot_tree,
                          spec_events, tree_step, recording, replay_button],
                 concurrency_limit=1, concurrency_id=CONCURRENCY_ID, api_name="race_stream", show_progress="hidden")
@@ -288,7 +324,8 @@ def build_ui() -> gr.Blocks:
                 outputs=[status, pane_ar, pane_spec, summary, plot_alpha, plot_speed, plot_accept, plot_tree],
                 concurrency_limit=4, concurrency_id="replay", api_visibility="private", show_progress="hidden")
             stop.click(None, cancels=[run_event, replay_event])
-            method.input(method_changed, inputs=[method], outputs=[draft, gamma, lookup, retrieve, method_note],
+            method.input(method_changed, inputs=[method],
+                         outputs=[draft, gamma, lookup, retrieve, method_note, tree, tree_nodes],
                          api_visibility="private", show_progress="hidden")
             pane_spec.select(pick_step, inputs=[spec_events], outputs=[plot_tree, tree_step], api_visibility="private",
                              show_progress="hidden")
@@ -298,6 +335,9 @@ def build_ui() -> gr.Blocks:
                    concurrency_id=CONCURRENCY_ID)
         app_tabs.check_tab(CONCURRENCY_ID, pair)
         app_tabs.step_tab(CONCURRENCY_ID, pair)
+        watch_tab.watch_tab()
+    export.APP.declare(short_label(make_config(pair.method, pair.gamma, lookup=pair.lookup_for(pair.method),
+                                               retrieve=pair.retrieve_for(pair.method))))  # at zero until it runs
     return demo
 
 
@@ -338,6 +378,7 @@ def main() -> None:
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
         show_error=False,  # handlers turn every error into a one-line gr.Error; nothing else reaches a user
+        **launch_options(),
     )
 
 

@@ -24,6 +24,10 @@ CHECK_METHODS = _methods.names(lambda s: s.checkable)
 LOOKUP_METHODS = _methods.names(lambda s: "lookup" in s.grafts)
 GAMMA_MAX = 16
 MAX_NEW_TOKENS_CAP = 2048
+# the tree drafters' tree shapes (DecodeConfig.tree): the drafter's stored tree, or one grown each step (EAGLE-2)
+TREE_SHAPES = ("static", "dynamic")
+TREE_NODES_MAX = 64   # nodes of a dynamic tree (DecodeConfig.tree_nodes)
+TREE_TOPK_MAX = 16    # children per expanded node (DecodeConfig.tree_topk)
 
 
 class ConfigError(ValueError):
@@ -51,12 +55,22 @@ class DecodeConfig:
     # prompt lookup
     pld_ngram_max: int = 3           # longest suffix n-gram searched for in the context
     pld_ngram_min: int = 1
-    # tree drafters (eagle, medusa) with greedy decoding: also verify prompt lookup's continuation, up to this many
-    # tokens, as one more branch of the tree (0 = off). Sampling verifies the drafter's own chain only.
+    # tree drafters (eagle, medusa): also verify prompt lookup's continuation, up to this many tokens, as one more
+    # branch of the tree (0 = off); greedy or sampling (a point-mass candidate: docs/exactness.md)
     lookup: int = 0
     # likewise up to this many nodes retrieved from the datastore of the target's own answers: a chain where the
     # answers agree, a fork where they split (specviz/retrieval.py; 0 = off)
     retrieve: int = 0
+    # tree drafters (eagle, medusa): "static" verifies the drafter's stored tree; "dynamic" grows one each step from
+    # the drafter's own confidence (EAGLE-2): tree_topk children for each of the tree_topk most probable nodes of a
+    # level, tree_depth levels deep (γ caps it too), then the tree_nodes nodes of highest path probability (the
+    # product of the drafter's probabilities along the path). Defaults: the shipped EAGLE's measured acceptance
+    # (experiments/probes/dynamic_tree_calibration.py): levels past 3 add nothing, k 4 beats 2 (k > 4 not measured yet),
+    # and more nodes little per node against the verify profile's T(k) (docs/drafters.md, "Dynamic trees").
+    tree: str = "static"
+    tree_nodes: int = 8
+    tree_depth: int = 3
+    tree_topk: int = 4
 
     def __post_init__(self) -> None:
         validate(self)
@@ -153,6 +167,18 @@ def validate(cfg: DecodeConfig) -> None:
             raise ConfigError(f"{branch}={n} applies to the tree drafters only: use it with "
                               f"{' or '.join(_methods.names(lambda s: branch in s.grafts))}, not {cfg.method}")
         set_(branch, n)
+    if cfg.tree not in TREE_SHAPES:
+        raise ConfigError(f"tree={cfg.tree!r} is unknown: use static (the drafter's own tree) or dynamic (grown each "
+                          "step from the drafter's confidence)")
+    if cfg.tree == "dynamic" and not _methods.spec(cfg.method).tree:
+        raise ConfigError(f"tree='dynamic' applies to the tree drafters only: use it with "
+                          f"{' or '.join(_methods.names(lambda s: s.tree))}, not {cfg.method}")
+    for name, high, what in (("tree_nodes", TREE_NODES_MAX, "nodes"), ("tree_depth", GAMMA_MAX, "levels"),
+                             ("tree_topk", TREE_TOPK_MAX, "children per node")):
+        n = _number(name, getattr(cfg, name), int)
+        if not 1 <= n <= high:
+            raise ConfigError(f"{name}={n} is out of range: use 1..{high} {what}")
+        set_(name, n)
 
 
 MAX_PROMPT_CHARS = 16000

@@ -10,6 +10,8 @@ environment variables (read once per call, so tests and operators can change the
   SPECVIZ_MAX_GAMMA=8
   SPECVIZ_MAX_RUN_SECONDS=120
   SPECVIZ_TRUST_REMOTE_CODE=1      let transformers run a model repo's own code (off by default, any mode)
+  SPECVIZ_WATCH_HOSTS=a,b          hosts the "Watch a server" tab may scrape in public mode (default: none; loopback
+                                   and private addresses are refused even when listed: specviz/serving/access.py)
 """
 from __future__ import annotations
 

@@ -46,11 +46,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(demo):
-    """Serve a built app in-process on a free port (its own queue, as `python app.py` serves it); yields the URL."""
+def serving(demo, **launch):
+    """Serve a built app in-process on a free port (its own queue, as `python app.py` serves it, with `launch`'s
+    extra launch() options); yields the URL."""
     port = free_port()
     demo.queue(default_concurrency_limit=1).launch(prevent_thread_lock=True, server_name="127.0.0.1",
-                                                   server_port=port, quiet=True, show_error=False)
+                                                   server_port=port, quiet=True, show_error=False, **launch)
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:
@@ -62,7 +63,7 @@ def app_url(target):  # `target` loads the real model once; the app reuses it th
     """The app launched in-process on a free port."""
     import app
 
-    with serving(app.build_ui()) as url:
+    with serving(app.build_ui(), **app.launch_options()) as url:  # with its /metrics route
         yield url
 
 

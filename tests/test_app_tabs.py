@@ -102,3 +102,13 @@ def test_check_tab_bad_values_are_one_line(client):
     out = client.predict(target="./no/such-model", method="pld", samples=20, prompts=1, max_new_tokens=8,
                          api_name="/check")
     assert "does not exist" in out[0] and "sv-verdict-bad" in out[0]
+
+
+def test_roofline_panel_measures_this_machine(client):
+    text, fig = client.predict(target="smollm2-135m", api_name="/roofline")
+    plot = json.loads(fig["plot"])
+    assert "tok/s ceiling" in plot["layout"]["title"]["text"]
+    assert plot["data"][0]["x"] == ["1", "2", "4", "8", "16", "32"]
+    assert "MB</b> here" in text and "T(8)/T(1)" in text
+    bad, _ = client.predict(target="./no/such-model", api_name="/roofline")
+    assert "sv-verdict-bad" in bad and "\n" not in bad

@@ -187,6 +187,7 @@ def test_check_cli_reports_on_real_pair(target, tmp_path, capsys, which):
     assert d["greedy"]["identical_all"] and len(d["greedy"]["prompts"]) == 2
     assert d["fidelity"]["passed"] and d["fidelity"]["samples"] == 50
     assert (d["fidelity"]["given"] is not None) == (which == ["--method", "eagle"])  # EAGLE's first step is the prefill
+    assert d["fidelity"]["engine"] == ("tree" if which == ["--method", "eagle"] else "chain")  # EAGLE's tree, as raced
     assert d["fidelity"]["with_drafts"] > 0
     assert d["compatibility"]["draft_tokenizer"] == (which[0] == "--draft")
     assert d["payoff"]["profile"]["tokens"] == list(profile.SIZES) and d["payoff"]["batch_curve"]
@@ -224,3 +225,23 @@ def test_a_near_certain_first_token_passes():
     p = torch.tensor([1.0000099, 0.0], dtype=torch.float64)
     f = stats.fit(torch.tensor([20.0, 0.0]), p)
     assert f.bins == 1 and f.tv_bound == f.tv_bound and f.passed()
+
+
+@pytest.mark.parametrize("method,branches", [("medusa", {}), ("eagle", {"lookup": 6, "retrieve": 6})])
+def test_tree_methods_sample_exactly_on_the_real_pair(target, method, branches):
+    """The check's fidelity test on the race's own tree engines at temperature 0.7, top-p 0.95: Medusa's tree and the
+    default race (EAGLE's tree with prompt lookup's and the datastore's branches), every candidate of the tree
+    verified against the residual (core/sampling.verify_tree). EAGLE's tree alone: the CLI check above at
+    temperature 1. The synthetic suite with its planted bugs is tests/test_tree_sampling.py."""
+    from specviz import engines
+    from specviz.check.measure import sampling_fidelity
+    from specviz.config import DecodeConfig
+
+    engine = engines.build(method, target)
+    assert type(engine).__name__ == "TreeEngine"
+    options = check.CheckOptions(samples=100, temperature=0.7, max_new_tokens=8, synthetic_samples=0)
+    candidates = [(r["id"], target.encode_prompt(r["prompt"])) for r in check.DEFAULT_PROMPTS[:3]]
+    fid = sampling_fidelity(engine, target, candidates, options, lambda done: None,
+                            DecodeConfig(method=method, top_p=0.95, **branches))
+    assert fid.passed and fid.samples == 100 and fid.given is not None and fid.engine == "tree", fid.fit
+    assert fid.with_drafts == fid.samples

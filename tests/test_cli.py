@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from specviz.cli.bench import format_summary, with_fastest_plain
 from specviz.cli.main import main, read_prompts
 from specviz.config import ConfigError, DecodeConfig, check_prompt
 from specviz.models import loader as models
@@ -85,7 +86,8 @@ def test_bench_json_on_real_target(target, tmp_path, capsys):
     second = "eagle:2@assets/drafters/smollm2-135m-eagle"  # a second EAGLE drafter (here the same folder) over one AR
     code = main(["bench", "--prompts", str(prompts), "--method", "vanilla", "pld", "eagle:1", second,
                  "eagle+pld:3+ret:3", "--max-new-tokens",
-                 "12", "--compare-hf", "--json", str(out), "--device", "cpu", "--dtype", "float32"])
+                 "12", "--compare-hf", "--no-ar-reference", "--json", str(out), "--device", "cpu", "--dtype",
+                 "float32"])
     assert code == 0
     report = json.loads(out.read_text())
     assert {"device", "dtype", "torch", "transformers", "rows", "summary"} <= set(report)
@@ -101,6 +103,24 @@ def test_bench_json_on_real_target(target, tmp_path, capsys):
         assert {"method", "prompts", "new_tokens", "tok_per_s", "ar_tok_per_s", "speedup", "alpha", "tau",
                 "identical_all"} <= set(s)
         assert s["identical_all"] is True, s
+        # without the stock references the fastest plain decoder is specviz's own AR
+        assert s["baseline"] == "ar" and s["speedup_over_fastest"] == pytest.approx(s["speedup"]), s
+    ar_ids = {r["id"]: r["token_ids"] for r in report["rows"] if r["method"] == "pld"}
+    assert all(r["token_ids"] == ar_ids[r["id"]] and len(r["token_ids"]) == r["new_tokens"] for r in report["rows"])
+    assert "over the fastest plain decoder of the run (ar," in capsys.readouterr().out
+
+
+def test_bench_headline_is_over_the_fastest_plain_decoder():
+    row = {"prompts": 2, "new_tokens": 64, "speedup": None, "alpha": None, "tau": None, "identical_all": None}
+    summary = [{**row, "method": "eagle", "tok_per_s": 60.0, "ar_tok_per_s": 30.0},
+               {**row, "method": "ar-sdpa", "tok_per_s": 20.0, "ar_tok_per_s": 30.0},
+               {**row, "method": "ar-fp32", "tok_per_s": 40.0, "ar_tok_per_s": 30.0}]
+    out = {s["method"]: s for s in with_fastest_plain(summary)}
+    assert out["eagle"]["baseline"] == "ar-fp32" and out["eagle"]["speedup_over_fastest"] == pytest.approx(1.5)
+    assert out["ar-sdpa"]["speedup_over_fastest"] == pytest.approx(0.5)
+    summary[2]["tok_per_s"] = 25.0  # specviz's AR (30) is now the fastest
+    assert with_fastest_plain(summary)[0]["baseline"] == "ar"
+    assert "over the fastest plain decoder of the run (ar, 30.0 tok/s)" in format_summary(summary)
 
 
 def test_profile_command(target, tmp_path, capsys):
@@ -110,5 +130,9 @@ def test_profile_command(target, tmp_path, capsys):
     d = json.loads(out.read_text())
     assert code == 0 and "| k | T(k) ms | T(k)/T(1) |" in text and f"verification: {target.guarantee}" in text
     assert d["profile"]["tokens"] == [1, 2, 4] and d["ratios"]["1"] == 1.0 and d["guarantee"] == target.guarantee
+    roof = d["roofline"]  # the bytes each forward streams, the machine's read bandwidth and how close T(k) comes
+    assert roof["tokens"] == [1, 2, 4] and roof["bandwidth_gb_s"] > 0 and len(roof["achieved_gb_s"]) == 3
+    assert roof["weight_bytes"] > 100e6 and roof["bytes_per_step"][0] < roof["bytes_per_step"][2]
+    assert "| k | MB a forward | floor ms | achieved GB/s |" in text
     assert main(["profile", "--sizes", "0"]) == 2
     assert "sizes=0 is out of range" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
-from specviz import metrics
+from specviz import methods, metrics
 from specviz.check import stats
 from specviz.config import GAMMA_MAX, DecodeConfig
 from specviz.core.cache import CachedLM, Traced
@@ -18,6 +18,7 @@ from specviz.core.profile import verify_profile
 from specviz.core.sampling import warp
 from specviz.drafters import trained as drafters
 from specviz.engines import SpeculativeEngine
+from specviz.engines.tree import TreeEngine
 from specviz.events import StepEvent
 from specviz.metrics import CostProfile
 from specviz.models.loader import LoadedModel
@@ -116,6 +117,7 @@ class Fidelity:
     top: list[dict]              # the most likely tokens: text, expected and observed frequency
     seeds: int = 0               # seeds run (more than samples when conditioned)
     given: Optional[str] = None  # the first token the tested step follows, for drafters whose first step is the prefill
+    engine: str = "chain"        # what was tested: "chain" (the chain loop) or "tree" (a tree drafter's tree, as raced)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -123,7 +125,7 @@ class Fidelity:
         return d
 
 
-def _first_drafted_step(engine: SpeculativeEngine, ids: list[int], cfg: DecodeConfig,
+def _first_drafted_step(engine: SpeculativeEngine | TreeEngine, ids: list[int], cfg: DecodeConfig,
                         given: Optional[int]) -> Optional[StepEvent]:
     """The first step that can draft: the first step, or (given a token) the second when the first step
     emitted exactly `given`; None when it emitted another token (the sample is not counted)."""
@@ -137,15 +139,29 @@ def _first_drafted_step(engine: SpeculativeEngine, ids: list[int], cfg: DecodeCo
         steps.close()
 
 
-def sampling_fidelity(engine: SpeculativeEngine, target: LoadedModel, candidates: list[tuple[object, list[int]]],
-                      options: CheckOptions, tick: Callable[[int], None]) -> Fidelity:
+def race_engine(method: str, target: LoadedModel, chain: SpeculativeEngine) -> SpeculativeEngine | TreeEngine:
+    """The engine the race runs over a chain engine's trained drafter: a tree drafter's tree engine (Medusa; EAGLE
+    when its drafter names a tree), else the chain engine itself."""
+    trained = getattr(chain.drafter, "drafter", None)  # a trained drafter's drafters.Drafter
+    entry = methods.spec(method)
+    if not entry.tree or trained is None:
+        return chain
+    return methods.load(entry.engine)(target, trained, False, getattr(chain.drafter, "name", ""))
+
+
+def sampling_fidelity(engine: SpeculativeEngine | TreeEngine, target: LoadedModel,
+                      candidates: list[tuple[object, list[int]]], options: CheckOptions, tick: Callable[[int], None],
+                      base: Optional[DecodeConfig] = None) -> Fidelity:
     """The first emitted token of the first drafted step over seeds 0, 1, ... against warp(target logits).
-    Feature-reading drafters (EAGLE) first need the target's prefill, which drafts nothing: for them the
-    test conditions on the prefill emitting the target's most likely first token, and counts the next step."""
-    cfg = DecodeConfig(method="vanilla", gamma=options.gamma, temperature=options.temperature,
-                       max_new_tokens=options.max_new_tokens)
+    Feature-reading drafters (EAGLE, and every tree engine: EAGLE's and Medusa's trees) first need the target's
+    prefill, which drafts nothing: for them the test conditions on the prefill emitting the target's most likely
+    first token, and counts the next step. `base` carries the settings options do not (the method, top-k, top-p,
+    a tree's grafted branches: lookup, retrieve)."""
+    cfg = (base or DecodeConfig(method="vanilla")).with_(gamma=options.gamma, temperature=options.temperature,
+                                                         max_new_tokens=options.max_new_tokens)
     # a drafter reading the target's features has none before the target's prefill, so it drafts from step 2
-    after_prefill = bool(getattr(engine.drafter.session(target.vocab_size, target.eos_ids), "needs_features", False))
+    after_prefill = isinstance(engine, TreeEngine) or bool(
+        getattr(engine.drafter.session(target.vocab_size, target.eos_ids), "needs_features", False))
     best = None
     for prompt_id, ids in candidates:  # the prompt whose tested token is most spread shows a skew best
         logits = CachedLM.of(target).logits(ids)[0, :target.vocab_size]  # (V,)
@@ -178,7 +194,8 @@ def sampling_fidelity(engine: SpeculativeEngine, target: LoadedModel, candidates
     top = [{"token": target.text_of(t), "id": t, "expected": float(p[t]), "observed": float(counts[t]) / max(kept, 1)}
            for t in order]
     return Fidelity(prompt_id, entropy, options.temperature, kept, with_drafts, first_accepted, fit,
-                    fit.passed(options.p_value_min), top, seed, None if given is None else target.text_of(given))
+                    fit.passed(options.p_value_min), top, seed, None if given is None else target.text_of(given),
+                    "tree" if isinstance(engine, TreeEngine) else "chain")
 
 
 # ── 3. does it pay? ─────────────────────────────────────────────────────────────────────────────────

@@ -215,7 +215,7 @@ def _payoff(p: dict, options: dict, fig: _Figures) -> str:
     g = round(p["gamma_mean"]) if p["gamma_mean"] else None
     kpis = [("α acceptance rate", _f(p["alpha"])), ("τ tokens / target forward", _f(p["tau"])),
             ("c cost ratio", _f(p["cost_ratio"], ".3f")),
-            ("measured speedup (median over prompts)", _f(p["speedup"]) + "×"),
+            ("measured speedup over specviz's AR (median over prompts)", _f(p["speedup"]) + "×"),
             (f"Leviathan prediction (γ={g})", _f(p["predicted_speedup"]) + "×"),
             ("best γ (Leviathan)",
              f"{p['best_gamma']} → {_f(p['best_gamma_speedup'])}×" if p["best_gamma"] else "–"),

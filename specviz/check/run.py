@@ -38,6 +38,7 @@ from specviz.check.measure import (  # noqa: F401  (re-exported: check.PromptRes
     _top2_gap,
     cost_profile,
     payoff,
+    race_engine,
     sampling_fidelity,
     speedup_at,
     verify_logit_diff,
@@ -287,7 +288,8 @@ def conclude(prompts: list[PromptResult], fidelity: Fidelity, synthetic: list[st
         return True, [], f"{head}; no speed measured"
     g = f"γ={round(pay.gamma_mean)}" if pay.gamma_mean else "γ=?"
     g += " (auto)" if options.gamma == "auto" else ""
-    speed = f"{pay.speedup:.2f}× faster" if pay.speedup >= 1 else f"{pay.speedup:.2f}× (slower than AR)"
+    speed = (f"{pay.speedup:.2f}× faster than specviz's AR" if pay.speedup >= 1
+             else f"{pay.speedup:.2f}× (slower than specviz's AR)")
     return True, [], f"{head}; {speed} at {g} on this machine"
 
 
@@ -341,8 +343,8 @@ def run_check(target: LoadedModel, drafter: Drafter, draft: Optional[LoadedModel
     t0 = time.perf_counter()
     report(STAGES[1], 0, options.samples)
     candidates = [(r.get("id", k + 1), ids) for k, (r, ids) in enumerate(zip(prompts, encoded))]
-    fidelity = sampling_fidelity(spec, target, candidates, options,
-                                 lambda done: report(STAGES[1], done, options.samples))
+    fidelity = sampling_fidelity(race_engine(method, target, spec), target, candidates, options,  # a tree as raced
+                                 lambda done: report(STAGES[1], done, options.samples), DecodeConfig(method=method))
     seconds["fidelity"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

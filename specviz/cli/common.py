@@ -5,7 +5,16 @@ import argparse
 import sys
 
 from specviz import methods as registry
-from specviz.config import DEFAULT_TARGET, GAMMA_MAX, METHODS, TRAINED_METHODS, ConfigError, DecodeConfig
+from specviz.config import (
+    DEFAULT_TARGET,
+    GAMMA_MAX,
+    METHODS,
+    TRAINED_METHODS,
+    TREE_NODES_MAX,
+    TREE_TOPK_MAX,
+    ConfigError,
+    DecodeConfig,
+)
 from specviz.hardware import GPU_DRAFT, GPU_TARGET
 
 DEFAULTS = DecodeConfig()
@@ -50,13 +59,21 @@ def decode_args(p: argparse.ArgumentParser, methods=METHODS) -> None:
     p.add_argument("--top-p", default=DEFAULTS.top_p, help="nucleus mass in (0, 1] (default %(default)s)")
     p.add_argument("--max-new-tokens", default=DEFAULTS.max_new_tokens, help="(default %(default)s)")
     p.add_argument("--seed", default=DEFAULTS.seed, help="(default %(default)s)")
-    p.add_argument("--lookup", default=DEFAULTS.lookup, help="eagle, medusa (greedy): also verify prompt lookup's "
+    p.add_argument("--lookup", default=DEFAULTS.lookup, help="eagle, medusa: also verify prompt lookup's "
                    "continuation of up to this many tokens as one more branch of the tree; 0 = off (default "
                    "%(default)s)")
-    p.add_argument("--retrieve", default=DEFAULTS.retrieve, help="eagle, medusa (greedy), the embedded target or a "
+    p.add_argument("--retrieve", default=DEFAULTS.retrieve, help="eagle, medusa, the embedded target or a "
                    "drafter trained on your own data: likewise up to this many nodes of what most often followed the "
                    "context in the target's own answers (the datastore), a chain or a small tree; 0 = off (default "
                    "%(default)s)")
+    p.add_argument("--tree", default=DEFAULTS.tree, help="eagle, medusa: static = the drafter's stored tree; dynamic "
+                   "= a tree grown each step from the drafter's confidence (EAGLE-2) (default %(default)s)")
+    p.add_argument("--tree-nodes", default=DEFAULTS.tree_nodes, help="--tree dynamic: nodes verified, those of highest "
+                   f"path probability, 1..{TREE_NODES_MAX} (default %(default)s)")
+    p.add_argument("--tree-depth", default=DEFAULTS.tree_depth, help=f"--tree dynamic: levels grown, 1..{GAMMA_MAX}; "
+                   "--gamma caps it too (default %(default)s)")
+    p.add_argument("--tree-topk", default=DEFAULTS.tree_topk, help="--tree dynamic: nodes expanded per level and "
+                   f"children proposed by each, 1..{TREE_TOPK_MAX} (default %(default)s)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU and on CPUs with a bf16 vector path, else fp32), "
                                                    "float32, bfloat16, float16")
@@ -64,8 +81,9 @@ def decode_args(p: argparse.ArgumentParser, methods=METHODS) -> None:
 
 def config_of(args, method: str, grafts: dict | None = None) -> DecodeConfig:
     """The decode settings of the command line; `grafts` ({"lookup": n} and/or {"retrieve": n}, a bench entry's own
-    branches) overrides --lookup and --retrieve."""
-    branches = {"lookup": args.lookup, "retrieve": args.retrieve, **(grafts or {})}
+    branches, and {"tree": "dynamic"} with {"tree_nodes": n}) overrides --lookup, --retrieve and --tree(-nodes)."""
+    branches = {"lookup": args.lookup, "retrieve": args.retrieve, "tree": args.tree, "tree_nodes": args.tree_nodes,
+                "tree_depth": args.tree_depth, "tree_topk": args.tree_topk, **(grafts or {})}
     return DecodeConfig(method=method, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
                         top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed, **branches)
 
@@ -88,11 +106,12 @@ def draft_for(args, method: str) -> str | None:
 
 
 GRAFTS = {"pld": "lookup", "ret": "retrieve"}  # bench `+kind[:n]` -> the DecodeConfig branch it sets
+DYNAMIC = "dyn"  # bench `+dyn[:n]`: a dynamic tree (DecodeConfig.tree) of n nodes (default DecodeConfig.tree_nodes)
 
 
 def method_spec(spec: str) -> tuple[str, str, dict, str, str]:
-    """A bench --method entry `name[:gamma][+pld[:n]][+ret[:n]][@drafter]` → (name, gamma, the branches it names
-    ({"lookup": n, "retrieve": n}), "@" or "", drafter)."""
+    """A bench --method entry `name[:gamma][+pld[:n]][+ret[:n]][+dyn[:n]][@drafter]` → (name, gamma, the branches and
+    tree it names ({"lookup": n, "retrieve": n, "tree": "dynamic", "tree_nodes": n}), "@" or "", drafter)."""
     from specviz.hardware import CPU_GRAFTS
 
     head, at, what = spec.partition("@")
@@ -101,8 +120,12 @@ def method_spec(spec: str) -> tuple[str, str, dict, str, str]:
     grafts = {}
     for extra in extras:
         kind, _, n = extra.partition(":")
+        if kind == DYNAMIC:
+            grafts.update({"tree": "dynamic", **({"tree_nodes": n} if n else {})})
+            continue
         if kind not in GRAFTS:
             raise ConfigError(f"method={spec!r}: + adds a branch to a tree drafter's tree: +pld (prompt lookup) or "
-                              "+ret (the datastore), each optionally :N tokens, e.g. eagle+pld:6+ret:6")
+                              "+ret (the datastore), each optionally :N tokens, or grows it each step: +dyn, "
+                              "optionally :N nodes; e.g. eagle+pld:6+ret:6+dyn")
         grafts[GRAFTS[kind]] = n or CPU_GRAFTS[GRAFTS[kind]]  # without :N, the length measured fastest on 2 CPU cores
     return name, gamma, grafts, at, what

@@ -31,10 +31,15 @@ def cmd_generate(args) -> int:
     from specviz import metrics
     from specviz.config import check_prompt
     from specviz.core import session
+    from specviz.serving.export import Exporter
     from specviz.ui import render
+    from specviz.ui.logic import short_label
 
     cfg = config_of(args, args.method)
     check_prompt(args.prompt)  # before the model loads
+    counters = Exporter() if args.metrics_file else None  # --metrics-file: vLLM's spec_decode names
+    if counters:
+        counters.write(args.metrics_file)  # at zero: a path that cannot be written fails before any run
     prepared = session.prepare(args.prompt, cfg, load_target(args), draft_for(args, cfg.method))
     colour = sys.stdout.isatty() and not args.no_color or args.color
     out = sys.stdout
@@ -45,6 +50,8 @@ def cmd_generate(args) -> int:
     out.write(f"── {cfg.method} ──\n")
     for tick in stream:
         lanes[tick.lane].append(tick.event)
+        if counters and tick.lane == "spec":
+            counters.observe(tick.event, short_label(cfg))
         if tick.lane == "spec":
             out.write(render.to_ansi(render.spans([tick.event]), colour))
             out.flush()
@@ -67,6 +74,9 @@ def cmd_generate(args) -> int:
         if cmp.identical is not None:
             out.write("identical to plain decoding\n" if cmp.identical else
                       f"differs from plain decoding at token {cmp.first_divergence}\n")
+    if counters:
+        counters.write(args.metrics_file)
+        out.write(f"wrote {args.metrics_file}\n")
     return 0
 
 
@@ -156,6 +166,8 @@ def format_check(d: dict) -> str:
 
 
 TRAIN_DEFAULTS = TrainOptions()
+METRICS_FILE_HELP = ("also write the speculative runs' counters here as Prometheus text, under vLLM's spec_decode "
+                     "names with the prefix specviz: (as the app's /metrics)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -167,20 +179,26 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--race", action="store_true", help="also run plain AR on the race clock and report the speedup")
     g.add_argument("--no-color", action="store_true")
     g.add_argument("--color", action="store_true", help="force ANSI colours even when not a terminal")
+    g.add_argument("--metrics-file", default=None, help=METRICS_FILE_HELP)
     decode_args(g)
     b = sub.add_parser("bench", help="run methods against AR over a prompt file")
     b.add_argument("--prompts", required=True, help="JSONL (id/question_id, category, prompt or turns) or one prompt a "
                                                     "line")
     b.add_argument("--method", nargs="+", help="methods to compare with AR, each optionally with its own γ and "
                    "drafter as name[:gamma][@drafter], e.g. vanilla:2 eagle:5 eagle@out/train/eagle/drafter (two EAGLE "
-                   "drafters over one AR baseline; default: vanilla pld)")
+                   "drafters over one AR baseline; default: vanilla pld); a tree drafter also takes +pld[:n] and "
+                   "+ret[:n] (prompt lookup's and the datastore's branches) and +dyn[:n] (a dynamic tree of n nodes), "
+                   "e.g. eagle+pld:6+ret:6+dyn")
     b.add_argument("--limit", type=int, default=None, help="at most N prompts, round-robin across categories")
     b.add_argument("--categories", default=None, help="comma-separated categories to keep")
     b.add_argument("--compare-hf", action="store_true", help="add transformers' assisted generation with the same "
                                                              "draft and γ")
-    b.add_argument("--ar-reference", action="store_true", help="also time plain AR with stock sdpa attention and no "
-                   "padding row (same dtype), and in fp32: the baseline is not slowed")
+    b.add_argument("--ar-reference", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time the stock plain decoders (transformers bf16 sdpa and fp32) beside specviz's AR; "
+                   "the headline speedup is over the fastest of them all (default on; --no-ar-reference skips them "
+                   "and the headline falls back to specviz's AR)")
     b.add_argument("--json", required=True, help="output file")
+    b.add_argument("--metrics-file", default=None, help=METRICS_FILE_HELP + ", rewritten after every prompt")
     decode_args(b)
     c = sub.add_parser("check", help="drafter sanity check: compatible? correct? does it pay? (exit 1 when incorrect)")
     c.add_argument("--target", default=None, help=f"model spec (default {PAIR_HELP})")
@@ -283,17 +301,103 @@ def parser() -> argparse.ArgumentParser:
                    "claims the next free chunk (default %(default)s)")
     d.add_argument("--attention", default="sdpa", help="sdpa or eager (batched generation needs a padding mask; "
                    "default %(default)s)")
+    serving_parsers(sub)
     return p
 
 
-def _int_arg(name: str, value, low: int, high: int) -> int:
+def serving_parsers(sub) -> None:
+    """watch and probe: a serving engine (vLLM, llama.cpp, SGLang, TensorRT-LLM) through its /metrics and its API."""
+    from specviz.serving import probe, watch
+
+    w = sub.add_parser("watch", help="live speculative-decoding figures from a serving engine's /metrics")
+    w.add_argument("url", help="the server, e.g. http://127.0.0.1:8080 (its /metrics is scraped)")
+    w.add_argument("--interval", default=str(watch.INTERVAL), help="seconds between scrapes (default %(default)s)")
+    w.add_argument("--duration", default=None, help="stop after this many seconds (default: until interrupted)")
+    w.add_argument("--json", default=None, help="write the time series and the summary as JSON here")
+    w.add_argument("--gamma", default=None, help="the engine's drafted tokens per step, for the prediction (default: "
+                   "the positions it exports, else its mean draft length)")
+    w.add_argument("--cost-ratio", default="0", help="c, one draft step / one target step, for the prediction "
+                   "(default %(default)s: drafting is free, an upper bound)")
+    pb = sub.add_parser("probe", help="a prompt file through a server's OpenAI-compatible API, greedy and sampled: α, "
+                        "τ, tok/s per category; greedy identity against --reference (exit 1 when it differs)")
+    pb.add_argument("url", help="the server, e.g. http://127.0.0.1:8080")
+    pb.add_argument("--prompts", required=True, help="JSONL (id/question_id, category, prompt or turns) or one prompt "
+                    "a line")
+    pb.add_argument("--limit", type=int, default=None, help="at most N prompts, round-robin across categories")
+    pb.add_argument("--max-new-tokens", default=DEFAULTS.max_new_tokens, help="per request (default %(default)s)")
+    pb.add_argument("--temperature", default=probe.SAMPLED_TEMPERATURE, help="of the sampled pass; 0 = greedy only "
+                    "(default %(default)s)")
+    pb.add_argument("--seed", default=DEFAULTS.seed, help="sent with every request (default %(default)s)")
+    pb.add_argument("--reference", default=None, help="the same model served without speculation: every greedy "
+                    "answer must equal its answer")
+    pb.add_argument("--json", default=None, help="write every figure as JSON here")
+    pb.add_argument("--html", default=None, help="write a self-contained HTML report here")
+
+
+def cmd_watch(args) -> int:
+    """Scrape a server's /metrics until --duration; exit 2 when it cannot be read or exports no speculation."""
+    from specviz.serving import watch
+    from specviz.serving.metrics import ServerError, base_url
+
+    interval = _float_arg("interval", args.interval, 0.1, 3600)
+    duration = None if args.duration is None else _float_arg("duration", args.duration, 0.1, 1e7)
+    gamma = None if args.gamma is None else _int_arg("gamma", args.gamma, 1, 64)
+    cost = _float_arg("cost-ratio", args.cost_ratio, 0, 100)
     try:
-        number = int(value)
+        base_url(args.url)
+        watch.run(args.url, interval, duration, gamma, args.json, cost,
+                  command="python -m specviz " + " ".join(sys.argv[1:]))
+    except ServerError as exc:
+        raise InputError(str(exc)) from None
+    return 0
+
+
+def cmd_probe(args) -> int:
+    """Exit 0 when greedy answers equal the reference's (or there is none), 1 when not, 2 for bad input or a request
+    that failed."""
+    from specviz.config import DecodeConfig
+    from specviz.serving import probe
+    from specviz.serving.metrics import ServerError, base_url
+
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+    try:
+        for url in (args.url, args.reference):
+            if url is not None:
+                base_url(url)
+        rows = read_prompts(args.prompts, None, args.limit)
+        options = probe.ProbeOptions(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed)
+        data = probe.run_probe(args.url, rows, options, args.reference, log=lambda line: print(line, flush=True))
+    except ServerError as exc:
+        raise InputError(str(exc)) from None
+    data["command"] = "python -m specviz " + " ".join(sys.argv[1:])
+    print(probe.format_probe(data))
+    for path, text in ((args.json, lambda: json.dumps(data, indent=1, ensure_ascii=False)),
+                       (args.html, lambda: probe.to_html(data))):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text(), encoding="utf-8")
+            print(f"wrote {path}")
+    return 2 if data["errors"] else (0 if data["correct"] else 1)
+
+
+def _ranged(name: str, value, low, high, kind=int):
+    """value as `kind` (int or float) within low..high, else one line naming it (InputError)."""
+    try:
+        number = kind(value)
     except (TypeError, ValueError):
-        raise InputError(f"{name}={value!r} is not an integer: use {low}..{high}") from None
+        what = "an integer" if kind is int else "a number"
+        raise InputError(f"{name}={value!r} is not {what}: use {low:g}..{high:g}") from None
     if not low <= number <= high:
-        raise InputError(f"{name}={number} is out of range: use {low}..{high}")
+        raise InputError(f"{name}={number:g} is out of range: use {low:g}..{high:g}")
     return number
+
+
+def _int_arg(name: str, value, low: int, high: int) -> int:
+    return _ranged(name, value, low, high, int)
+
+
+def _float_arg(name: str, value, low: float, high: float) -> float:
+    return _ranged(name, value, low, high, float)
 
 
 def _layers_arg(value: str) -> tuple[int, ...]:
@@ -400,7 +504,7 @@ def cmd_distill(args) -> int:
 
 def cmd_profile(args) -> int:
     from specviz import hardware, metrics
-    from specviz.core import profile
+    from specviz.core import profile, roofline
 
     sizes = profile.SIZES
     if args.sizes:
@@ -413,6 +517,8 @@ def cmd_profile(args) -> int:
           f"(attention {target.attention}{', one-token steps padded to two rows' if target.pad_one_row else ''})")
     prof = profile.verify_profile(target, sizes, context, reps)
     print(profile.format_profile(prof))
+    roof = roofline.roofline(target.model, target.dtype, prof, roofline.read_bandwidth(target.device))
+    print(roofline.format_roofline(roof))
     costs = [] if args.no_drafters else profile.drafter_costs(target, draft=args.draft)
     if costs:
         for row in costs:
@@ -425,7 +531,7 @@ def cmd_profile(args) -> int:
                "hardware": hardware.describe(target.device, target.dtype), "cpu": hardware.cpu_name(),
                "guarantee": target.guarantee,
                "pad_one_row": target.pad_one_row, "profile": prof.to_dict(),
-               "ratios": {str(k): prof.ratio(k) for k in prof.tokens}, "costs": costs}
+               "ratios": {str(k): prof.ratio(k) for k in prof.tokens}, "roofline": roof.to_dict(), "costs": costs}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=1))
         print(f"wrote {args.json}")
@@ -441,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         default_pair(args)  # reads the bench --method entries: a malformed one is a one-line error too
         return {"generate": cmd_generate, "bench": cmd_bench, "check": cmd_check, "profile": cmd_profile,
-                "train": cmd_train, "distill": cmd_distill, "tree": cmd_tree}[args.command](args)
+                "train": cmd_train, "distill": cmd_distill, "tree": cmd_tree, "watch": cmd_watch,
+                "probe": cmd_probe}[args.command](args)
     except (ConfigError, ModelError, InputError) as exc:
         print(f"specviz: error: {exc}", file=sys.stderr)
         return 2

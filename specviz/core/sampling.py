@@ -1,10 +1,12 @@
-"""Warp logits into probabilities, and verify a drafted chain exactly (greedy or sampling).
+"""Warp logits into probabilities, and verify drafted tokens exactly: a chain (greedy or sampling), and a tree
+when sampling (sibling candidates judged one after another against the residual: docs/exactness.md).
 
 Names follow the paper (Leviathan et al. 2023): p is the target's distribution, q the draft's.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import torch
 
@@ -93,3 +95,98 @@ def verify_chain(
     next_probs = residual(p_target[n], q_draft[n]) if rejected and not greedy else p_target[n]  # (V,)
     nxt = int(target_choice[n]) if greedy else pick(next_probs, False, generator)
     return ChainResult(n, nxt, rejected, p_of_draft.tolist(), accept_prob, float(p_target[n, nxt]), u, next_probs)
+
+
+def drop_token(r: torch.Tensor, token: int) -> torch.Tensor:
+    """The residual after refusing a point-mass candidate: r with `token` zeroed, renormalised (V,); r itself when
+    nothing else is left (the refusal then had probability 0)."""
+    out = r.clone()
+    out[token] = 0.0
+    total = float(out.sum())
+    if total <= 1e-12:
+        return r
+    return out / total
+
+
+def without(q: torch.Tensor, drawn: Sequence[int]) -> torch.Tensor:
+    """q (V,) renormalised without the tokens already drawn: the distribution of the next draw without
+    replacement (torch.multinomial(q, k, replacement=False) draws in exactly this way)."""
+    if not drawn:
+        return q
+    out = q.clone()
+    out[list(drawn)] = 0.0
+    return out / out.sum()
+
+
+def draw_siblings(q: torch.Tensor, k: int, generator: torch.Generator) -> tuple[list[int], list[torch.Tensor]]:
+    """k candidates drawn from q (V,) without replacement, with the distribution each was drawn from (q for the
+    first, q without the earlier draws for the later ones): what verify_tree needs for drawn siblings."""
+    k = min(k, int((q > 0).sum()))
+    tokens = torch.multinomial(q, k, replacement=False, generator=generator).tolist() if k else []
+    return tokens, [without(q, tokens[:j]) for j in range(k)]
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate judged against the current residual r at its parent (sampling)."""
+    node: int                          # the candidate's tree node
+    token: int
+    q: float                           # its probability under the distribution it was drawn from (1: a point mass)
+    r: float                           # r(token): the residual before this candidate (p for the first child)
+    accept_prob: float                 # min(1, r/q)
+    u: float                           # the uniform draw: accepted iff u < accept_prob
+    accepted: bool
+    before: torch.Tensor               # (V,) r before this candidate
+    after: Optional[torch.Tensor]      # (V,) r after its refusal; None when accepted
+
+
+@dataclass(frozen=True)
+class TreeResult:
+    path: list[int]                    # accepted nodes, root to end
+    next_token: int                    # the residual draw after refusals, or the bonus draw from p at a leaf
+    rejected: bool                     # every child of the path's end was refused (False: it has none, a bonus)
+    trials: list[Trial]                # every candidate judged, in order
+    next_probs: torch.Tensor           # (V,) the distribution next_token was drawn from
+
+
+def verify_tree(
+    parents: Sequence[int],            # (n,) parent node of each node, -1 = the root; children in judging order
+    node_tokens: Sequence[int],        # (n,)
+    q_drawn: Optional[Sequence[Optional[torch.Tensor]]],  # (n,) the (V,) distribution each node was drawn from,
+                                       # None for a point mass (a chosen candidate: top-ranked, grafted); None: all
+    p_rows: torch.Tensor,              # (1 + n, V) warped target rows: row 0 after the root, i + 1 after node i
+    generator: Optional[torch.Generator],
+) -> TreeResult:
+    """Exact multi-draft verification of a tree (SpecInfer's sequential rule). At each node, starting at the root
+    with r = p, its children are judged in order: a drawn candidate x ~ q is accepted with probability
+    min(1, r(x)/q(x)) and on refusal r <- norm(max(0, r - q)); a point-mass candidate is accepted with probability
+    r(x) and on refusal r <- r with x zeroed, renormalised. An accepted child becomes the node and the walk repeats
+    with the target's p there; when every child is refused the target draws from the final r (a leaf: from p, the
+    bonus). The token emitted at each node is distributed exactly as p there (docs/exactness.md)."""
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents):
+        children.setdefault(parent, []).append(i)
+    path: list[int] = []
+    trials: list[Trial] = []
+    node = -1
+    while True:
+        r = p_rows[node + 1]  # (V,)
+        kids = children.get(node, [])
+        accepted = None
+        for i in kids:
+            x = int(node_tokens[i])
+            q = q_drawn[i] if q_drawn is not None else None
+            q_x = 1.0 if q is None else float(q[x])
+            ratio = min(1.0, float(r[x]) / q_x) if q_x > 0 else 0.0
+            u = float(torch.rand(1, generator=generator))
+            if u < ratio:
+                trials.append(Trial(i, x, q_x, float(r[x]), ratio, u, True, r, None))
+                accepted = i
+                break
+            after = drop_token(r, x) if q is None else residual(r, q)
+            trials.append(Trial(i, x, q_x, float(r[x]), ratio, u, False, r, after))
+            r = after
+        if accepted is None:
+            return TreeResult(path, pick(r, False, generator), bool(kids), trials, r)
+        path.append(accepted)
+        node = accepted

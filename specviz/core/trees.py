@@ -65,6 +65,38 @@ class Tree:
         return out
 
 
+def best_nodes(parents: list[int], scores: list[float], n: int) -> list[int]:
+    """The n drafted nodes of highest path probability (EAGLE-2's rerank), as indices into `parents`/`scores`
+    (parents[i] < i, -1 = the root), in rank order. A child's path probability is its parent's times a probability,
+    never more, and ties go to the shallower node, then the earlier one: every prefix of the order is closed under
+    ancestors, so the nodes kept always form a tree. Nodes of probability 0 are never kept."""
+    depth: list[int] = []
+    for i, p in enumerate(parents):
+        if not -1 <= p < i:
+            raise TreeError(f"node {i} has parent {p}: a parent must come before its child")
+        if p >= 0 and scores[i] > scores[p]:
+            raise TreeError(f"node {i} is more probable ({scores[i]:g}) than its parent {p} ({scores[p]:g})")
+        depth.append(1 if p < 0 else depth[p] + 1)
+    order = sorted((i for i in range(len(parents)) if scores[i] > 0), key=lambda i: (-scores[i], depth[i], i))
+    return order[:n]
+
+
+def subtree(parents: list[int], ranks: list[int], keep: list[int]) -> tuple[Tree, list[int]]:
+    """The Tree of the kept nodes (closed under ancestors; ranks[i] = node i's rank among its parent's candidates),
+    and for each of its nodes the index in `parents` it came from."""
+    paths: dict[int, tuple[int, ...]] = {}
+    for i in sorted(keep):  # parents before children
+        p = parents[i]
+        if p >= 0 and p not in paths:
+            raise TreeError(f"node {i} is kept without its parent {p}")
+        paths[i] = (paths[p] if p >= 0 else ()) + (ranks[i],)
+    tree = Tree.from_choices(paths.values())
+    if tree.size != len(paths):
+        raise TreeError("two kept siblings share a rank")
+    source = {path: i for i, path in paths.items()}
+    return tree, [source[path] for path in tree.paths]
+
+
 def tree_inputs(n_prefix: int, n_fed: int, tree: Tree, attn_implementation: str, dtype: torch.dtype):
     """Position ids (1, q) and the 4D mask (1, 1, q, kv) for feeding `n_fed` committed tokens (the last
     of which is the root) followed by the tree's nodes, after `n_prefix - n_fed` cached positions."""

@@ -9,9 +9,13 @@ so only true features are ever kept in the drafter's one-layer KV cache.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from specviz.config import DecodeConfig
+from specviz.core.sampling import warp
+from specviz.core.trees import Tree, best_nodes, subtree
 from specviz.drafters.trained import Drafter
 from specviz.engines.speculative import Proposal, SpeculativeEngine, stop_drafting
 
@@ -76,6 +80,77 @@ class EagleSession(FeatureHistory):
         return out[0, -1]
 
     @torch.inference_mode()
+    def feed_nodes(self, kv, inputs: torch.Tensor, ids: torch.Tensor, visible: torch.Tensor, depth: int):
+        """One drafter call over m tree nodes at `depth` (1 = the root's children), past the context in the cache:
+        inputs (m, f) their parents' predicted features, ids (m,) their tokens (target ids), visible (m, t) bool
+        which of the t tree nodes in `kv` after the context, these m last, each one attends to (its ancestors and
+        itself) besides the whole context. Returns their predicted features (m, f) and the grown cache."""
+        device = self.d.head_weight.device
+        n_ctx = self.kv_len
+        mask = torch.ones(len(ids), n_ctx + visible.shape[1], dtype=torch.bool, device=device)
+        mask[:, n_ctx:] = visible.to(device)
+        positions = torch.full((len(ids),), n_ctx + depth - 1, dtype=torch.long, device=device)
+        out, kv = self.d.module(inputs[None], self.d.embed(ids.to(device))[None], positions, kv, mask)
+        return out[0], kv
+
+    @torch.inference_mode()
+    def grow_tree(self, feat: torch.Tensor, cfg: DecodeConfig, depth: int) -> "GrownTree":
+        """EAGLE-2's dynamic tree from the root's predicted feature (context_feature): the root's top-k children,
+        then for each further level up to `depth` one drafter call over the k nodes of the level with the highest
+        path probability (the product of the drafter's probabilities, warped as the target's are, along the path),
+        each proposing its top-k children; then the cfg.tree_nodes drafted nodes of highest path probability
+        (trees.best_nodes)."""
+        k = cfg.tree_topk
+        parents: list[int] = []   # every drafted node, level by level: its parent (-1 = the root)
+        small: list[int] = []     # its draft-vocabulary index
+        q: list[float] = []       # its probability under its parent's warped distribution
+        score: list[float] = []   # its path probability
+        ranks: list[int] = []     # its rank among its parent's children
+
+        def propose_children(parent: int, probs: torch.Tensor) -> None:  # probs (N,)
+            top = torch.topk(probs, min(k, probs.shape[-1]))
+            base = score[parent] if parent >= 0 else 1.0
+            for rank, (value, index) in enumerate(zip(top.values.tolist(), top.indices.tolist())):
+                parents.append(parent)
+                small.append(index)
+                q.append(value)
+                score.append(base * min(value, 1.0))  # a renormalised probability may round past 1
+                ranks.append(rank)
+
+        propose_children(-1, warp(self.d.logits(feat).float().cpu(), cfg))
+        kv, fed, forwards = self.kv, [], 0  # fed: the drafted nodes whose pairs are in kv, in order
+        level = list(range(len(parents)))
+        node_feat = {-1: feat}  # the predicted feature each fed node's children are read from
+        for d in range(2, depth + 1):
+            frontier = sorted((i for i in level if score[i] > 0), key=lambda i: -score[i])[:k]
+            if not frontier:
+                break
+            cols = fed + frontier
+            visible = torch.tensor([[self._ancestor(parents, j, i) for j in cols] for i in frontier])
+            inputs = torch.stack([node_feat[parents[i]] for i in frontier])  # (m, f)
+            ids = self.d.to_target_ids(torch.tensor([small[i] for i in frontier]))
+            out, kv = self.feed_nodes(kv, inputs, ids, visible, d - 1)
+            forwards += 1
+            fed += frontier
+            probs = warp(self.d.logits(out).float().cpu(), cfg)  # (m, N)
+            start = len(parents)
+            for row, i in enumerate(frontier):
+                node_feat[i] = out[row]
+                propose_children(i, probs[row])
+            level = list(range(start, len(parents)))
+        keep = best_nodes(parents, score, cfg.tree_nodes)
+        tree, source = subtree(parents, ranks, keep)
+        ids = self.d.to_target_ids(torch.tensor([small[i] for i in source]))
+        return GrownTree(tree, [int(t) for t in ids.tolist()], [q[i] for i in source], forwards + 1)
+
+    @staticmethod
+    def _ancestor(parents: list[int], j: int, i: int) -> bool:
+        """Node j is node i or one of its ancestors."""
+        while i >= 0 and i != j:
+            i = parents[i]
+        return i == j
+
+    @torch.inference_mode()
     def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, generator: torch.Generator) -> Proposal:
         feat = self.context_feature(tokens) if gamma > 0 else None
         if feat is None:  # the first step is the target's prefill
@@ -95,6 +170,15 @@ class EagleSession(FeatureHistory):
                              torch.tensor([pos], device=device), kv)
             feat, pos = out[0, -1], pos + 1
         return Proposal(drafted, torch.stack(qs), len(drafted))
+
+
+@dataclass(frozen=True)
+class GrownTree:
+    """A tree EagleSession.grow_tree drafted: what engines.tree.TreeProposal carries."""
+    tree: Tree
+    node_tokens: list[int]   # (n,) target token ids
+    q_nodes: list[float]     # (n,) each node's probability under its parent's warped distribution
+    forwards: int            # drafter calls: the context's and one per level grown
 
 
 def build(target, drafter: Drafter, chain: bool = False, name: str = ""):

@@ -6,8 +6,9 @@ The tree hangs off the last committed token (the root). Two proposers read the t
 - EAGLE: the one-layer drafter expands the tree level by level, each node attending to the true context
   and its own ancestors, and proposes each node's children from its predicted feature.
 Greedy decoding walks the tree along the target's argmax, so the output equals plain greedy decoding.
-Sampling is exact too: the proposer draws one chain from the distributions it really samples from, and
-that chain is verified with the same rejection rule as every chain drafter.
+Sampling verifies the same tree exactly (core/sampling.verify_tree): at each node its children are judged one
+after another against the target's residual, a chosen candidate (top-ranked, grafted) as a point mass, a drawn one
+against the distribution it was drawn from; the proof is in docs/exactness.md.
 """
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from specviz.config import ConfigError, DecodeConfig
 from specviz.core.cache import CachedLM, clock
 from specviz.core.lookup import match
 from specviz.core.retrieval import Datastore, datastore_for, datastores
-from specviz.core.sampling import pick, verify_chain, warp
+from specviz.core.sampling import TreeResult, pick, verify_tree, warp
 from specviz.core.trees import Tree, greedy_walk
-from specviz.drafters.trained import Drafter
+from specviz.drafters.trained import Drafter, choose_tree, path_value
 from specviz.engines.base import commit
 from specviz.engines.eagle import EagleSession, FeatureHistory
 from specviz.engines.speculative import Proposal, SpeculativeEngine, stop_drafting
@@ -41,19 +42,23 @@ class TreeProposal:
     tree: Tree
     node_tokens: list[int]        # (n,) target token ids
     q_nodes: list[float]          # (n,) each node's probability under the distribution it came from
-    q_chain: torch.Tensor | None  # (n, V) sampling: the distributions of the chain's draws; None for greedy
+    # sampling, per node: the (V,) distribution it was drawn from, None for a chosen one (top-ranked, grafted: a
+    # point mass to verify_tree); None: every node chosen
+    q_drawn: tuple[torch.Tensor | None, ...] | None
     forwards: int
     # (node, source head) of the nodes a graft added: LOOKUP_HEAD, RETRIEVAL_HEAD
     grafted: tuple[tuple[int, int], ...] = ()
 
 
 def graft(prop: TreeProposal, chain: list[int], source: int) -> TreeProposal:
-    """The greedy proposal with `chain` (prompt lookup's or the datastore's continuation of the context) as one
+    """The proposal with `chain` (prompt lookup's or the datastore's continuation of the context) as one
     more branch from the root: the chain follows the nodes that already carry its tokens and grows new ones
-    where they stop (q = 1: neither source is a distribution), marked with `source` (an events head). Greedy
-    verification walks the tree along the target's argmax, so a grafted branch can only add accepted tokens,
-    never change the output."""
+    where they stop (q = 1: neither source is a distribution, and sampling verifies them as point masses), marked
+    with `source` (an events head). Greedy verification walks the tree along the target's argmax, and sampling
+    judges every candidate against the target's residual, so a grafted branch can only add accepted tokens, never
+    change the output's distribution."""
     nodes = {p: (t, q) for p, t, q in zip(prop.tree.paths, prop.node_tokens, prop.q_nodes)}  # path -> (token, q)
+    drawn = dict(zip(prop.tree.paths, prop.q_drawn or ()))  # path -> the distribution a drawn node came from
     sources = {prop.tree.paths[i]: head for i, head in prop.grafted}
     path: tuple[int, ...] = ()
     for token in chain:
@@ -67,7 +72,8 @@ def graft(prop: TreeProposal, chain: list[int], source: int) -> TreeProposal:
     if len(nodes) == prop.tree.size:
         return prop
     tree = Tree.from_choices(nodes)
-    return TreeProposal(tree, [nodes[p][0] for p in tree.paths], [nodes[p][1] for p in tree.paths], None,
+    q_drawn = tuple(drawn.get(p) for p in tree.paths) if prop.q_drawn is not None else None
+    return TreeProposal(tree, [nodes[p][0] for p in tree.paths], [nodes[p][1] for p in tree.paths], q_drawn,
                         prop.forwards, tuple((i, sources[p]) for i, p in enumerate(tree.paths) if p in sources))
 
 
@@ -109,18 +115,19 @@ class MedusaProposer:
         feats = self.d.module(self.d.inputs(state.feature[None]))[:, 0]  # (K, d)
         # (K, N)
         q_heads = torch.stack([warp(self.d.logits(f, head=k).float().cpu(), cfg) for k, f in enumerate(feats)])
-        if cfg.greedy:
+        # the top-ranked tree, greedy or sampling (chosen nodes: point masses to verify_tree)
+        if cfg.tree == "dynamic":  # the heads are independent: the paths of highest product of their probabilities
+            depth = min(cfg.tree_depth, room, len(q_heads))
+            ranked = torch.argsort(q_heads[:depth], dim=-1, descending=True)[:, :cfg.tree_topk]  # (depth, k)
+            top = torch.gather(q_heads[:depth], 1, ranked)  # (depth, k) their probabilities
+            tree = Tree.from_choices([p for p in choose_tree(top, cfg.tree_nodes) if path_value(top, p) > 0])
+        else:
             tree = Tree.from_choices([p for p in tree.paths if len(p) <= room])
             ranked = torch.argsort(q_heads, dim=-1, descending=True)[:, :1 + max(tree.ranks)]  # (K, r)
-            small = [int(ranked[tree.depths[i] - 1, tree.ranks[i]]) for i in range(tree.size)]
-            q_chain = None
-        else:  # one draw per head: node k was drawn from head k
-            tree = Tree.from_choices([(0,) * k for k in range(1, min(room, len(q_heads)) + 1)])
-            small = [pick(q_heads[k], False, generator) for k in range(tree.size)]
-            q_chain = self.d.scatter(q_heads[:tree.size])
+        small = [int(ranked[tree.depths[i] - 1, tree.ranks[i]]) for i in range(tree.size)]
         q_nodes = [float(q_heads[tree.depths[i] - 1, s]) for i, s in enumerate(small)]
         ids = [int(t) for t in self.d.to_target_ids(torch.tensor(small)).tolist()]
-        return TreeProposal(tree, ids, q_nodes, q_chain, 1)
+        return TreeProposal(tree, ids, q_nodes, None, 1)
 
 
 class MedusaChainDrafter:
@@ -161,19 +168,13 @@ class EagleProposer:
     @torch.inference_mode()
     def propose(self, state: EagleSession, tokens: list[int], tree: Tree, cfg: DecodeConfig, room: int,
                 generator: torch.Generator) -> TreeProposal | None:
-        if not cfg.greedy:  # exact sampling: EAGLE's own chain of draws
-            chain = state.propose(tokens, min(room, max(tree.depths)), cfg, generator)
-            if not chain.token_ids:
-                return None
-            k = len(chain.token_ids)
-            q_nodes = chain.q_draft[torch.arange(k), torch.tensor(chain.token_ids)].tolist()
-            return TreeProposal(Tree.from_choices([(0,) * i for i in range(1, k + 1)]), chain.token_ids, q_nodes,
-                                chain.q_draft, chain.forwards)
-        feat = state.context_feature(tokens)
+        feat = state.context_feature(tokens)  # greedy or sampling: the top-ranked tree (point masses when sampling)
         if feat is None:
             return None
+        if cfg.tree == "dynamic":  # EAGLE-2: a tree grown from the drafter's confidence
+            grown = state.grow_tree(feat, cfg, min(cfg.tree_depth, room))
+            return TreeProposal(grown.tree, grown.node_tokens, grown.q_nodes, None, grown.forwards)
         tree = Tree.from_choices([p for p in tree.paths if len(p) <= room])
-        device, embed, module = self.d.head_weight.device, self.d.embed, self.d.module
         node_feat: dict[int, torch.Tensor] = {-1: feat}  # the predicted feature each node's children come from
         small: list[int] = [0] * tree.size
         q_nodes: list[float] = [0.0] * tree.size
@@ -191,19 +192,13 @@ class EagleProposer:
             grow = [i for i in level if tree.children(i)]  # nodes whose children are proposed next
             if not grow:
                 break
-            ids = self.d.to_target_ids(torch.tensor([small[i] for i in grow], device=device))
-            inputs = torch.stack([node_feat[tree.parents[i]] for i in grow])[None]
-            n_ctx = state.kv_len
-            mask = torch.zeros(len(grow), n_ctx + len(fed) + len(grow), dtype=torch.bool, device=device)
-            mask[:, :n_ctx] = True
-            for row, i in enumerate(grow):  # each node sees the true context, its ancestors and itself
-                for col, j in enumerate(fed + grow):
-                    mask[row, n_ctx + col] = bool(ancestry[i, j])
-            positions = torch.tensor([n_ctx + depth - 1] * len(grow), device=device)
-            out, kv = module(inputs, embed(ids)[None], positions, kv, mask)
+            ids = self.d.to_target_ids(torch.tensor([small[i] for i in grow]))
+            inputs = torch.stack([node_feat[tree.parents[i]] for i in grow])
+            visible = ancestry[grow][:, fed + grow]  # each node sees the true context, its ancestors and itself
+            out, kv = state.feed_nodes(kv, inputs, ids, visible, depth)
             forwards += 1
             for row, i in enumerate(grow):
-                node_feat[i] = out[0, row]
+                node_feat[i] = out[row]
             fed += grow
         node_tokens = [int(t) for t in self.d.to_target_ids(torch.tensor(small)).tolist()]
         return TreeProposal(tree, node_tokens, q_nodes, None, forwards + 1)
@@ -222,6 +217,15 @@ class TreeRun:
     finish_reason: str | None = None
 
 
+@dataclass(frozen=True)
+class TreeCycle:
+    """One tree step: its event, and what lies behind it (for the step-through view)."""
+    event: StepEvent
+    proposal: TreeProposal | None  # None: the prefill, or no room to draft
+    p_rows: torch.Tensor           # (1 + n, V) warped target distributions: row 0 after the root, i + 1 after node i
+    result: TreeResult | None      # sampling: every candidate judged, with the residual after each refusal
+
+
 class TreeEngine:
     def __init__(self, method: str, target: LoadedModel, proposer, choices):
         self.method, self.target, self.proposer = method, target, proposer
@@ -230,7 +234,7 @@ class TreeEngine:
     def steps(self, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[StepEvent]:
         run = self.start(prompt_ids, cfg)
         while run.finish_reason is None:
-            yield self.cycle(run)
+            yield self.cycle(run).event
 
     def start(self, prompt_ids: list[int], cfg: DecodeConfig) -> TreeRun:
         store = (self.proposer.d.datastore or datastore_for(self.target.name)) if cfg.retrieve else None
@@ -242,7 +246,7 @@ class TreeEngine:
                        self.proposer.start(self.target.vocab_size, self.target.eos_ids),
                        torch.Generator().manual_seed(cfg.seed), len(prompt_ids), list(prompt_ids), store)
 
-    def cycle(self, run: TreeRun) -> StepEvent:
+    def cycle(self, run: TreeRun) -> TreeCycle:
         """Propose a tree, verify it in one target forward, commit the accepted path; one step of `run`."""
         cfg, tokens, vocab, text_of = run.cfg, run.tokens, self.target.vocab_size, self.target.text_of
         n_new = len(tokens) - run.prompt_len
@@ -250,7 +254,7 @@ class TreeEngine:
         room = min(cfg.initial_gamma(), cap)  # γ caps the drafter's depth
         t0 = clock(self.target.device)
         prop = self.proposer.propose(run.drafts, tokens, self.tree, cfg, room, run.generator) if room > 0 else None
-        if prop is not None and prop.q_chain is None:
+        if prop is not None:
             prop = self._grafted(prop, run, cap)
         t1 = clock(self.target.device)
         n_ctx = len(tokens)
@@ -260,23 +264,23 @@ class TreeEngine:
             p = warp(logits[0, :vocab], cfg)
             nxt = pick(p, cfg.greedy, run.generator)
             path, candidates, nodes = [], [(nxt, Verdict.PLAIN, float(p[nxt]))], []
-            kept = hidden
+            kept, p_rows, result = hidden, p[None], None
         else:
             tree, node_tokens = prop.tree, prop.node_tokens
             # logits (1 + n, V)
             logits, hidden = run.target.tree_logits(tokens, tree, node_tokens, features=run.drafts.features)
             p_rows = warp(logits[:, :vocab], cfg)  # row 0: after the root; row i + 1: after node i
-            if prop.q_chain is None:
+            if cfg.greedy:
                 path, nxt = greedy_walk(tree, node_tokens, p_rows.argmax(-1).tolist())
-                rejected = bool(tree.children(path[-1] if path else -1))
+                rejected, result = bool(tree.children(path[-1] if path else -1)), None
             else:
-                result = verify_chain(torch.tensor(node_tokens), prop.q_chain, p_rows, False, run.generator)
-                path, nxt, rejected = list(range(result.n_accepted)), result.next_token, result.rejected
+                result = verify_tree(tree.parents, node_tokens, prop.q_drawn, p_rows, run.generator)
+                path, nxt, rejected = result.path, result.next_token, result.rejected
             last_row = path[-1] + 1 if path else 0
             candidates = [(node_tokens[i], Verdict.ACCEPTED, float(p_rows[tree.parents[i] + 1, node_tokens[i]]))
                           for i in path]
             candidates.append((nxt, Verdict.RESAMPLED if rejected else Verdict.BONUS, float(p_rows[last_row, nxt])))
-            nodes = self._nodes(prop, p_rows, path, rejected)
+            nodes = self._nodes(prop, p_rows, path, rejected, result)
             kept = torch.cat([hidden[:n_fed], hidden[n_fed:][path]])  # the features of what the cache keeps
             run.target.keep_path(n_ctx, path)
         run.drafts.observe(kept)
@@ -294,10 +298,10 @@ class TreeEngine:
                           size, finish)
         run.finish_reason = finish
         run.step += 1
-        return event
+        return TreeCycle(event, prop, p_rows, result)
 
     def _grafted(self, prop: TreeProposal, run: TreeRun, cap: int) -> TreeProposal:
-        """The greedy proposal with prompt lookup's and the datastore's branches (cfg.lookup, cfg.retrieve). The
+        """The proposal with prompt lookup's and the datastore's branches (cfg.lookup, cfg.retrieve). The
         datastore's steps aside when prompt lookup matched its longest n-gram: behind such a match its nodes were
         rarely accepted where the lookup's were not (4.2% of them on held-out answers, against 9.6-24% behind
         shorter matches: experiments/results/datastore_rows.txt), and without those rows it ran as fast with the same τ
@@ -311,23 +315,27 @@ class TreeEngine:
                 prop = graft(prop, chain, RETRIEVAL_HEAD)
         return prop
 
-    def _nodes(self, prop: TreeProposal, p_rows: torch.Tensor, path: list[int], rejected: bool) -> list[DraftToken]:
-        """Every tree node with its verdict: accepted on the path; rejected when the target judged it (a
-        child of the path's end) and chose otherwise; discarded elsewhere."""
+    def _nodes(self, prop: TreeProposal, p_rows: torch.Tensor, path: list[int], rejected: bool,
+               result: TreeResult | None) -> list[DraftToken]:
+        """Every tree node with its verdict: accepted on the path; rejected when the target judged it and chose
+        otherwise (greedy: a child of the path's end; sampling: every candidate refused, the path's end's and the
+        siblings refused before an accepted one, each with its min(1, r/q)); discarded elsewhere."""
         tree, on_path, sources = prop.tree, set(path), dict(prop.grafted)
         judged_parent = path[-1] if path else -1
+        trials = {t.node: t for t in result.trials} if result is not None else {}
         out = []
         for i, token in enumerate(prop.node_tokens):
             parent = tree.parents[i]
             if i in on_path:
                 verdict = Verdict.ACCEPTED
-            elif parent == judged_parent and rejected:
+            elif (i in trials) if result is not None else (parent == judged_parent and rejected):
                 verdict = Verdict.REJECTED
             else:
                 verdict = Verdict.DISCARDED
             judged = verdict is not Verdict.DISCARDED
             out.append(DraftToken(token, self.target.text_of(token), verdict, prop.q_nodes[i],
                                   p_target=float(p_rows[parent + 1, token]) if judged else None,
+                                  accept_prob=trials[i].accept_prob if judged and i in trials else None,
                                   parent=parent, depth=tree.depths[i] - 1,
                                   head=sources.get(i, tree.depths[i] - 1), rank=tree.ranks[i]))
         return out

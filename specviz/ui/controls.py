@@ -18,6 +18,7 @@ class Fields:
     retrieve: bool                 # the datastore's branch: likewise
     gamma_info: str = ""           # what γ means for this method (registry), for the field's info line
     reasons: tuple[str, ...] = ()  # one clause per hidden field
+    tree: bool = False             # the tree's shape (static or dynamic) and a dynamic tree's size: only on a tree
 
     def note_html(self, elem_id: str = "method-note") -> str:
         """The one line under the form: why the hidden fields are hidden (empty when none is)."""
@@ -37,14 +38,20 @@ def race_fields(method: str) -> Fields:
         reasons.append(f"No draft model ({s.name}: {s.description})")
     lookup, retrieve = "lookup" in s.grafts, "retrieve" in s.grafts
     if not lookup and not retrieve:
-        reasons.append(f"no prompt lookup or datastore branch: those hang on a tree ({_tree_methods()}), "
+        reasons.append(f"no tree shape, prompt lookup or datastore branch: those hang on a tree ({_tree_methods()}), "
                        f"and the {s.name} method drafts a {s.drafts}")
     elif not (lookup and retrieve):
         missing = "prompt lookup" if not lookup else "datastore"
         reasons.append(f"no {missing} branch: {s.name}'s tree does not take one")
     if not s.gamma_applies:
         reasons.append(f"no γ: {s.label} fixes how far it drafts")
-    return Fields(s.uses_draft_model, s.gamma_applies, lookup, retrieve, s.gamma, tuple(_capital(reasons)))
+    return Fields(s.uses_draft_model, s.gamma_applies, lookup, retrieve, s.gamma, tuple(_capital(reasons)), s.tree)
+
+
+def tree_settings(method: str, shape: str, nodes) -> dict:
+    """DecodeConfig's tree fields from the race form: the tree's shape and a dynamic tree's node count for a method
+    that drafts a tree, nothing for the others (their hidden fields may still hold a value)."""
+    return {"tree": shape, "tree_nodes": nodes} if race_fields(method).tree else {}
 
 
 def step_fields(method: str) -> Fields:

@@ -293,7 +293,9 @@ def summary_html(snap: Snapshot) -> str:
     ar_ev, spec_ev = snap.lanes["ar"].events, snap.lanes["spec"].events
     gamma = snap.cfg.gamma if snap.cfg.adaptive else int(snap.cfg.gamma)
     cards = [
-        ("speedup (measured)", _num(c.speedup, "×{:.2f}"), "AR seconds per token / speculative seconds per token"),
+        ("speedup (measured)", _num(c.speedup, "×{:.2f}"),
+         "over the plain lane beside it (specviz's AR, the same target, the same clock): its seconds per token / "
+         "speculative seconds per token"),
         ("predicted speedup", _num(c.predicted_speedup, "×{:.2f}"),
          f"Leviathan et al. (2023) at the measured α, γ = {_num(c.mean_gamma, '{:.1f}')}, c"
          + (", and this machine's verify cost T(γ+1)/T(1)" if snap.profiled else "")),

@@ -66,8 +66,10 @@ class Span:
 def refusal_index(e: StepEvent) -> Optional[int]:
     """The index in `e.drafts` of the one refused draft on the verified path: the draft the target judged and
     refused where it then wrote its own token (a chain has one; on a tree, the first of the refused children of
-    the accepted path's end, the drafter's best-ranked guess there). None when nothing was refused."""
-    return next((i for i, d in enumerate(e.drafts) if d.verdict is Verdict.REJECTED), None)
+    the accepted path's end, the drafter's best-ranked guess there; sampling also refuses siblings higher up, before
+    the one it accepted: those are off the path). None when nothing was refused there."""
+    end = sum(d.verdict is Verdict.ACCEPTED for d in e.drafts)  # the depth of the path's end's children
+    return next((i for i, d in enumerate(e.drafts) if d.verdict is Verdict.REJECTED and d.depth == end), None)
 
 
 def step_spans(e: StepEvent) -> list[Span]:

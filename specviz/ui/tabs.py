@@ -17,7 +17,7 @@ from specviz import hardware, methods, zerogpu
 from specviz.check.run import CHECK_METHODS, CHECKED_TRAINED
 from specviz.config import CHAIN_METHODS, DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, ConfigError
 from specviz.policy import Policy
-from specviz.ui import controls, plots, render
+from specviz.ui import controls, plots, render, roofline
 from specviz.ui.logic import make_config, status_html, user_message
 
 CONCURRENCY_ID = "cpu"  # the app's one device queue: checks and steps never overlap a race's timing
@@ -230,6 +230,7 @@ def check_tab(concurrency_id: str = CONCURRENCY_ID, pair: hardware.Pair = hardwa
                   inputs=[target, method, draft, gamma, temperature, samples, prompts, max_new_tokens],
                   outputs=[verdict, figures, plot_fidelity, plot_alpha, plot_gamma, plot_batch, json_file, html_file],
                   api_name="check", concurrency_limit=1, concurrency_id=concurrency_id, show_progress="full")
+        roofline.roofline_panel(target, concurrency_id)
 
 
 # ── Step through ────────────────────────────────────────────────────────────────────────────────────
@@ -242,6 +243,15 @@ RULE_SAMPLING = ("Each drafted token is kept when the uniform draw <b>u &lt; min
 RULE_GREEDY = ("Greedy (temperature 0): a drafted token is kept when it equals the target's argmax. At the first "
                "mismatch the target's argmax replaces it; if every draft is kept the target adds its argmax "
                "as a bonus.")
+RULE_TREE_SAMPLING = ("A tree: the children of a node are judged one after another against the target's residual r, "
+                      "which starts as p. A drawn candidate is kept when <b>u &lt; min(1, r/q)</b>; a top-ranked or "
+                      "grafted one is a certain guess (q = 1), kept when <b>u &lt; r(x)</b>. A refusal turns r into "
+                      "<b>norm(max(0, r − q))</b>: the refused token's share is taken out and the rest renormalised, "
+                      "and the next sibling is judged against that. A kept child becomes the node, with r = the "
+                      "target's p there; when every child is refused the target draws its own token from the last "
+                      "r. Bars: q, r at the candidate's turn, and r after its refusal.")
+RULE_TREE_GREEDY = ("A tree, greedy: the path follows the children equal to the target's argmax; the children of the "
+                    "path's end are refused and the target's argmax is its own token.")
 
 
 def _num(v: Optional[float], spec: str = ".2f") -> str:
@@ -258,6 +268,8 @@ def cycle_table_html(view: Optional[dict]) -> str:
     if not view:
         return ""
     greedy = view["greedy"]
+    if view.get("tree"):
+        return tree_table_html(view)
     if greedy:
         head = ["#", "drafted token", "q_draft", "p_target", "target's argmax", "verdict"]
     else:
@@ -280,12 +292,51 @@ def cycle_table_html(view: Optional[dict]) -> str:
             + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>")
 
 
+def _residual_top(bars: list[dict], n: int = 3) -> str:
+    """The residual after a refusal, as its n most likely tokens: ‘the’ .41 · ‘a’ .22 · ..."""
+    ranked = sorted((b for b in bars if b["residual"]), key=lambda b: -b["residual"])[:n]
+    return " · ".join(f"{_tok(b['text'], 'resampled')} {b['residual']:.2f}" for b in ranked) or "–"
+
+
+def tree_table_html(view: dict) -> str:
+    """A tree step as a table: one row per candidate in the order the target judged it (depth, which sibling, where
+    it came from, q, r at its turn, the test, the verdict and, sampling, the residual after a refusal), then the
+    target's own token."""
+    greedy = view["greedy"]
+    head = ["depth", "candidate", "from", "q", "p_target" if greedy else "r(x) at its turn",
+            "target's argmax" if greedy else "min(1, r/q)", "u", "verdict", "residual r after it (top 3)"]
+    if greedy:
+        head = head[:6] + ["verdict"]
+    rows = []
+    for pos in view["positions"]:
+        own = pos["kind"] != "draft"
+        depth = "target" if own else f"{pos['position'] + 1}" + (f" · sibling {pos['sibling'] + 1}"
+                                                                  if pos["sibling"] else "")
+        cells = [depth, _tok(pos["text"], pos["verdict"]), html.escape(pos["source"] or ("residual" if pos["verdict"]
+                                                                                          == "resampled" else "p")),
+                 _num(pos["q_draft"], ".3f"), _num(pos["p_target"] if greedy else pos["r"], ".3f")]
+        if greedy:
+            cells.append(html.escape(pos["target_argmax"] or "–"))
+        else:
+            cells += [_num(pos["accept_prob"], ".3f"), _num(pos["u"], ".3f")]
+        cells.append(html.escape(plots.VERDICT_MARK[pos["verdict"]]))
+        if not greedy:
+            cells.append(_residual_top(pos["bars"]) if pos["verdict"] == "rejected" else "")
+        numeric = {3, 4} if greedy else {3, 4, 5, 6}
+        rows.append(f'<tr data-verdict="{pos["verdict"]}" data-sibling="{pos["sibling"]}">' + "".join(
+            f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(cells)) + "</tr>")
+    rule = RULE_TREE_GREEDY if greedy else RULE_TREE_SAMPLING
+    return (f'<div class="sv-rule">{rule}</div><table class="sv-table" id="step-table-rows"><tr>'
+            + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>")
+
+
 def step_status(session) -> str:
     cfg = session.cfg
     m = session.measured()
     entry = methods.spec(cfg.method)
     who = (f"{cfg.method}, draft {session.draft}" if entry.uses_draft_model else
-           f"{cfg.method} (trained drafter, drafting a chain)" if entry.trained else f"{cfg.method} ({entry.label})")
+           f"{cfg.method} (trained drafter, drafting a {'tree' if entry.tree else 'chain'})" if entry.trained
+           else f"{cfg.method} ({entry.label})")
     where = (f"finished ({session.run.finish_reason}) after {m['steps']} steps" if session.finished else
              f"{m['steps']} steps so far" if m["steps"] else "ready: press Next step")
     alpha = (f" · α so far {_num(m['alpha'])} ({m['accepted']}/{m['drafted']}) · τ {_num(m['tau'])}"
@@ -385,8 +436,8 @@ def step_tab(concurrency_id: str = CONCURRENCY_ID, pair: hardware.Pair = hardwar
                 "click: what the drafter proposed (q), what the target thinks (p), the acceptance test and "
                 "its verdict. "
                 "The same seed gives the same run, token for token, as the Race tab's speculative lane with these "
-                "settings (Medusa and EAGLE draft a chain here, one guess per position, where the race verifies "
-                "their tree).</p>")
+                "settings. Medusa and EAGLE verify their tree: each candidate the target judged is a row, in "
+                "order, and when sampling a refused sibling shows the residual the next one is judged against.</p>")
         with gr.Row(equal_height=False):
             prompt = gr.Textbox(value=STEP_PROMPT, label="Prompt", lines=2, max_lines=4, scale=3, elem_id="step-prompt")
             method = gr.Dropdown(list(CHAIN_METHODS), value="vanilla", label="Drafter", min_width=120,

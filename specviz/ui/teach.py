@@ -6,6 +6,10 @@ and turns each cycle's tensors into plain values for the figures: q_draft and p_
 at every drafted position, min(1, p/q), the uniform draw u and the verdict; after a refusal the residual
 norm(max(0, p − q)) the target's own token was drawn from; for greedy, the target's argmax.
 
+Tree methods (EAGLE, Medusa) step through the race's own tree engine: each candidate the target judged is a
+position, in the order it was judged; when sampling, a refused sibling's bars show the residual r it was judged
+against (p for a node's first child) and the residual after its refusal, which the next sibling is judged against.
+
     session = start(prompt, cfg)          # models shared read-only; caches and generator per session
     view = advance(session)               # one cycle -> CycleView (plain values)
 
@@ -22,7 +26,8 @@ import torch
 from specviz import methods, metrics
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, DecodeConfig
 from specviz.engines.speculative import Cycle, RunState, SpeculativeEngine
-from specviz.events import StepEvent
+from specviz.engines.tree import TreeCycle, TreeEngine, TreeRun
+from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD, StepEvent
 
 TOP = 6  # tokens per bar chart
 
@@ -49,7 +54,15 @@ class PositionView:
     accept_prob: Optional[float]  # min(1, p/q), sampling only
     u: Optional[float]            # the uniform draw compared with accept_prob, sampling only
     target_argmax: Optional[str]  # greedy: the target's choice at this position
-    bars: list[Bar]               # the top tokens by p (and q, and the residual where there is one)
+    bars: list[Bar]               # the top tokens by p (and q, and the residual where there is one); a tree
+                                  # candidate: p_target holds r, the residual it was judged against
+    # tree steps only: the node, its parent (-1: the root), which of the node's children it was (0: the first
+    # judged) and where it came from ("top-ranked", "drawn", "prompt lookup", "datastore")
+    node: Optional[int] = None
+    parent: Optional[int] = None
+    sibling: int = 0
+    source: Optional[str] = None
+    r: Optional[float] = None     # sampling: r(x), the residual's probability of it at its turn (p for the first)
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,7 @@ class CycleView:
     n_accepted: int
     rejected: bool
     finish_reason: Optional[str]
+    tree: bool = False            # a tree step: positions are the judged candidates, in the order judged
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -70,8 +84,8 @@ class CycleView:
 @dataclass
 class TeachSession:
     """Per-session state (kept in gr.State): the engine run and what was shown so far."""
-    engine: SpeculativeEngine
-    run: RunState
+    engine: SpeculativeEngine | TreeEngine
+    run: RunState | TreeRun
     prompt: str
     draft: str
     target: str
@@ -115,7 +129,8 @@ def start(prompt: str, cfg: DecodeConfig, target: str = DEFAULT_TARGET, draft: s
     """Validate and load as the race does (session.prepare: policy, caps, the shared models), then open a run."""
     from specviz.core.session import prepare
 
-    prepared = prepare(prompt, cfg, target, draft, chain=True)  # one chain cycle per click
+    # one cycle per click: a chain drafter's chain, a tree drafter's tree (the race's own engine)
+    prepared = prepare(prompt, cfg, target, draft, chain=not methods.spec(cfg.method).tree)
     engine = prepared.spec
     return TeachSession(engine, engine.start(prepared.prompt_ids, prepared.cfg), prompt,
                         draft if methods.spec(cfg.method).uses_draft_model else "", target, given_draft=draft)
@@ -150,7 +165,8 @@ def advance(session: TeachSession) -> Optional[CycleView]:
     if session.finished:
         return None
     cycle = session.engine.cycle(session.run)
-    view = cycle_view(cycle, session.engine.target.text_of, session.cfg.greedy)
+    view = (tree_cycle_view if isinstance(cycle, TreeCycle) else cycle_view)(cycle, session.engine.target.text_of,
+                                                                              session.cfg.greedy)
     session.events.append(cycle.event)
     session.views.append(view)
     return view
@@ -201,6 +217,64 @@ def cycle_view(cycle: Cycle, text_of, greedy: bool) -> CycleView:
             text_of(int(torch.argmax(p_n))) if greedy else None, _bars(top, q_n, p_n, r, text_of)))
     return CycleView(event.step, greedy, event.gamma, positions, [t.text for t in event.emitted],
                      event.n_accepted, result.rejected, event.finish_reason)
+
+
+SOURCES = {LOOKUP_HEAD: "prompt lookup", RETRIEVAL_HEAD: "datastore"}
+
+
+def tree_cycle_view(cycle: TreeCycle, text_of, greedy: bool) -> CycleView:
+    """A tree step's tensors -> plain values: one position per candidate the target judged, in the order judged
+    (greedy: the accepted path and the refused children of its end, each against the target's argmax; sampling:
+    every trial of verify_tree, with the residual r before it and after its refusal), then the target's own token."""
+    event, prop, p_rows, result = cycle.event, cycle.proposal, cycle.p_rows, cycle.result
+    positions = []
+    if prop is not None:
+        tree, drafts = prop.tree, event.drafts
+        drawn = prop.q_drawn or (None,) * tree.size
+
+        def source(i: int) -> str:
+            return SOURCES.get(drafts[i].head, "drawn" if drawn[i] is not None else "top-ranked")
+
+        def q_of(i: int, t: int) -> float:  # the distribution the candidate came from: drawn q, or a point mass
+            return float(drawn[i][t]) if drawn[i] is not None else float(t == prop.node_tokens[i])
+
+        if greedy:
+            judged = [i for i, d in enumerate(drafts) if d.verdict.value in ("accepted", "rejected")]
+            trials = [(i, None) for i in judged]
+        else:
+            trials = [(t.node, t) for t in result.trials]
+        seen: dict[int, int] = {}
+        for i, trial in trials:
+            parent, x, d = tree.parents[i], prop.node_tokens[i], drafts[i]
+            p = p_rows[parent + 1]
+            before = p if trial is None else trial.before
+            after = None if trial is None else trial.after
+            top = _top(*(t for t in (before, after, p) if t is not None), must=(x,))
+            top.sort(key=lambda t: -float(before[t]))
+            bars = [Bar(t, text_of(t), q_of(i, t), float(before[t]), None if after is None else float(after[t]))
+                    for t in top]
+            argmax = text_of(int(torch.argmax(p))) if greedy else None
+            positions.append(PositionView(
+                tree.depths[i] - 1, "draft", x, d.text, d.verdict.value, None if trial is None else trial.q,
+                float(p[x]), None if trial is None else trial.accept_prob, None if trial is None else trial.u, argmax,
+                bars, i, parent, seen.get(parent, 0), source(i), None if trial is None else trial.r))
+            seen[parent] = seen.get(parent, 0) + 1
+    path = [i for i, d in enumerate(event.drafts) if d.verdict.value == "accepted"]
+    n = len(path)
+    rejected = bool(result.rejected) if result is not None else any(d.verdict.value == "rejected"
+                                                                     for d in event.drafts)
+    if len(event.emitted) > n:  # the target's own token was emitted (not cut by EOS or the length cap)
+        own = event.emitted[-1]
+        p_n = p_rows[path[-1] + 1 if path else 0]
+        r = result.next_probs if result is not None and result.rejected else None
+        top = _top(*((r, p_n) if r is not None else (p_n,)), must=(own.token_id,))
+        top.sort(key=lambda t: -float((r if r is not None else p_n)[t]))
+        positions.append(PositionView(
+            n, own.verdict.value, own.token_id, own.text, own.verdict.value, None, own.p_target, None, None,
+            text_of(int(torch.argmax(p_n))) if greedy else None,
+            _bars(top, torch.zeros_like(p_n), p_n, r, text_of), parent=path[-1] if path else -1))
+    return CycleView(event.step, greedy, event.gamma, positions, [t.text for t in event.emitted], event.n_accepted,
+                     rejected, event.finish_reason, tree=prop is not None)
 
 
 def run_to_end(session: TeachSession) -> list[CycleView]:

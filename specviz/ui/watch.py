@@ -1,0 +1,214 @@
+"""The app's "Watch a server" tab: scrape a serving engine's /metrics (vLLM, llama.cpp, SGLang, TensorRT-LLM, or
+specviz itself) every few seconds and draw its draft acceptance, τ and acceptance by position live, the verdict on
+top. The scraping, parsing and windows are specviz/serving/metrics.py's (the `watch` command's); which URLs may be
+fetched, serving/access.py's. Errors are one line in the tab, and a watch in progress keeps its series.
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Optional
+
+import gradio as gr
+
+from specviz.config import ConfigError
+from specviz.policy import Policy
+from specviz.serving import access
+from specviz.serving.metrics import ServerError, Watch, metrics_url, no_speculation, scrape
+from specviz.ui import plots
+from specviz.ui.logic import status_html, user_message
+from specviz.ui.tabs import TABS_CSS, _card, verdict_html
+
+CONCURRENCY_ID = "watch"  # scrapes never wait for a race on the device queue (a watch of this app runs beside one)
+INTERVAL_DEFAULT = 2.0    # seconds between two scrapes
+INTERVAL_MIN, INTERVAL_MAX = 1.0, 60.0
+JSON_WINDOWS = 120        # the data view shows the last this many windows (the plots show them all)
+
+
+@dataclass
+class WatchState:
+    """One browser session's watch: the URL, the scrape interval, the windows so far and the last error."""
+    url: str
+    interval: float
+    watch: Watch = field(default_factory=Watch)
+    running: bool = True
+    error: Optional[str] = None
+
+
+def interval_of(value) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"interval={value!r} is not a number: use {INTERVAL_MIN:g}..{INTERVAL_MAX:g} seconds") \
+            from None
+    if not INTERVAL_MIN <= seconds <= INTERVAL_MAX:
+        raise ConfigError(f"interval={seconds:g} s is out of range: use {INTERVAL_MIN:g}..{INTERVAL_MAX:g} seconds")
+    return seconds
+
+
+def read(url: str):
+    """One scrape of a URL this deployment may fetch (checked before every scrape); ServerError for a page without
+    speculative counters."""
+    snap = scrape(access.check(url))
+    if not snap.speculative:
+        raise ServerError(no_speculation(url, snap))
+    return snap
+
+
+def verdict_kind(verdict: str) -> str:
+    return "idle" if verdict.startswith("idle") else "bad" if verdict.startswith("collapsed") else "ok"
+
+
+def cards_html(s: dict) -> str:
+    f = lambda v, spec=".2f": "–" if v is None else format(v, spec)  # noqa: E731
+    gamma = f"γ = {s['gamma']} ({s['gamma_from']})" if s["gamma"] else "γ unknown"
+    cards = [
+        ("engine", s["engine"], f"{gamma}; {s['windows']} windows over {s['seconds']:.0f} s"),
+        ("τ", f(s["tau"]), "1 + accepted / drafts: tokens per drafted step, the bonus token included"),
+        ("draft acceptance", f(s["acceptance_rate"]), f"{s['accepted_tokens']:.0f} of {s['draft_tokens']:.0f} "
+                                                      f"drafted tokens kept, {s['drafts']:.0f} drafts"),
+        ("drafted tok/s", f(s["draft_tokens_per_s"], ".1f"), "over the watch"),
+        ("accepted tok/s", f(s["accepted_tokens_per_s"], ".1f"), "over the watch"),
+        ("requests running", f(s["requests_running"], ".1f"), "mean over the watch"),
+        ("predicted speedup", f(s["predicted_speedup"]) + "×" if s["predicted_speedup"] else "–",
+         f"Leviathan et al. at this acceptance and γ, with the draft's cost c = {s['cost_ratio']:g}"
+         + (" (an upper bound)" if not s["cost_ratio"] else "")),
+    ]
+    if s["resets"] or s["failed_scrapes"]:
+        cards.append(("restarts / failed scrapes", f"{s['resets']} / {len(s['failed_scrapes'])}",
+                      "counters reset (a window then counts from zero) / scrapes that failed; the watch went on"))
+    return '<div class="sv-summary"><div class="sv-cards">' + "".join(_card(*c) for c in cards) + "</div></div>"
+
+
+def figures(state: Optional[WatchState]) -> tuple:
+    """(acceptance, τ, by position, tokens/s) for a watch (empty panels without one)."""
+    w = state.watch if state else Watch()
+    s = w.summary()
+    t0 = w.first.t if w.first is not None else 0.0
+    return (plots.watch_acceptance_figure(w.series, t0), plots.watch_tau_figure(w.series, t0, w.collapse_tau),
+            plots.watch_position_figure(s["per_position"], s["per_position_conditional"]),
+            plots.watch_rate_figure(w.series, t0))
+
+
+def data_of(state: WatchState) -> dict:
+    w = state.watch
+    return {"url": state.url, "metrics_url": metrics_url(state.url), "running": state.running,
+            "interval": state.interval, "error": state.error, "summary": w.summary(),
+            "series": [x.to_dict() for x in w.series[-JSON_WINDOWS:]]}
+
+
+def view(state: WatchState, message: str, kind: str = "info") -> tuple:
+    """(status, verdict, figures, 4 plots, data) for the watch as it stands."""
+    s = state.watch.summary()
+    return (status_html(message, kind), verdict_html(s["verdict"], verdict_kind(s["verdict"])), cards_html(s),
+            *figures(state), data_of(state))
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, (access.AccessError, ServerError, ConfigError)):
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return user_message(exc, Policy.from_env().public)  # unexpected: logged with its traceback, one line here
+
+
+def _sentence(line: str) -> str:
+    return line if line.endswith((".", "!", "?")) else line + "."
+
+
+def watch_start(url: str = "", interval: float = INTERVAL_DEFAULT, state: Optional[WatchState] = None):
+    """Start watching a server's /metrics (the first scrape now, then one every `interval` seconds). A refused or
+    unreadable URL is a one-line message, and a watch already running goes on."""
+    try:
+        seconds = interval_of(interval)
+        snap = read(url)
+        new = WatchState(url=str(url).strip(), interval=seconds)
+        new.watch.add(snap)
+        return (new, gr.Timer(value=seconds, active=True),
+                *view(new, f"Watching {metrics_url(new.url)} every {seconds:g} s ({snap.engine}); the first window "
+                           f"appears after the next scrape.", "ok"))
+    except Exception as exc:
+        message = _message(exc)
+        going_on = " The watch in progress goes on." if state is not None and state.running else ""
+        return (gr.skip(), gr.skip(), status_html(f"⚠ {_sentence(message)}{going_on}", "error"),
+                *([gr.skip()] * 7))
+
+
+def watch_tick(state: Optional[WatchState] = None):
+    """One scrape of the watch in progress: a new window, or a one-line message while the series is kept."""
+    if state is None or not state.running:
+        return (gr.skip(),) * 9
+    try:
+        window = state.watch.add(read(state.url))
+        state.error = None
+        note = (" The server restarted: its counters reset, this window counts from zero." if window and window.reset
+                else "")
+        return (state, *view(state, f"Watching {metrics_url(state.url)} every {state.interval:g} s: "
+                                    f"{len(state.watch.series)} windows.{note}", "ok"))
+    except Exception as exc:
+        state.error = _message(exc)
+        state.watch.failures.append(state.error)
+        return (state, status_html(f"⚠ {_sentence(state.error)} The watch goes on; its series is kept "
+                                   f"({len(state.watch.series)} windows).", "error"),
+                *([gr.skip()] * 6), data_of(state))
+
+
+def watch_stop(state: Optional[WatchState] = None):
+    """Stop scraping; the series stays on screen."""
+    if state is None:
+        return gr.skip(), gr.Timer(active=False), status_html("No watch is running.")
+    state.running = False
+    return (state, gr.Timer(active=False),
+            status_html(f"Stopped watching {metrics_url(state.url)} after {len(state.watch.series)} windows.", "ok"))
+
+
+def intro_html() -> str:
+    rules = access.Access.from_env()
+    if rules.public:
+        where = ("This is a public deployment: it watches only the hosts its operator allows ("
+                 + (html.escape(", ".join(rules.hosts)) if rules.hosts else f"none yet: set {access.HOSTS_ENV}")
+                 + "), and never loopback or private addresses.")
+    else:
+        where = ("Any http(s) URL works here, this app's own included: <code>http://127.0.0.1:7860</code> "
+                 "while a race runs.")
+    return (f"<style>{TABS_CSS}</style><p class='sv-intro'>Watch a <b>served</b> drafter: specviz scrapes the "
+            "server's Prometheus <code>/metrics</code> (vLLM, llama.cpp's <code>llama-server --metrics</code>, SGLang "
+            "<code>--enable-metrics</code>, TensorRT-LLM, or specviz's own) and draws, window by window, the draft "
+            "acceptance, τ = 1 + accepted / drafts and the acceptance by draft position, with a verdict: idle, "
+            "collapsed (τ near 1: the output stays correct, so nothing else fails) or healthy. The same as "
+            f"<code>python -m specviz watch URL</code>. {where}</p>")
+
+
+def watch_tab() -> None:
+    """Build the "Watch a server" tab inside the caller's gr.Blocks."""
+    with gr.Tab("Watch a server", elem_id="tab-watch"):
+        gr.HTML(intro_html())
+        with gr.Row(equal_height=True):
+            url = gr.Textbox(label="Server URL", placeholder="http://HOST:8000 (its /metrics is scraped)", scale=4,
+                             elem_id="watch-url")
+            interval = gr.Slider(INTERVAL_MIN, INTERVAL_MAX, value=INTERVAL_DEFAULT, step=0.5,
+                                 label="Scrape every (seconds)", scale=2, elem_id="watch-interval")
+            with gr.Column(scale=1, min_width=160):
+                start = gr.Button("Watch ▶", variant="primary", elem_id="watch-start")
+                stop = gr.Button("Stop ■", variant="stop", elem_id="watch-stop")
+        status = gr.HTML(status_html("Give a server's URL and press Watch."), elem_id="watch-status")
+        verdict = gr.HTML(verdict_html("No watch yet.", "idle"), elem_id="watch-verdict")
+        cards = gr.HTML("", elem_id="watch-figures")
+        empty = figures(None)
+        with gr.Row():
+            plot_acceptance = gr.Plot(empty[0], elem_id="watch-plot-acceptance", show_label=False, min_width=380)
+            plot_tau = gr.Plot(empty[1], elem_id="watch-plot-tau", show_label=False, min_width=380)
+        with gr.Row():
+            plot_position = gr.Plot(empty[2], elem_id="watch-plot-position", show_label=False, min_width=380)
+            plot_rate = gr.Plot(empty[3], elem_id="watch-plot-rate", show_label=False, min_width=380)
+        with gr.Accordion("The watch as data (JSON)", open=False):
+            data = gr.JSON(elem_id="watch-data")
+        state = gr.State(None, time_to_live=6 * 3600)  # this browser session's watch
+        timer = gr.Timer(INTERVAL_DEFAULT, active=False)
+
+        shown = [status, verdict, cards, plot_acceptance, plot_tau, plot_position, plot_rate, data]
+        common = dict(concurrency_limit=8, concurrency_id=CONCURRENCY_ID, show_progress="hidden")
+        start.click(watch_start, inputs=[url, interval, state], outputs=[state, timer, *shown], api_name="watch_start",
+                    **common)
+        url.submit(watch_start, inputs=[url, interval, state], outputs=[state, timer, *shown],
+                   api_visibility="private", **common)
+        timer.tick(watch_tick, inputs=[state], outputs=[state, *shown], api_name="watch_tick", **common)
+        stop.click(watch_stop, inputs=[state], outputs=[state, timer, status], api_name="watch_stop", **common)
