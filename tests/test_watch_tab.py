@@ -14,8 +14,8 @@ from test_render import FULL, PARTIAL
 
 from specviz.serving import access, export
 from specviz.serving.access import Access, AccessError
-from specviz.ui import plots
 from specviz.ui import watch as tab
+from specviz.ui import watch_plots
 
 PUBLIC = Access(public=True, hosts=("metrics.example.org", "127.0.0.1", "localhost", "::1"))
 
@@ -118,7 +118,7 @@ def test_every_watch_figure_passes_plotlys_validation(served):
     assert list(acceptance.data[0].y) == [4 / 6, 2 / 5, None]  # per window; the last window drafted nothing
     assert list(tau.data[0].y) == [3.0, 3.0, None]
     assert list(position.data[0].y) == [1.0, 1.0] and list(position.data[1].y) == [1.0, 1.0]
-    assert len(rate.data) == 3 and len(plots.watch_rate_figure([], 0.0).data[0].x) == 0
+    assert len(rate.data) == 3 and len(watch_plots.watch_rate_figure([], 0.0).data[0].x) == 0
 
 
 # ── the handlers against a real HTTP server ──────────────────────────────────────────────────────────────────────

@@ -79,7 +79,7 @@ def main() -> None:
     torch.set_num_threads(1)
     cpu = torch.device("cpu")
     target = models.get("smollm2-135m", cpu, models.default_dtype(cpu))
-    tree_engine = engines.build("eagle", target)
+    tree_engine: TreeEngine = engines.build("eagle", target)  # a TreeEngine for a tree drafter (asserted below)
     assert isinstance(tree_engine, TreeEngine)
     drawn_engine = TreeEngine("eagle", target, DrawnSiblingsProposer(tree_engine.proposer.d),
                               tree_engine.tree.paths)

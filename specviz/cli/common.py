@@ -129,3 +129,23 @@ def method_spec(spec: str) -> tuple[str, str, dict, str, str]:
                               "optionally :N nodes; e.g. eagle+pld:6+ret:6+dyn")
         grafts[GRAFTS[kind]] = n or CPU_GRAFTS[GRAFTS[kind]]  # without :N, the length measured fastest on 2 CPU cores
     return name, gamma, grafts, at, what
+
+
+def _ranged(name: str, value, low, high, kind=int):
+    """value as `kind` (int or float) within low..high, else one line naming it (InputError)."""
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        what = "an integer" if kind is int else "a number"
+        raise InputError(f"{name}={value!r} is not {what}: use {low:g}..{high:g}") from None
+    if not low <= number <= high:
+        raise InputError(f"{name}={number:g} is out of range: use {low:g}..{high:g}")
+    return number
+
+
+def _int_arg(name: str, value, low: int, high: int) -> int:
+    return _ranged(name, value, low, high, int)
+
+
+def _float_arg(name: str, value, low: float, high: float) -> float:
+    return _ranged(name, value, low, high, float)

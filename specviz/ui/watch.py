@@ -15,7 +15,7 @@ from specviz.config import ConfigError
 from specviz.policy import Policy
 from specviz.serving import access
 from specviz.serving.metrics import ServerError, Watch, metrics_url, no_speculation, scrape
-from specviz.ui import plots
+from specviz.ui import watch_plots
 from specviz.ui.logic import status_html, user_message
 from specviz.ui.tabs import TABS_CSS, _card, verdict_html
 
@@ -85,9 +85,10 @@ def figures(state: Optional[WatchState]) -> tuple:
     w = state.watch if state else Watch()
     s = w.summary()
     t0 = w.first.t if w.first is not None else 0.0
-    return (plots.watch_acceptance_figure(w.series, t0), plots.watch_tau_figure(w.series, t0, w.collapse_tau),
-            plots.watch_position_figure(s["per_position"], s["per_position_conditional"]),
-            plots.watch_rate_figure(w.series, t0))
+    return (watch_plots.watch_acceptance_figure(w.series, t0),
+            watch_plots.watch_tau_figure(w.series, t0, w.collapse_tau),
+            watch_plots.watch_position_figure(s["per_position"], s["per_position_conditional"]),
+            watch_plots.watch_rate_figure(w.series, t0))
 
 
 def data_of(state: WatchState) -> dict:
