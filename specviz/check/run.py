@@ -288,8 +288,8 @@ def conclude(prompts: list[PromptResult], fidelity: Fidelity, synthetic: list[st
         return True, [], f"{head}; no speed measured"
     g = f"γ={round(pay.gamma_mean)}" if pay.gamma_mean else "γ=?"
     g += " (auto)" if options.gamma == "auto" else ""
-    speed = (f"{pay.speedup:.2f}× faster than specviz's AR" if pay.speedup >= 1
-             else f"{pay.speedup:.2f}× (slower than specviz's AR)")
+    speed = (f"{pay.speedup:.2f}× faster than specviz AR" if pay.speedup >= 1
+             else f"{pay.speedup:.2f}× (slower than specviz AR)")
     return True, [], f"{head}; {speed} at {g} on this machine"
 
 
