@@ -33,7 +33,7 @@ class Pair:
     target: str
     draft: str
     note: str = ""   # one line for the log when the pair is not the one this hardware would prefer
-    method: str = "vanilla"  # the app's default race: the fastest method measured with this pair on this hardware
+    method: str = "vanilla"  # the app's default race (CPU: see CPU_METHOD)
     gammas: tuple[tuple[str, int], ...] = ()  # (method, γ): the fastest γ measured for it here; others: DecodeConfig's
     lookups: tuple[tuple[str, int], ...] = ()  # (method, n): prompt lookup's branch on its tree measured fastest here
     retrieves: tuple[tuple[str, int], ...] = ()  # (method, n): likewise the datastore's branch
@@ -77,38 +77,31 @@ class Pair:
         return target, draft or self.draft_for(target)
 
 
-# The fastest shipped method on 2 CPU cores (README, Performance): EAGLE with prompt lookup's branch on its tree
-# (CPU_LOOKUPS below; and the datastore's, CPU_RETRIEVES), 1.60x AR on 48 Spec-Bench questions on an EPYC with
-# AVX512-BF16 and faster than AR in every category, against 1.35x for prompt lookup alone, 1.24x for EAGLE alone and
-# 1.47x for Medusa with the branch, in one run
-# (experiments/results/spec_bench48-lookup-branch.json); on the app's default prompt 2.78x against pld:2's 1.75x
-# (experiments/results/app-examples-lookup-{a,b}.json). Before the branch, prompt lookup alone was the fastest:
-# 1.38x against EAGLE's 1.16x on an AMX Xeon (experiments/results/spec_bench48-eagle3-shipped.json), 1.34x against
-# 1.20x on the EPYC (experiments/results/spec_bench48-epyc-trees.json).
+# The app's CPU default race: EAGLE-3's tree with prompt lookup's and the datastore's branches grafted on, at the
+# settings measured fastest over the fused AR (models/fused.py) on 48 Spec-Bench questions, 128 tokens, one run each on
+# a 2-core AVX512-BF16 EPYC (experiments/results/spec_bench48-fused-defaults.json, greedy;
+# spec_bench48-t07-fused-defaults.json, temperature 0.7, top-p 0.95):
+#   eagle:1+pld:4+ret:4  1.09x AR greedy (tau 2.26), 0.99x at 0.7 (tau 1.90)
+#   eagle:1+pld:3+ret:3  1.09x / 0.99x (tau 2.16 / 1.82)
+#   eagle:1+pld:6+ret:6  1.04x greedy;  eagle:2+pld:4+ret:4  1.03x greedy
+#   eagle:2+pld:6+ret:6  0.98x / 0.85x (tau 2.46 / 2.04): the defaults before, chosen over the stock decoder's 4x slower
+#                        AR, where extra tree rows cost almost nothing
+# Prompt lookup alone ran faster still there (pld:2 1.19x greedy, pld:3 1.10x at 0.7): with AR at the bandwidth limit
+# each verified row costs the bf16 units real time on a CPU without AMX, and the cheapest drafter wins. The default
+# stays the tree drafter, the method the app exists to show (its tree panel, its grafted branches), at its own fastest
+# settings; CPUs with AMX verify rows more cheaply and were not measured with the fused decoder.
 CPU_METHOD = "eagle"
-# The fastest γ measured per method there: prompt lookup 2 (best of 1-3 on 13 Spec-Bench questions); EAGLE 2, the depth
-# of its tree chosen from held-out accuracy and the verify profile (a chain of 2 then, eagle:2 1.26x against eagle:1
-# 1.22x on the app's examples; now [(0), (1), (0, 0)], `python -m specviz tree`); the other trained chain drafters 1
-# (draft:1 0.95x against draft:4 0.60x on 48 questions, experiments/results/trained-drafters-gamma.json; the verify
-# profile's best γ is 1 for layerskip and draft too,
-# assets/profiles/profile-bf16.json). Medusa's γ caps its tree's depth and vanilla was not measured faster at another γ:
-# both keep DecodeConfig's.
-CPU_GAMMAS = (("pld", 2), ("eagle", 2), ("layerskip", 1), ("draft", 1))
-# Prompt lookup's branch on the tree drafters' trees (DecodeConfig.lookup), its length chosen on the app's 10 examples
-# (not on Spec-Bench): EAGLE with a branch of 2/3/4/6/8 tokens ran 1.37/1.39/1.46-1.49/1.53/1.46x AR, against 1.34x
-# without one (two runs on the EPYC, experiments/results/app-examples-lookup-{a,b}.json).
-CPU_LOOKUP = 6
+# γ per method: EAGLE 1 (its tree's depth; above), prompt lookup 2 (best of 1-3 on 13 questions; pld:3 ran 1.10x
+# against pld:2's 1.08x at temperature 0.7, within noise), the other trained chain drafters 1 (draft:1 0.95x against
+# draft:4 0.60x on 48 questions, experiments/results/trained-drafters-gamma.json, over the stock decoder). Medusa's γ
+# caps its tree's depth and vanilla was not measured faster at another γ: both keep DecodeConfig's.
+CPU_GAMMAS = (("pld", 2), ("eagle", 1), ("layerskip", 1), ("draft", 1))
+# The length of prompt lookup's branch and the datastore's on the tree drafters' trees (DecodeConfig.lookup,
+# .retrieve): 4 each (above; 3 each ran as fast with a smaller tau, 6 each slower). The datastore's branch is a tree of
+# up to that many nodes where the target's past answers split.
+CPU_LOOKUP = 4
 CPU_LOOKUPS = tuple((m, CPU_LOOKUP) for m in registry.names(lambda s: "lookup" in s.grafts))  # eagle, medusa
-# The datastore's branch (DecodeConfig.retrieve, specviz/retrieval.py) beside it: EAGLE with both branches ran 1.57x
-# AR on Spec-Bench 48 against 1.55x with the lookup's alone (tau 2.41 against 2.18;
-# experiments/results/spec_bench48-datastore.json;
-# 1.60x against 1.56x in a second run, experiments/results/spec_bench48-datastore-eos.json),
-# and 1.47x against 1.35x on the app's 10 examples. Its length was chosen on 24 training prompts the target has not
-# answered (not Spec-Bench): 4, 6 and 10 tokens ran 1.79x, 1.79x and 1.75x against 1.74x without the branch
-# (experiments/results/train-unanswered24-datastore.json). Since it drafts a tree of up to that many nodes, on a 2-core
-# AMX Xeon: 1.74x AR (tau 2.54) against 1.69x (tau 2.61) with 12 nodes, one Spec-Bench 48 run
-# (experiments/results/spec_bench48-amx-datastore-tree.json).
-CPU_RETRIEVE = 6
+CPU_RETRIEVE = 4
 CPU_RETRIEVES = tuple((m, CPU_RETRIEVE) for m in registry.names(lambda s: "retrieve" in s.grafts))
 CPU_GRAFTS = {"lookup": CPU_LOOKUP, "retrieve": CPU_RETRIEVE}  # bench `+pld` / `+ret` without a length
 EMBEDDED_PAIR = Pair(DEFAULT_TARGET, DEFAULT_DRAFT, method=CPU_METHOD, gammas=CPU_GAMMAS, lookups=CPU_LOOKUPS,

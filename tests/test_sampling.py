@@ -71,3 +71,34 @@ def test_warp_top_k_top_p_temperature():
     assert torch.count_nonzero(warp(logits, DecodeConfig(temperature=1.0, top_p=0.5))) == 1
     hot = warp(logits, DecodeConfig(temperature=0.5))
     assert hot[0] > probs[0]
+
+
+def _nucleus_by_full_sort(probs, top_p):
+    """The reference top-p: rank every token (what warp did before nucleus() ranked only the likeliest)."""
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+    sorted_p = sorted_p.masked_fill(mass_before >= top_p, 0.0)
+    probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.0, 3.0, 12.0])  # flat (the widening and the whole-vocabulary path) to peaked
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.95, 0.999])
+def test_nucleus_is_bitwise_the_full_sort(scale, top_p):
+    from specviz.core.sampling import nucleus
+
+    g = torch.Generator().manual_seed(int(scale * 100 + top_p * 1000))
+    for shape in [(49152,), (7, 49152), (3, 8192), (5, 40)]:
+        probs = torch.softmax(torch.randn(shape, generator=g) * scale, -1)
+        got, want = nucleus(probs, top_p), _nucleus_by_full_sort(probs, top_p)
+        assert torch.equal(got, want), (shape, scale, top_p)
+    kept = int(torch.count_nonzero(nucleus(probs, top_p)[0]))
+    assert 1 <= kept <= probs.shape[-1]
+
+
+def test_nucleus_widens_past_its_first_ranking():
+    from specviz.core.sampling import NUCLEUS_FIRST_K, nucleus
+
+    probs = torch.full((4 * NUCLEUS_FIRST_K,), 1.0 / (4 * NUCLEUS_FIRST_K))  # the nucleus needs 90% of them
+    assert int(torch.count_nonzero(nucleus(probs, 0.9))) == int(torch.count_nonzero(_nucleus_by_full_sort(probs, 0.9)))
+    assert int(torch.count_nonzero(nucleus(probs, 0.9))) > NUCLEUS_FIRST_K

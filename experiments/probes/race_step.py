@@ -1,0 +1,77 @@
+"""Where a step of the race goes over the fused AR (issue 31): for each lane, tokens a second against AR's in the same
+process (each question runs every lane in turn; the first question only warms up), τ, and a step's milliseconds split by
+the engine's own timers into drafting (proposal and grafts: StepEvent.draft_s) and verification (the target's forward
+and the verdicts: verify_s), the remainder being the loop (events, commit). Lanes are `gamma,lookup,retrieve` for
+EAGLE's static tree (0,0,0 is not allowed: use pld:G for prompt lookup alone).
+
+    .venv/bin/python experiments/probes/race_step.py --limit 13 1,4,4 2,6,6 pld:2 \\
+        > experiments/results/race_step-avx512bf16.txt
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from specviz import engines, prompts  # noqa: E402
+from specviz.config import DecodeConfig  # noqa: E402
+from specviz.hardware import cpu_name  # noqa: E402
+from specviz.models import loader as models  # noqa: E402
+
+QUESTIONS = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("lanes", nargs="+", help="gamma,lookup,retrieve (EAGLE's tree) or pld:G")
+    ap.add_argument("--limit", type=int, default=13)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    args = ap.parse_args()
+    cpu = torch.device("cpu")
+    target = models.get("smollm2-135m", cpu, models.default_dtype(cpu))
+    common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
+    lanes = {"ar": (engines.build("ar", target), DecodeConfig(method="ar", **common))}
+    eagle = engines.build("eagle", target)
+    for lane in args.lanes:
+        if lane.startswith("pld:"):
+            lanes[lane] = (engines.build("pld", target), DecodeConfig(method="pld", gamma=int(lane[4:]), **common))
+        else:
+            gamma, lookup, retrieve = (int(x) for x in lane.split(","))
+            lanes[lane] = (eagle, DecodeConfig(method="eagle", gamma=gamma, lookup=lookup, retrieve=retrieve, **common))
+    rows = prompts.pick(prompts.read(QUESTIONS), limit=args.limit + 1)
+    print(f"# {cpu_name()}; {torch.get_num_threads()} threads; {args.limit} Spec-Bench questions after one warm-up, "
+          f"{args.max_new_tokens} tokens, temperature {args.temperature}, top-p {args.top_p}")
+    totals = {name: [0.0, 0, 0, 0.0, 0.0] for name in lanes}  # seconds, tokens, steps, draft_s, verify_s
+    for i, row in enumerate(rows):
+        ids = target.encode_prompt(row["prompt"])
+        for name, (engine, cfg) in lanes.items():
+            start = time.perf_counter()
+            steps = list(engine.steps(ids, cfg.with_(seed=i)))
+            seconds = time.perf_counter() - start
+            if i == 0:
+                continue
+            t = totals[name]
+            t[0] += seconds
+            t[1] += sum(len(s.emitted) for s in steps)
+            t[2] += len(steps)
+            t[3] += sum(s.draft_s for s in steps)
+            t[4] += sum(s.verify_s for s in steps)
+    ar_rate = totals["ar"][1] / totals["ar"][0]
+    head = ("lane", "tok/s", "x AR", "tau", "ms/step", "draft", "verify", "rest")
+    print(f"{head[0]:10s} " + " ".join(f"{h:>{w}s}" for h, w in zip(head[1:], (7, 6, 5, 8, 6, 7, 5))))
+    for name, (seconds, tokens, steps, draft, verify) in totals.items():
+        ms = 1e3 / steps
+        print(f"{name:10s} {tokens / seconds:7.1f} {tokens / seconds / ar_rate:5.2f}x {tokens / steps:5.2f} "
+              f"{seconds * ms:8.2f} {draft * ms:6.2f} {verify * ms:7.2f} {(seconds - draft - verify) * ms:5.2f}")
+
+
+if __name__ == "__main__":
+    main()
