@@ -74,12 +74,14 @@ def test_warp_top_k_top_p_temperature():
 
 
 def _nucleus_by_full_sort(probs, top_p):
-    """The reference top-p: rank every token (what warp did before nucleus() ranked only the likeliest)."""
+    """The reference top-p, every token ranked: keep a token while the mass of the strictly more likely ones (summed
+    largest first; a run of ties takes the sum where it begins, found by binary search) is below top_p."""
     sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-    mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
-    sorted_p = sorted_p.masked_fill(mass_before >= top_p, 0.0)
-    probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return probs / probs.sum(dim=-1, keepdim=True)
+    before = torch.cat([torch.zeros_like(sorted_p[..., :1]), torch.cumsum(sorted_p, dim=-1)[..., :-1]], dim=-1)
+    first = torch.searchsorted(-sorted_p.contiguous(), -sorted_p.contiguous(), side="left")  # each run's first index
+    mass_above = torch.gather(before, -1, first)
+    sorted_p = sorted_p.masked_fill(mass_above >= top_p, 0.0)
+    return torch.zeros_like(probs).scatter(-1, order, sorted_p / sorted_p.sum(dim=-1, keepdim=True))
 
 
 @pytest.mark.parametrize("scale", [0.3, 1.0, 3.0, 12.0])  # flat (the widening and the whole-vocabulary path) to peaked
@@ -94,6 +96,27 @@ def test_nucleus_is_bitwise_the_full_sort(scale, top_p):
         assert torch.equal(got, want), (shape, scale, top_p)
     kept = int(torch.count_nonzero(nucleus(probs, top_p)[0]))
     assert 1 <= kept <= probs.shape[-1]
+
+
+@pytest.mark.parametrize("top_p", [0.3, 0.5, 0.9])
+def test_nucleus_keeps_or_cuts_tied_tokens_together_whatever_their_order(top_p):
+    """bf16 logits tie often: tokens of equal probability share the mass above them, so a run of ties at the cut is
+    kept or cut whole, and shuffling the vocabulary shuffles the result."""
+    from specviz.core.sampling import nucleus
+
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(4, 49152, generator=g).mul(4).to(torch.bfloat16).float()  # bf16 values: many ties
+    probs = torch.softmax(logits, -1)
+    got = nucleus(probs, top_p)
+    assert torch.equal(got, _nucleus_by_full_sort(probs, top_p))
+    perm = torch.randperm(probs.shape[-1], generator=g)
+    assert torch.equal(nucleus(probs[:, perm], top_p), got[:, perm])
+    for row in range(probs.shape[0]):  # every value is all kept or all cut
+        kept_values = set(probs[row][got[row] > 0].tolist())
+        assert not kept_values & set(probs[row][got[row] == 0].tolist())
+    probs = torch.tensor([0.4, 0.2, 0.2, 0.2])  # the cut falls inside a run of three ties: all three stay
+    assert torch.count_nonzero(nucleus(probs, 0.5)) == 4
+    assert torch.count_nonzero(nucleus(probs, 0.4)) == 1
 
 
 def test_nucleus_widens_past_its_first_ranking():

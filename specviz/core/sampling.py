@@ -36,22 +36,34 @@ NUCLEUS_FIRST_K = 256  # the most likely tokens nucleus() ranks first; it widens
 
 
 def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Top-p of probs (..., V): keep the most likely tokens while the mass of those strictly more likely is below
-    top_p (so the top token always stays), renormalised. It ranks only the first NUCLEUS_FIRST_K tokens (a partial
-    top-k, ~0.2 ms a row over SmolLM2's 49,152 against ~4 ms for a full sort) and widens while their mass falls short;
-    every token left out of the ranking is one a full sort would also have cut, so the result is bitwise the full
-    sort's (tests/test_sampling.py compares them)."""
+    """Top-p of probs (..., V): keep each token whose strictly more likely tokens hold less than top_p of the mass (so
+    the top token always stays), renormalised. Tied tokens share that mass (the sum over the strictly larger values,
+    whose order cannot change it), so the result does not depend on how ties are ordered (the target's bf16 logits tie
+    often), nor, bit for bit, on the order of the vocabulary. It ranks only the first NUCLEUS_FIRST_K tokens (a
+    partial top-k, ~0.3 ms a row over SmolLM2's 49,152 against ~3 ms for a full sort:
+    experiments/probes/nucleus_cost.py) and widens while their mass falls short; a token left out of the ranking is
+    one a full ranking would also cut, so the result is bitwise the full ranking's (tests/test_sampling.py)."""
     size = probs.shape[-1]
     k = min(size, NUCLEUS_FIRST_K)
     while True:
         ranked, order = torch.topk(probs, k, dim=-1)  # (..., k) descending
-        mass_before = torch.cumsum(ranked, dim=-1) - ranked  # mass of strictly more likely tokens
+        mass_before = _mass_above(ranked)
         if k == size or bool((mass_before[..., -1] >= top_p).all()):  # the k-th is cut, so is all behind it
             break
         k = min(size, 8 * k)
     kept = ranked.masked_fill(mass_before >= top_p, 0.0)
-    probs = torch.zeros_like(probs).scatter(-1, order, kept)
-    return probs / probs.sum(dim=-1, keepdim=True)
+    kept = kept / kept.sum(dim=-1, keepdim=True)  # summed in rank order: the same bits however the ties lay
+    return torch.zeros_like(probs).scatter(-1, order, kept)
+
+
+def _mass_above(ranked: torch.Tensor) -> torch.Tensor:
+    """For values sorted descending (..., k): the sum of the values strictly above each one (ties share their first
+    one's), accumulated largest first."""
+    before = torch.cumsum(ranked, dim=-1).roll(1, dims=-1)
+    before[..., 0] = 0.0  # exclusive: the sum of the values ranked before each one
+    first = torch.ones_like(ranked, dtype=torch.bool)
+    first[..., 1:] = ranked[..., 1:] != ranked[..., :-1]  # where a run of equal values starts
+    return torch.where(first, before, torch.full_like(before, float("-inf"))).cummax(dim=-1).values
 
 
 def pick(probs: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> int:
