@@ -82,22 +82,19 @@ def model_rows(reps: int) -> None:
     decoder = target.fused
     lm = CachedLM.of(target)
     lm.logits(list(range(100, 164)))  # 64 cached tokens
-    layers = [decoder._keep[6 * i:6 * i + 6] for i in range(decoder.n_layers)]
-    qkv_n, ffn = decoder.head_dim * (decoder.heads + 2 * decoder.kv_heads), decoder.ffn
+    layers = [decoder.matmuls(i) for i in range(decoder.n_layers)]
     print(f"\n# {target.name}: {decoder.n_layers} layers over k rows after 64 cached tokens; matmuls alone: the same "
           f"packed weights through linear_packed")
     print(f"{'k':>3} {'layers ms':>10} {'T(k)/T(1)':>10} {'matmuls ms':>11} {'M(k)/M(1)':>10} {'rest ms':>8}")
     first = None
     for k in (1, 2, 4, 8, 12, 16):
         hidden = decoder.embed(torch.arange(200, 200 + k))
-        x_d, x_q, x_f = (torch.randn(k, n).bfloat16() for n in (decoder.d, decoder.heads * decoder.head_dim, ffn))
+        inputs = {n_in: torch.randn(k, n_in).bfloat16() for n_in in {k_in for _, _, k_in in layers[0]}}
 
         def matmuls() -> None:
-            for _, qkv, o, _, gate_up, down in layers:
-                fused.linear_packed(x_d, qkv, qkv_n)
-                fused.linear_packed(x_q, o, decoder.d)
-                fused.linear_packed(x_d, gate_up, 2 * ffn)
-                fused.linear_packed(x_f, down, decoder.d)
+            for layer in layers:
+                for packed, n_out, n_in in layer:
+                    fused.linear_packed(inputs[n_in], packed, n_out)
 
         t_layers = median_seconds(lambda: decoder.layers(lm.cache, hidden, 64), reps)
         t_mm = median_seconds(matmuls, reps)

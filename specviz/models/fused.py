@@ -206,6 +206,14 @@ class FusedLlama:
                             self.ffn, self.eps, self.scale, kernels.threads())
         return hidden, out
 
+    def matmuls(self, layer: int) -> list[tuple[torch.Tensor, int, int]]:
+        """Layer `layer`'s four packed matmuls as the C layers run them, each (packed weight, outputs N, inputs K):
+        QKV, O, gate+up, down (for linear_packed; the probes time them alone)."""
+        _, qkv, o, _, gate_up, down = self._keep[6 * layer:6 * layer + 6]  # the norms' weights between
+        qd = self.heads * self.head_dim
+        return [(qkv, qd + 2 * self.kv_heads * self.head_dim, self.d), (o, self.d, qd),
+                (gate_up, 2 * self.ffn, self.d), (down, self.d, self.ffn)]
+
     def norm(self, hidden: torch.Tensor) -> torch.Tensor:
         """The final RMSNorm of rows (r, d) bf16."""
         hidden = hidden.contiguous()
