@@ -732,18 +732,19 @@ def test_lookup_is_for_tree_drafters():
     assert DecodeConfig(method="medusa", retrieve="5").retrieve == 5
 
 
-def test_small_drafters_run_in_bf16_on_the_row_kernel_beside_a_bf16_cpu_target(target_bf16):
-    """With a bf16 target on a CPU, the one-layer drafters compute in bf16 on specviz's row kernel (their weights
-    read as they are) and draft as the fp32 module does: the same top-1 token at nearly every position of a real
-    answer."""
-    from specviz.models import kernels
+def test_small_drafters_run_in_bf16_on_the_packed_matmul_beside_a_bf16_cpu_target(target_bf16):
+    """With a bf16 target on a CPU, the one-layer drafters compute in bf16 on specviz's packed matmul (their weights
+    and the draft head packed once) and draft as the fp32 module does: the same top-1 token at nearly every position
+    of a real answer."""
+    from specviz.models import fused, kernels
 
     if not kernels.available():
         pytest.skip("no C compiler or no AVX2/FMA here: the drafters stay in fp32")
     folder = Path(__file__).parents[1] / "assets" / "drafters" / "smollm2-135m-eagle"
     d = drafters.load(folder, target_bf16)
-    assert d.dtype == torch.bfloat16 and d.row_kernel
-    assert any(isinstance(m, kernels.RowLinear) for m in d.module.modules())
+    assert d.dtype == torch.bfloat16 and d.row_kernel and d.head_packed is not None
+    linears = [m for m in d.module.modules() if isinstance(m, kernels.RowLinear)]
+    assert linears and all(isinstance(m, fused.PackedLinear) for m in linears)  # every Linear on the packed matmul
     cfg, state = drafters.read_layout(folder, target_bf16)
     state.pop("vocab_ids", None)
     fp32 = drafters.build_module(cfg)

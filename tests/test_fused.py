@@ -69,6 +69,31 @@ def test_packed_matmul_modes():
     assert torch.equal(summed, residual + as_bf16)
 
 
+def test_packed_linear_is_the_linear_it_replaces():
+    """fused.PackedLinear (the drafters' Linears): the packed matmul of the same weight for inputs of any leading
+    shape, each row on its own, its bias added after the rounded product, and nn.Linear's result to bf16 rounding;
+    swap_in(kind=PackedLinear) replaces bf16 Linears with it and to_linear gives the original weight back."""
+    if not kernels.available():
+        pytest.skip("no C kernels here")
+    generator = torch.Generator().manual_seed(3)
+    linear = torch.nn.Linear(96, 40, bias=True).to(torch.bfloat16)  # 40 outputs: a last block of 8 zero rows
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(40, 96, generator=generator) * 0.1)
+        linear.bias.copy_(torch.randn(40, generator=generator))
+    packed = fused.PackedLinear(linear)
+    x = torch.randn(2, 5, 96, generator=generator).bfloat16()
+    out = packed(x)
+    assert out.shape == (2, 5, 40) and out.dtype == torch.bfloat16
+    product = fused.linear_packed(x.reshape(10, 96), fused.pack(linear.weight), 40).reshape(2, 5, 40)
+    assert torch.equal(out, product + linear.bias)
+    assert all(torch.equal(packed(x[:, i:i + 1])[:, 0], out[:, i]) for i in range(5))  # row-invariant
+    assert torch.allclose(out.float(), linear(x).float(), atol=0.05, rtol=0.02)
+    module = torch.nn.Sequential(linear, torch.nn.Sequential(torch.nn.Linear(40, 8, bias=False).to(torch.bfloat16)))
+    assert kernels.swap_in(module, bias=True, kind=fused.PackedLinear) == 2
+    assert isinstance(module[0], fused.PackedLinear) and isinstance(module[1][0], fused.PackedLinear)
+    assert module[0].to_linear().weight is linear.weight
+
+
 @pytest.fixture(scope="module")
 def pair(target_bf16):
     """The default target on the fused decoder and on the stock one (the same model)."""

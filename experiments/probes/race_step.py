@@ -1,8 +1,10 @@
 """Where a step of the race goes over the fused AR (issue 31): for each lane, tokens a second against AR's in the same
 process (each question runs every lane in turn; the first question only warms up), τ, and a step's milliseconds split by
 the engine's own timers into drafting (proposal and grafts: StepEvent.draft_s) and verification (the target's forward
-and the verdicts: verify_s), the remainder being the loop (events, commit). Lanes are `gamma,lookup,retrieve` for
-EAGLE's static tree (0,0,0 is not allowed: use pld:G for prompt lookup alone).
+and the verdicts: verify_s), the remainder being the loop (events, commit). `forward` is the part of verify_s inside the
+target's fused decoder (its layers, final norm and LM head, timed around FusedLlama's calls), and `ceiling` the lane's
+speed over AR were that forward all a step cost: drafting, grafts, verdicts and bookkeeping free. Lanes are
+`gamma,lookup,retrieve` for EAGLE's static tree (0,0,0 is not allowed: use pld:G for prompt lookup alone).
 
     .venv/bin/python experiments/probes/race_step.py --limit 13 1,4,4 2,6,6 pld:2 \\
         > experiments/results/race_step-avx512bf16.txt
@@ -46,14 +48,28 @@ def main() -> None:
         else:
             gamma, lookup, retrieve = (int(x) for x in lane.split(","))
             lanes[lane] = (eagle, DecodeConfig(method="eagle", gamma=gamma, lookup=lookup, retrieve=retrieve, **common))
+    forward = [0.0]  # seconds inside the fused decoder's calls
+
+    def timed(f):
+        def call(*a, **k):
+            start = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                forward[0] += time.perf_counter() - start
+        return call
+
+    if target.fused is not None:
+        for name in ("embed", "layers", "norm", "head"):
+            setattr(target.fused, name, timed(getattr(target.fused, name)))
     rows = prompts.pick(prompts.read(QUESTIONS), limit=args.limit + 1)
     print(f"# {cpu_name()}; {torch.get_num_threads()} threads; {args.limit} Spec-Bench questions after one warm-up, "
           f"{args.max_new_tokens} tokens, temperature {args.temperature}, top-p {args.top_p}")
-    totals = {name: [0.0, 0, 0, 0.0, 0.0] for name in lanes}  # seconds, tokens, steps, draft_s, verify_s
+    totals = {name: [0.0, 0, 0, 0.0, 0.0, 0.0] for name in lanes}  # seconds, tokens, steps, draft_s, verify_s, forward
     for i, row in enumerate(rows):
         ids = target.encode_prompt(row["prompt"])
         for name, (engine, cfg) in lanes.items():
-            start = time.perf_counter()
+            start, forward[0] = time.perf_counter(), 0.0
             steps = list(engine.steps(ids, cfg.with_(seed=i)))
             seconds = time.perf_counter() - start
             if i == 0:
@@ -64,13 +80,16 @@ def main() -> None:
             t[2] += len(steps)
             t[3] += sum(s.draft_s for s in steps)
             t[4] += sum(s.verify_s for s in steps)
+            t[5] += forward[0]
     ar_rate = totals["ar"][1] / totals["ar"][0]
-    head = ("lane", "tok/s", "x AR", "tau", "ms/step", "draft", "verify", "rest")
-    print(f"{head[0]:10s} " + " ".join(f"{h:>{w}s}" for h, w in zip(head[1:], (7, 6, 5, 8, 6, 7, 5))))
-    for name, (seconds, tokens, steps, draft, verify) in totals.items():
+    head = ("lane", "tok/s", "x AR", "tau", "ms/step", "draft", "verify", "forward", "rest", "ceiling")
+    print(f"{head[0]:10s} " + " ".join(f"{h:>{w}s}" for h, w in zip(head[1:], (7, 6, 5, 8, 6, 7, 7, 5, 7))))
+    for name, (seconds, tokens, steps, draft, verify, fwd) in totals.items():
         ms = 1e3 / steps
+        ceiling = f"{tokens / fwd / ar_rate:6.2f}x" if fwd else "      -"
         print(f"{name:10s} {tokens / seconds:7.1f} {tokens / seconds / ar_rate:5.2f}x {tokens / steps:5.2f} "
-              f"{seconds * ms:8.2f} {draft * ms:6.2f} {verify * ms:7.2f} {(seconds - draft - verify) * ms:5.2f}")
+              f"{seconds * ms:8.2f} {draft * ms:6.2f} {verify * ms:7.2f} {fwd * ms:7.2f} "
+              f"{(seconds - draft - verify) * ms:5.2f} {ceiling}")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from specviz.drafters.modules import (  # noqa: F401  (re-exported: methods' mod
     rotary,
     rotate,
 )
-from specviz.models import kernels
+from specviz.models import fused, kernels
 
 
 class Drafter:
@@ -64,6 +64,8 @@ class Drafter:
         # faster for one row than torch's emulated bf16 on AVX2: 0.99 against 1.43 ms for 8192 x 576, one thread)
         on_kernel = any(isinstance(m, kernels.RowLinear) for m in (output, *module.modules()))
         self.row_kernel = on_kernel and self.head_weight.dtype == torch.bfloat16 and self.head_weight.is_contiguous()
+        # there, the head's weight packed once for the packed matmul (fused.PackedLinear's, as the module's Linears)
+        self.head_packed = fused.pack(self.head_weight) if self.row_kernel else None
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The target's embeddings of ids, in the module's dtype."""
@@ -106,7 +108,7 @@ class Drafter:
             out = self.module.heads[head][1](rows)
         else:
             rows = rows.to(self.head_weight.dtype)
-            out = (kernels.linear(rows.contiguous(), self.head_weight) if self.row_kernel
+            out = (fused.linear_packed(rows, self.head_packed, self.head_weight.shape[0]) if self.row_kernel
                    else torch.nn.functional.linear(rows, self.head_weight))  # (r, N)
         return out.reshape(*feats.shape[:-1], out.shape[-1])
 
@@ -316,7 +318,7 @@ def load(folder: str | Path, target) -> Drafter:
     module.to(device=target.device, dtype=dtype)
     if target.device.type == "cpu" and dtype == torch.bfloat16 and (cfg.kind in SMALL_KINDS
                                                                      or target.matmul == "specviz row kernel"):
-        kernels.swap_in(module, bias=True)  # its Linears on specviz's bf16 row kernel, as its head (Drafter)
+        kernels.swap_in(module, bias=True, kind=fused.PackedLinear)  # its Linears on the packed matmul, as its head
     return Drafter(module, cfg, target.model, None if vocab_ids is None else vocab_ids.long().to(target.device), folder)
 
 
@@ -325,11 +327,12 @@ SMALL_KINDS = methods.names(lambda s: s.small)  # one-layer drafters: a few rows
 
 def module_dtype(cfg: DrafterConfig, target) -> torch.dtype:
     """What a drafter's module computes in. On a CPU beside a bf16 target the one-layer drafters (SMALL_KINDS) run in
-    bf16 on specviz's row kernel (kernels.linear reads the bf16 weights as they are; torch's bf16 matmul ran their
-    one-row matmuls at about half fp32's speed), or in fp32 where that kernel is not built. On a 2-core Xeon with AMX
-    the row kernel drafted the default race's trees in 8.8 against fp32's 10.0 ms a step (Medusa 7.3 against 9.1),
-    the same drafts (experiments/probes/drafter_dtype_ab.py). Elsewhere, the target's dtype (the GPU; the draft model, a
-    stack of the target's own layers). Drafts only propose: verification stays exact."""
+    bf16 on specviz's kernels (load: the packed matmul, fused.PackedLinear; torch's bf16 matmul ran their one-row
+    matmuls at about half fp32's speed), or in fp32 where the kernels are not built. On a 2-core Xeon with AMX the
+    row kernel drafted the default race's trees in 8.8 against fp32's 10.0 ms a step (Medusa 7.3 against 9.1), the
+    same drafts (experiments/probes/drafter_dtype_ab.py); the packed matmul took EAGLE's 4.1 to 3.7 ms a step on an
+    AVX512-BF16 EPYC (experiments/probes/drafter_packed_ab.py). Elsewhere, the target's dtype (the GPU; the draft
+    model, a stack of the target's own layers). Drafts only propose: verification stays exact."""
     if target.device.type != "cpu" or cfg.kind not in SMALL_KINDS:
         return target.dtype
     return torch.bfloat16 if target.dtype == torch.bfloat16 and kernels.available() else torch.float32

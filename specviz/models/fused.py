@@ -92,6 +92,23 @@ def linear_packed(x: torch.Tensor, packed: torch.Tensor, n: int, store: int = ST
     return out
 
 
+class PackedLinear(kernels.RowLinear):
+    """An nn.Linear (bf16, CPU) on the packed matmul: its weight packed once (pack), each call one linear_packed, the
+    bias (if any) added to the rounded product. The one-layer drafters' Linears (drafters.trained.load): their calls
+    are a few rows through small weights, where the packed pass ran 2.5-4x faster than kernels.linear (a drafter's
+    shapes, 1-8 rows: experiments/probes/probe_drafter_matmuls.py). Row-invariant like every kernel here; its bits
+    are the packed matmul's, not the row kernel's (drafts only propose)."""
+
+    def __init__(self, linear_module: torch.nn.Linear):
+        super().__init__(linear_module)
+        self.packed = pack(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = linear_packed(x.reshape(-1, self.in_features), self.packed, self.out_features)
+        out = out.reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+
 class KVBuffer:
     """One run's keys and values for every layer, preallocated: keys and values (layers, kv heads, capacity, head
     dim) bf16, grown by doubling. How many positions are valid is its owner's count (CachedLM.seen): a rejected

@@ -245,17 +245,18 @@ class RowLinear(torch.nn.Module):
         return out
 
 
-def swap_in(model: torch.nn.Module, bias: bool = False) -> int:
-    """Replace every bf16 nn.Linear of `model` (the LM head included) by a RowLinear: the bias-free ones, and with
-    `bias` (a drafter's module) those with a bias too; returns how many."""
+def swap_in(model: torch.nn.Module, bias: bool = False, kind: type[RowLinear] = RowLinear) -> int:
+    """Replace every bf16 nn.Linear of `model` (the LM head included) by a RowLinear (or `kind`, a subclass: the
+    drafters' fused.PackedLinear): the bias-free ones, and with `bias` (a drafter's module) those with a bias too;
+    returns how many."""
     count = 0
     for name, child in model.named_children():
         if (isinstance(child, torch.nn.Linear) and (bias or child.bias is None)
                 and child.weight.dtype == torch.bfloat16):
-            setattr(model, name, RowLinear(child))
+            setattr(model, name, kind(child))
             count += 1
         else:
-            count += swap_in(child, bias)
+            count += swap_in(child, bias, kind)
     return count
 
 
