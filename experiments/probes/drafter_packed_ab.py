@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from race_step import run_lanes  # noqa: E402  (beside this file)
 
 from specviz import engines, prompts  # noqa: E402
 from specviz.config import DecodeConfig  # noqa: E402
@@ -65,30 +66,15 @@ def main() -> None:
     rows = prompts.pick(prompts.read(QUESTIONS), limit=args.limit + 1)
     print(f"# {cpu_name()}; {torch.get_num_threads()} threads; {args.limit} Spec-Bench questions after one warm-up, "
           f"128 tokens, greedy; eagle:1+pld:4+ret:4 with its drafter on each kernel")
-    totals = {name: [0.0, 0, 0, 0.0, 0.0, []] for name in lanes}  # seconds, tokens, steps, draft, verify, token ids
-    for i, row in enumerate(rows):
-        ids = target.encode_prompt(row["prompt"])
-        for name, (engine, lane_cfg) in lanes.items():
-            start = time.perf_counter()
-            steps = list(engine.steps(ids, lane_cfg.with_(seed=i)))
-            seconds = time.perf_counter() - start
-            if i == 0:
-                continue
-            t = totals[name]
-            t[0] += seconds
-            t[1] += sum(len(s.emitted) for s in steps)
-            t[2] += len(steps)
-            t[3] += sum(s.draft_s for s in steps)
-            t[4] += sum(s.verify_s for s in steps)
-            t[5].append([e.token_id for s in steps for e in s.emitted])
+    totals = run_lanes(target, lanes, rows)
     ar_rate = totals["ar"][1] / totals["ar"][0]
     print("| lane | tok/s | x AR | τ | draft ms | verify ms | step ms |")
     print("|---|---|---|---|---|---|---|")
-    for name, (seconds, tokens, steps, draft, verify, _) in totals.items():
+    for name, (seconds, tokens, steps, draft, verify, _, _) in totals.items():
         ms = 1e3 / steps
         print(f"| {name} | {tokens / seconds:.1f} | {tokens / seconds / ar_rate:.3f}x | {tokens / steps:.2f} | "
               f"{draft * ms:.2f} | {verify * ms:.2f} | {seconds * ms:.2f} |")
-    same = totals["row kernel"][5] == totals["packed"][5] == totals["ar"][5]
+    same = totals["row kernel"][6] == totals["packed"][6] == totals["ar"][6]
     print(f"same tokens (row kernel, packed, AR): {same}")
 
 

@@ -29,6 +29,31 @@ from specviz.models import loader as models  # noqa: E402
 QUESTIONS = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 
 
+def run_lanes(target, lanes: dict, rows: list[dict], forward: list[float] | None = None) -> dict:
+    """Every lane (name: (engine, DecodeConfig)) on each question in turn, the first question only warming up.
+    Returns per lane [seconds, tokens, steps, drafting s, verifying s, forward s (from `forward[0]`, which timers
+    around the target's calls add to; 0 without), the token ids of each question]."""
+    forward = forward if forward is not None else [0.0]
+    totals = {name: [0.0, 0, 0, 0.0, 0.0, 0.0, []] for name in lanes}
+    for i, row in enumerate(rows):
+        ids = target.encode_prompt(row["prompt"])
+        for name, (engine, cfg) in lanes.items():
+            start, forward[0] = time.perf_counter(), 0.0
+            steps = list(engine.steps(ids, cfg.with_(seed=i)))
+            seconds = time.perf_counter() - start
+            if i == 0:
+                continue
+            t = totals[name]
+            t[0] += seconds
+            t[1] += sum(len(s.emitted) for s in steps)
+            t[2] += len(steps)
+            t[3] += sum(s.draft_s for s in steps)
+            t[4] += sum(s.verify_s for s in steps)
+            t[5] += forward[0]
+            t[6].append([e.token_id for s in steps for e in s.emitted])
+    return totals
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("lanes", nargs="+", help="gamma,lookup,retrieve (EAGLE's tree) or pld:G")
@@ -65,26 +90,11 @@ def main() -> None:
     rows = prompts.pick(prompts.read(QUESTIONS), limit=args.limit + 1)
     print(f"# {cpu_name()}; {torch.get_num_threads()} threads; {args.limit} Spec-Bench questions after one warm-up, "
           f"{args.max_new_tokens} tokens, temperature {args.temperature}, top-p {args.top_p}")
-    totals = {name: [0.0, 0, 0, 0.0, 0.0, 0.0] for name in lanes}  # seconds, tokens, steps, draft_s, verify_s, forward
-    for i, row in enumerate(rows):
-        ids = target.encode_prompt(row["prompt"])
-        for name, (engine, cfg) in lanes.items():
-            start, forward[0] = time.perf_counter(), 0.0
-            steps = list(engine.steps(ids, cfg.with_(seed=i)))
-            seconds = time.perf_counter() - start
-            if i == 0:
-                continue
-            t = totals[name]
-            t[0] += seconds
-            t[1] += sum(len(s.emitted) for s in steps)
-            t[2] += len(steps)
-            t[3] += sum(s.draft_s for s in steps)
-            t[4] += sum(s.verify_s for s in steps)
-            t[5] += forward[0]
+    totals = run_lanes(target, lanes, rows, forward)
     ar_rate = totals["ar"][1] / totals["ar"][0]
     head = ("lane", "tok/s", "x AR", "tau", "ms/step", "draft", "verify", "forward", "rest", "ceiling")
     print(f"{head[0]:10s} " + " ".join(f"{h:>{w}s}" for h, w in zip(head[1:], (7, 6, 5, 8, 6, 7, 7, 5, 7))))
-    for name, (seconds, tokens, steps, draft, verify, fwd) in totals.items():
+    for name, (seconds, tokens, steps, draft, verify, fwd, _) in totals.items():
         ms = 1e3 / steps
         ceiling = f"{tokens / fwd / ar_rate:6.2f}x" if fwd else "      -"
         print(f"{name:10s} {tokens / seconds:7.1f} {tokens / seconds / ar_rate:5.2f}x {tokens / steps:5.2f} "
