@@ -21,6 +21,7 @@ compiler) CachedLM runs the stock decoder as before.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -47,9 +48,33 @@ def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 @functools.lru_cache(maxsize=1)
-def _lib() -> ctypes.CDLL:
+def _default() -> ctypes.CDLL:
     """The kernels build `kernels.available()` loaded, typed."""
     return _typed(kernels.library(kernels.best_isa()))
+
+
+_build: list[ctypes.CDLL] = []  # the builds run_on() put in place, innermost last
+
+
+def _lib() -> ctypes.CDLL:
+    return _build[-1] if _build else _default()
+
+
+def load_build(path) -> ctypes.CDLL:
+    """Another build of the kernels (a library kernels.compile_command made, say with other -D flags), typed for the
+    calls here: for run_on."""
+    return _typed(ctypes.CDLL(str(path)))
+
+
+@contextlib.contextmanager
+def run_on(build: ctypes.CDLL):
+    """Inside the block, every call here (the fused layers, packed matmuls, norms) runs on `build` (load_build): the
+    probes time kernel variants in one process."""
+    _build.append(build)
+    try:
+        yield build
+    finally:
+        _build.pop()
 
 
 def supports(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> bool:
