@@ -2,9 +2,10 @@
 kernels once per variant (packed_linear.c's PREFETCH_LINES, PREFETCH_HINT, PREFETCH_MIN_ROWS as -D flags; `default`
 is the committed setting) and times the default target's 30 fused layers over k rows at 300 cached positions, every
 variant in a random order within each repetition (the host drifts between runs, so only interleaved medians
-compare). Variants: `default`, or `lines,hint,min_rows` with hint 0 (_MM_HINT_T0, L1) or 1 (_MM_HINT_T1, L2).
+compare). Variants: `default`, or `lines,hint,min_rows` with hint 0 (_MM_HINT_T0, L1), 1 (_MM_HINT_T1, L2),
+2 (_MM_HINT_T2) or nta (_MM_HINT_NTA).
 
-    .venv/bin/python experiments/probes/prefetch_ab.py default 16,0,5 32,1,1 64,1,1 96,1,1 64,0,1 --reps 40 \\
+    .venv/bin/python experiments/probes/prefetch_ab.py default 16,0,5 32,1,1 96,1,1 64,0,1 --reps 40 \\
         > experiments/results/prefetch_ab-avx512bf16.txt
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from specviz.hardware import cpu_name  # noqa: E402
 from specviz.models import fused, kernels  # noqa: E402
 from specviz.models import loader as models  # noqa: E402
 
-HINTS = {"0": "_MM_HINT_T0", "1": "_MM_HINT_T1"}
+HINTS = {"0": "_MM_HINT_T0", "1": "_MM_HINT_T1", "2": "_MM_HINT_T2", "nta": "_MM_HINT_NTA"}
 
 
 def build(variant: str, isa: str, folder: Path):
