@@ -86,10 +86,12 @@ class Pair:
 #   eagle:1+pld:6+ret:6  1.04x greedy;  eagle:2+pld:4+ret:4  1.03x greedy
 #   eagle:2+pld:6+ret:6  0.98x / 0.87x (tau 2.46 / 2.04): the defaults before, chosen over the stock decoder's 4x slower
 #                        AR, where extra tree rows cost almost nothing
-# Prompt lookup alone ran faster still there (pld:2 1.19x greedy, pld:3 1.11x at 0.7): with AR at the bandwidth limit
-# each verified row costs the bf16 units real time on a CPU without AMX, and the cheapest drafter wins. The default
-# stays the tree drafter, the method the app exists to show (its tree panel, its grafted branches), at its own fastest
-# settings; CPUs with AMX verify rows more cheaply and were not measured with the fused decoder.
+# Rerun after the packed drafters and the packed matmul's L2 prefetch (spec_bench48-prefetch.json,
+# spec_bench48-t07-prefetch.json): eagle:1+pld:4+ret:4 1.23x greedy / 1.06x at 0.7, eagle:1+pld:3+ret:3 1.25x greedy,
+# eagle:2+pld:6+ret:6 1.10x / 0.92x, pld:2 1.22x greedy, pld:3 1.12x at 0.7. With AR at the bandwidth limit each
+# verified row costs the bf16 units real time on a CPU without AMX, so small trees and prompt lookup alone run level.
+# The default stays the tree drafter, the method the app exists to show (its tree panel, its grafted branches), at its
+# own fastest settings; CPUs with AMX verify rows more cheaply and were not measured with the fused decoder.
 CPU_METHOD = "eagle"
 # γ per method: EAGLE 1 (its tree's depth; above), prompt lookup 2 (best of 1-3 on 13 questions; pld:3 ran 1.11x
 # against pld:2's 1.08x at temperature 0.7, within noise), the other trained chain drafters 1 (draft:1 0.95x against
