@@ -79,19 +79,17 @@ class Pair:
 
 # The app's CPU default race: EAGLE-3's tree with prompt lookup's and the datastore's branches grafted on, at the
 # settings measured fastest over the fused AR (models/fused.py) on 48 Spec-Bench questions, 128 tokens, one run each on
-# a 2-core AVX512-BF16 EPYC (experiments/results/spec_bench48-fused-defaults.json, greedy;
-# spec_bench48-t07-fused-defaults.json, temperature 0.7, top-p 0.95):
-#   eagle:1+pld:4+ret:4  1.09x AR greedy (tau 2.26), 1.00x at 0.7 (tau 1.90)
-#   eagle:1+pld:3+ret:3  1.09x / 1.00x (tau 2.16 / 1.83)
-#   eagle:1+pld:6+ret:6  1.04x greedy;  eagle:2+pld:4+ret:4  1.03x greedy
-#   eagle:2+pld:6+ret:6  0.98x / 0.87x (tau 2.46 / 2.04): the defaults before, chosen over the stock decoder's 4x slower
-#                        AR, where extra tree rows cost almost nothing
-# Rerun after the packed drafters and the packed matmul's L2 prefetch (spec_bench48-prefetch.json,
-# spec_bench48-t07-prefetch.json): eagle:1+pld:4+ret:4 1.23x greedy / 1.06x at 0.7, eagle:1+pld:3+ret:3 1.25x greedy,
-# eagle:2+pld:6+ret:6 1.10x / 0.92x, pld:2 1.22x greedy, pld:3 1.12x at 0.7. With AR at the bandwidth limit each
-# verified row costs the bf16 units real time on a CPU without AMX, so small trees and prompt lookup alone run level.
-# The default stays the tree drafter, the method the app exists to show (its tree panel, its grafted branches), at its
-# own fastest settings; CPUs with AMX verify rows more cheaply and were not measured with the fused decoder.
+# a 2-core AVX512-BF16 EPYC. The grid (experiments/results/spec_bench48-fused-defaults.json, greedy):
+# eagle:1+pld:4+ret:4 1.09x its AR (tau 2.26) = eagle:1+pld:3+ret:3 (tau 2.16) > eagle:1+pld:6+ret:6 1.04x >
+# eagle:2+pld:4+ret:4 1.03x > eagle:2+pld:6+ret:6 0.98x (the defaults before, chosen over the stock decoder's 4x slower
+# AR). Current figures, after the packed drafters and the packed matmul's L2 prefetch (spec_bench48-prefetch.json,
+# spec_bench48-t07-prefetch.json):
+#   eagle:1+pld:4+ret:4  1.23x greedy (tau 2.26), 1.06x at temperature 0.7, top-p 0.95 (tau 1.90)
+#   eagle:1+pld:3+ret:3  1.25x greedy;  eagle:2+pld:6+ret:6  1.10x / 0.92x;  pld:2 1.22x greedy;  pld:3 1.12x at 0.7
+# With AR at the bandwidth limit each verified row costs the bf16 units real time on a CPU without AMX, so small trees
+# and prompt lookup alone run level. The default stays the tree drafter, the method the app exists to show (its tree
+# panel, its grafted branches), at its own fastest settings; CPUs with AMX verify rows more cheaply and were not
+# measured with the fused decoder.
 CPU_METHOD = "eagle"
 # γ per method: EAGLE 1 (its tree's depth; above), prompt lookup 2 (best of 1-3 on 13 questions; pld:3 ran 1.11x
 # against pld:2's 1.08x at temperature 0.7, within noise), the other trained chain drafters 1 (draft:1 0.95x against

@@ -33,36 +33,33 @@ static inline uint32_t pair_at(const uint16_t *x) {
     return word;
 }
 
-/* k<B>_<R>: B blocks (16 outputs each) for R rows of x (ldx apart) over all P pairs; tile[r][b * 16 + j] = the fp32
-   accumulator of row r, output 16 b + j. */
-/* Software prefetch of the weights: PREFETCH_LINES 64-byte lines ahead of the one a pass reads, into L2
-   (PREFETCH_HINT), in passes of at least PREFETCH_MIN_ROWS rows (each a -D flag: experiments/probes/prefetch_ab.py
-   builds variants). The AVX512-BF16 build prefetches 64 lines into L2 for every pass: on a 2-core Zen 4 EPYC, the
-   target's 30 layers interleaved against the former 16 lines into L1 for passes of more than 4 rows took 3% off one
-   row, 6-10% off 2-4 rows and 12-14% off 8-12 (results/prefetch_ab-avx512bf16.txt). The AVX-512F build keeps the
-   former setting (k=8 rows, 2 cores: 16.6 ms a forward against 22.0 without); AVX2 prefetches nothing. */
+/* Software prefetch of the weights: PREFETCH_LINES 64-byte lines ahead of the one a pass reads, with PREFETCH_HINT, in
+   passes of at least PREFETCH_MIN_ROWS rows (each a -D flag: experiments/probes/prefetch_ab.py builds variants). The
+   AVX512-BF16 build prefetches 64 lines into L2 for every pass: on a 2-core Zen 4 EPYC, the target's 30 layers,
+   interleaved against the former 16 lines into L1 for passes of more than 4 rows, took 7% off one row and 8-16% off
+   2-16 rows (results/prefetch_ab-avx512bf16.txt). The AVX-512F build keeps the former setting (k=8 rows, 2 cores:
+   16.6 ms a forward against 22.0 without); AVX2 prefetches nothing. */
 #if defined(__AVX512BF16__)
-#ifndef PREFETCH_LINES
-#define PREFETCH_LINES 64
-#endif
-#ifndef PREFETCH_MIN_ROWS
-#define PREFETCH_MIN_ROWS 1
-#endif
+#define PREFETCH_LINES_BUILD 64
+#define PREFETCH_MIN_ROWS_BUILD 1
+#define PREFETCH_HINT_BUILD _MM_HINT_T1
 #else
+#define PREFETCH_LINES_BUILD 16
+#define PREFETCH_MIN_ROWS_BUILD 5
+#define PREFETCH_HINT_BUILD _MM_HINT_T0
+#endif
 #ifndef PREFETCH_LINES
-#define PREFETCH_LINES 16
+#define PREFETCH_LINES PREFETCH_LINES_BUILD
 #endif
 #ifndef PREFETCH_MIN_ROWS
-#define PREFETCH_MIN_ROWS 5
-#endif
+#define PREFETCH_MIN_ROWS PREFETCH_MIN_ROWS_BUILD
 #endif
 #ifndef PREFETCH_HINT
-#if defined(__AVX512BF16__)
-#define PREFETCH_HINT _MM_HINT_T1
-#else
-#define PREFETCH_HINT _MM_HINT_T0
+#define PREFETCH_HINT PREFETCH_HINT_BUILD
 #endif
-#endif
+
+/* k<B>_<R>: B blocks (16 outputs each) for R rows of x (ldx apart) over all P pairs; tile[r][b * 16 + j] = the fp32
+   accumulator of row r, output 16 b + j. */
 #if defined(__AVX512BF16__)
 #define ROWS 8
 #define KERNEL(B, R) static void k##B##_##R(const uint16_t *x, long ldx, const uint32_t *w, long P, float *tile) { \
