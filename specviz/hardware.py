@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Optional
 
 from specviz import methods as registry
@@ -37,6 +37,7 @@ class Pair:
     gammas: tuple[tuple[str, int], ...] = ()  # (method, γ): the fastest γ measured for it here; others: DecodeConfig's
     lookups: tuple[tuple[str, int], ...] = ()  # (method, n): prompt lookup's branch on its tree measured fastest here
     retrieves: tuple[tuple[str, int], ...] = ()  # (method, n): likewise the datastore's branch
+    why: str = ""    # one line: how the default race was chosen (tuning.Choice.line), once this machine is measured
 
     def gamma_for(self, method: str) -> int:
         """The default γ of `method` with this pair: the fastest measured, else DecodeConfig's."""
@@ -54,6 +55,19 @@ class Pair:
     def gamma(self) -> int:
         """The default race's γ."""
         return self.gamma_for(self.method)
+
+    def tuned(self, choice) -> "Pair":
+        """This pair with the race chosen on this machine (a tuning.Choice) as its default, and prompt lookup's γ and
+        EAGLE's γ and branches at their fastest races here (what a user who picks either method gets)."""
+        from specviz.tuning import parse_race
+
+        g, lookup, retrieve = parse_race(choice.best_tree) if choice.best_tree else (self.gamma_for("eagle"), 0, 0)
+        gammas = {**dict(self.gammas), "eagle": g}
+        if choice.best_chain:
+            gammas["pld"] = parse_race(choice.best_chain)[1]
+        return replace(self, method=choice.method, gammas=tuple(gammas.items()),
+                       lookups=tuple({**dict(self.lookups), "eagle": lookup}.items()),
+                       retrieves=tuple({**dict(self.retrieves), "eagle": retrieve}.items()), why=choice.line())
 
     def target_for(self, method: str) -> str:
         """The target a method runs against: trained drafters stay tied to the target they were trained on."""
@@ -77,28 +91,16 @@ class Pair:
         return target, draft or self.draft_for(target)
 
 
-# The app's CPU default race: EAGLE-3's tree with prompt lookup's and the datastore's branches grafted on, at the
-# settings measured fastest over the fused AR (models/fused.py) on 48 Spec-Bench questions, 128 tokens, one run each on
-# a 2-core AVX512-BF16 EPYC. The grid (experiments/results/spec_bench48-fused-defaults.json, greedy):
-# eagle:1+pld:4+ret:4 1.09x its AR (tau 2.26) = eagle:1+pld:3+ret:3 (tau 2.16) > eagle:1+pld:6+ret:6 1.04x >
-# eagle:2+pld:4+ret:4 1.03x > eagle:2+pld:6+ret:6 0.98x (the defaults before, chosen over the stock decoder's 4x slower
-# AR). Current figures, after the packed drafters and the packed matmul's L2 prefetch (spec_bench48-prefetch.json,
-# spec_bench48-t07-prefetch.json):
-#   eagle:1+pld:4+ret:4  1.23x greedy (tau 2.26), 1.06x at temperature 0.7, top-p 0.95 (tau 1.90)
-#   eagle:1+pld:3+ret:3  1.25x greedy;  eagle:2+pld:6+ret:6  1.10x / 0.92x;  pld:2 1.22x greedy;  pld:3 1.12x at 0.7
-# With AR at the bandwidth limit each verified row costs the bf16 units real time on a CPU without AMX, so small trees
-# and prompt lookup alone run level. The default stays the tree drafter, the method the app exists to show (its tree
-# panel, its grafted branches), at its own fastest settings; CPUs with AMX verify rows more cheaply and were not
-# measured with the fused decoder.
+# The starting guess for the embedded pair on a CPU, before this machine is measured: EAGLE-3's tree with prompt
+# lookup's and the datastore's branches (the settings measured fastest on a 2-core AVX512-BF16 EPYC; the runs are in
+# experiments/LOG.md). Once the target is loaded, `adopt` replaces it with the race chosen from this machine's own
+# T(k) and step costs (specviz/tuning.py), which is what the app, `generate`, `bench` and `check` run by default.
 CPU_METHOD = "eagle"
-# γ per method: EAGLE 1 (its tree's depth; above), prompt lookup 2 (best of 1-3 on 13 questions; pld:3 ran 1.11x
-# against pld:2's 1.08x at temperature 0.7, within noise), the other trained chain drafters 1 (draft:1 0.95x against
-# draft:4 0.60x on 48 questions, experiments/results/trained-drafters-gamma.json, over the stock decoder). Medusa's γ
-# caps its tree's depth and vanilla was not measured faster at another γ: both keep DecodeConfig's.
+# γ per method where DecodeConfig's is not the guess: the trained chain drafters draft one token (their drafting costs a
+# forward of their own; experiments/LOG.md); Medusa's γ caps its tree's depth and vanilla keeps DecodeConfig's.
 CPU_GAMMAS = (("pld", 2), ("eagle", 1), ("layerskip", 1), ("draft", 1))
-# The length of prompt lookup's branch and the datastore's on the tree drafters' trees (DecodeConfig.lookup,
-# .retrieve): 4 each (above; 3 each ran as fast with a smaller tau, 6 each slower). The datastore's branch is a tree of
-# up to that many nodes where the target's past answers split.
+# The length of prompt lookup's branch and the datastore's (a tree of up to that many nodes where the target's past
+# answers split) on the tree drafters' trees (DecodeConfig.lookup, .retrieve).
 CPU_LOOKUP = 4
 CPU_LOOKUPS = tuple((m, CPU_LOOKUP) for m in registry.names(lambda s: "lookup" in s.grafts))  # eagle, medusa
 CPU_RETRIEVE = 4
@@ -144,14 +146,36 @@ def _pair_for(device_type: str) -> Pair:
     return choose_pair(device_type == "cuda", hub_reachable)
 
 
+_tuned: dict[str, Pair] = {}  # device type -> the pair adopted after measuring this machine (adopt)
+
+
 def default_pair(device: Optional[object] = None) -> Pair:
     """The pair for this process on `device` (default: CUDA when available), chosen once: the Hub is asked at
-    most once per process."""
+    most once per process. Once `adopt` has measured this machine, its default race is the one chosen here."""
     if device is None:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return _pair_for(getattr(device, "type", str(device).split(":")[0]))
+    kind = getattr(device, "type", str(device).split(":")[0])
+    return _tuned.get(kind) or _pair_for(kind)
+
+
+def adopt(target) -> Optional[str]:
+    """Measure this machine for a loaded target (its verify profile T(k) and the step costs of each lane family,
+    a few seconds, once) and make the race chosen from them (specviz/tuning.py) this process's default: the one line
+    saying which and why, or None where the target ships no race grid (the GPU pair, a target of your own) and the
+    pair's defaults stay."""
+    from specviz import tuning
+
+    kind = target.device.type
+    pair = default_pair(target.device)
+    if target.name != pair.target:
+        return None
+    choice = tuning.default_race(target)
+    if choice is None:
+        return None
+    _tuned[kind] = _pair_for(kind).tuned(choice)
+    return choice.line()
 
 
 def dtype_name(dtype: object) -> str:

@@ -1,0 +1,221 @@
+"""The default race, chosen on the machine it runs on.
+
+Whether speculation pays depends on two things that move apart: the drafts (how many tokens a race keeps a step and
+how many rows it verifies for them) and the machine (what verifying k rows costs against one step, T(k)/T(1), and what
+drafting costs). The first half is measured once and shipped: with greedy decoding, a race's rows and kept tokens per
+step depend on the drafts and the target's tokens only, so experiments/probes/race_grid.py replays every candidate
+race on held-out prompts into assets/profiles/race-grid-<target>.json (a histogram of rows a step and the tokens
+kept). The second half is measured here at start-up: the verify profile T(k) (core/profile.py) and, from short greedy
+runs of AR and of each lane family interleaved, what a step costs outside the target's forward (drafting, grafting,
+the verdicts and bookkeeping) in AR steps. The predicted speed of a race over this machine's AR is then
+
+    speedup = (tokens kept / steps) / mean over steps of (T(rows)/T(1) + c_lane)
+
+with c_lane a lane's step in AR steps less what its forward costs. The choice maximises it and never picks a race
+predicted slower than AR: where nothing pays it says so and races the best chain (prompt lookup), the cheapest to
+verify.
+
+torch and the engines are imported inside the functions: importing this module stays cheap.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from specviz.paths import PROFILES
+
+GRID_FILE = "race-grid-{target}.json"
+CHAIN = "pld"   # the race where nothing pays: the chain cheapest to verify and to draft
+TREE = "eagle"  # the tree drafter the grid times
+COST_TOKENS = 16  # tokens of each calibration run (after a 4-token warm-up not billed)
+COST_ROUNDS = 3   # runs of each lane, interleaved
+# one run per lane family: the per-step cost outside the target's forward of every candidate is read from these
+COST_LANES = {"pld": (0, 2, 0), "eagle": (1, 0, 0), "eagle2": (2, 0, 0), "grafts": (1, 4, 4)}
+
+
+def race_name(g: int, lookup: int, retrieve: int) -> str:
+    """A race as bench's --method writes it: pld:L, or eagle:g[+pld:L][+ret:R]."""
+    if not g:
+        return f"{CHAIN}:{lookup}"
+    return f"{TREE}:{g}" + (f"+pld:{lookup}" if lookup else "") + (f"+ret:{retrieve}" if retrieve else "")
+
+
+def candidates(depths, lookups, retrieves) -> dict[str, tuple[int, int, int]]:
+    """Every race of the grid by name: prompt lookup alone at each γ, EAGLE's tree at each depth with each branch."""
+    out = {race_name(0, n, 0): (0, n, 0) for n in lookups if n}
+    out.update({race_name(g, n, r): (g, n, r) for g in depths for n in lookups for r in retrieves})
+    return out
+
+
+def parse_race(name: str) -> tuple[int, int, int]:
+    """(g, lookup, retrieve) of a race name written by race_name."""
+    g = lookup = retrieve = 0
+    for part in name.split("+"):
+        kind, _, n = part.partition(":")
+        if kind == TREE:
+            g = int(n)
+        elif kind == "pld":
+            lookup = int(n)
+        elif kind == "ret":
+            retrieve = int(n)
+    return g, lookup, retrieve
+
+
+@dataclass(frozen=True)
+class GridRace:
+    name: str
+    steps: int
+    tokens: int                  # kept a step on average: tokens / steps = τ
+    rows: dict[int, int]         # rows verified -> steps
+
+    @property
+    def tau(self) -> float:
+        return self.tokens / self.steps
+
+    @property
+    def mean_rows(self) -> float:
+        return sum(k * n for k, n in self.rows.items()) / self.steps
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return parse_race(self.name)
+
+
+@functools.lru_cache(maxsize=None)
+def load_grid(target_name: str, folder: Path = PROFILES) -> Optional[dict[str, GridRace]]:
+    """The shipped race grid of a target (None where none is shipped: only the embedded target has one)."""
+    path = Path(folder) / GRID_FILE.format(target=target_name)
+    if not path.is_file():
+        return None
+    d = json.loads(path.read_text())
+    return {name: GridRace(name, c["steps"], c["tokens"], {int(k): v for k, v in c["rows"].items()})
+            for name, c in d["configs"].items()}
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """What a step costs on this machine outside the target's forward, in AR steps, per lane family (COST_LANES):
+    a lane's step = one AR step × (T(rows)/T(1) + its cost here)."""
+    lanes: dict[str, float]        # family -> median over steps of (step seconds / AR step seconds − T(rows)/T(1))
+    draft: dict[str, float] = field(default_factory=dict)  # the drafting alone / AR step (the drafter's c)
+
+    def of(self, g: int, lookup: int, retrieve: int) -> float:
+        """The per-step cost of a race outside its forward: prompt lookup alone; EAGLE at depth g, linear in its
+        levels from depths 1 and 2, plus what the branches add (measured with both on)."""
+        if not g:
+            return self.lanes["pld"]
+        per_level = max(0.0, self.lanes["eagle2"] - self.lanes["eagle"])
+        grafts = max(0.0, self.lanes["grafts"] - self.lanes["eagle"]) if (lookup or retrieve) else 0.0
+        return self.lanes["eagle"] + (g - 1) * per_level + grafts
+
+
+def predict(race: GridRace, profile, costs: StepCosts) -> float:
+    """The race's predicted speed over this machine's AR (module docstring)."""
+    c = costs.of(*race.shape)
+    per_step = sum(n * (profile.ratio(k) + c) for k, n in race.rows.items()) / race.steps
+    return race.tau / per_step
+
+
+@dataclass(frozen=True)
+class Choice:
+    race: str                     # bench's --method syntax: "eagle:1+pld:4+ret:4", "pld:2"
+    method: str                   # DecodeConfig.method
+    gamma: int
+    lookup: int
+    retrieve: int
+    predicted: float              # over this machine's AR
+    tau: float
+    rows: float                   # verified a step, on average
+    pays: bool                    # predicted faster than AR
+    best_tree: str = ""           # the fastest EAGLE race: EAGLE's defaults when a user picks it
+    best_tree_predicted: float = 0.0
+    best_chain: str = ""          # the fastest prompt lookup race: prompt lookup's γ when a user picks it
+    ratios: tuple[float, ...] = ()  # T(k)/T(1) for k = 2, 4, 8 on this machine
+
+    def line(self) -> str:
+        """One line: the race chosen and why."""
+        t = ", ".join(f"T({k})/T(1) {r:.2f}" for k, r in zip((2, 4, 8), self.ratios))
+        if not self.pays:
+            return (f"default race {self.race}: nothing predicted faster than AR on this machine ({t}); racing the "
+                    f"best chain, predicted {self.predicted:.2f}x AR (τ {self.tau:.2f}, {self.rows:.1f} rows a step)")
+        tree = (f"; best EAGLE tree {self.best_tree} {self.best_tree_predicted:.2f}x"
+                if self.best_tree and self.best_tree != self.race else "")
+        return (f"default race {self.race}: predicted {self.predicted:.2f}x AR on this machine (τ {self.tau:.2f}, "
+                f"{self.rows:.1f} rows a step; {t}{tree})")
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("race", "method", "gamma", "lookup", "retrieve", "predicted", "tau",
+                                              "rows", "pays", "best_tree", "best_tree_predicted", "best_chain")}
+
+
+def choose(grid: dict[str, GridRace], profile, costs: StepCosts) -> Choice:
+    """The grid's race with the highest predicted speed; where none is predicted faster than AR, the best chain."""
+    speed = {name: predict(r, profile, costs) for name, r in grid.items()}
+    best = max(speed, key=speed.get)
+    trees = [n for n in speed if grid[n].shape[0]]
+    best_tree = max(trees, key=speed.get) if trees else ""
+    best_chain = max((n for n in speed if not grid[n].shape[0]), key=speed.get)
+    pays = speed[best] > 1.0
+    if not pays:
+        best = best_chain
+    g, lookup, retrieve = grid[best].shape
+    ratios = tuple(round(profile.ratio(k), 2) for k in (2, 4, 8))
+    return Choice(best, TREE if g else CHAIN, g or lookup, lookup if g else 0, retrieve, speed[best], grid[best].tau,
+                  grid[best].mean_rows, pays, best_tree, speed.get(best_tree, 0.0), best_chain, ratios)
+
+
+def measure_costs(target, profile, tokens: int = COST_TOKENS, rounds: int = COST_ROUNDS) -> StepCosts:
+    """StepCosts from short greedy runs of AR and of each COST_LANES family on one built-in prompt, interleaved in
+    rounds (each round every lane once, so a slow spell of a shared machine falls on all of them alike) and timed by
+    the engines' own clocks: each step's seconds over the median AR step, less the profile's T(rows)/T(1)."""
+    from specviz import engines
+    from specviz.config import DecodeConfig
+    from specviz.core.profile import COST_PROMPT
+
+    ids = target.encode_prompt(COST_PROMPT)
+    lanes = {"ar": ("ar", DecodeConfig(method="ar", max_new_tokens=tokens))}
+    for family, (g, lookup, retrieve) in COST_LANES.items():
+        lanes[family] = (TREE if g else CHAIN, DecodeConfig(method=TREE if g else CHAIN, gamma=g or lookup,
+                                                            lookup=lookup if g else 0, retrieve=retrieve,
+                                                            max_new_tokens=tokens))
+    built = {family: engines.build(method, target) for family, (method, _) in lanes.items()}
+    for family, (_, cfg) in lanes.items():  # first-call allocations are not billed
+        engines.generate(built[family], ids, cfg.with_(max_new_tokens=4))
+    seen: dict[str, list] = {family: [] for family in lanes}
+    for _ in range(rounds):
+        for family, (_, cfg) in lanes.items():
+            seen[family] += list(built[family].steps(ids, cfg))[1:]  # the prefill step is no decode step
+    ar_step = statistics.median(e.seconds for e in seen.pop("ar"))
+    out, draft = {}, {}
+    for family, events in seen.items():
+        events = [e for e in events if e.drafts] or events
+        out[family] = statistics.median(e.seconds / ar_step - profile.ratio(1 + len(e.drafts)) for e in events)
+        draft[family] = statistics.median(e.draft_s / ar_step for e in events)
+    return StepCosts(out, draft)
+
+
+_chosen: dict[int, Optional[Choice]] = {}
+_lock = threading.Lock()
+
+
+def default_race(target, measure: bool = True) -> Optional[Choice]:
+    """This machine's default race for a loaded target, chosen once per process (the verify profile and the step
+    costs measured on first call, a few seconds); None where the target ships no race grid or measure=False and it
+    has not been chosen yet."""
+    with _lock:
+        key = id(target.model)
+        if key not in _chosen and measure:
+            grid = load_grid(target.name)
+            if grid is None:
+                _chosen[key] = None
+            else:
+                from specviz.core.profile import profile_of
+
+                profile = profile_of(target)
+                _chosen[key] = choose(grid, profile, measure_costs(target, profile))
+        return _chosen.get(key)
