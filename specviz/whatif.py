@@ -1,0 +1,216 @@
+"""The what-if clock: the same drafts, re-timed on other hardware.
+
+A race records, per target forward, how many rows it verified, how many tokens it kept and what drafting cost
+(events.StepEvent). Its speed over AR anywhere follows from two properties of the hardware: T(k)/T(1), what verifying
+k rows costs against one step, and the drafter's cost c against one step. So
+
+    speedup = tokens kept / Σ over steps (T(rows)/T(1) + draft forwards × c + b)
+
+where b is the step's bookkeeping (the verdicts, grafting, the cache), measured on this machine in AR steps. The
+clocks: this machine's measured verify profile (its row reproduces the measured speedup), a profile measured
+elsewhere (`python -m specviz profile --json FILE`, or `make gpu-check`), and the roofline bound of named devices
+from their spec sheets (assets/devices.json): T(k) = max(weights / bandwidth, k × 2 × multiply-adds / peak), with the
+drafter's c = its bytes / the target's bytes. A roofline row is a bound, not a measurement: small models on GPUs are
+bound by kernel launches first, and real decoding reaches a fraction of either roof.
+
+Torch-free: events, profiles and numbers in, rows out.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+from specviz.metrics import CostProfile
+from specviz.paths import ASSETS
+
+DEVICES = ASSETS / "devices.json"
+FREE = 1.1        # "verification is free" up to the k where T(k)/T(1) stays within 10% of one step
+K_MAX = 4096
+
+
+class WhatIfError(ValueError):
+    """A profile file or device name the what-if clock cannot use; its message is one line naming it."""
+
+
+@dataclass(frozen=True)
+class Step:
+    rows: int               # target rows verified (1: a plain step)
+    tokens: int             # kept
+    draft_forwards: int
+    draft_s: float
+    seconds: float          # the step's engine seconds (drafting and verification)
+
+
+def steps_of(events: Iterable) -> list[Step]:
+    """The decode steps of a run's StepEvents (the first, the prompt's prefill, is not a decode step)."""
+    events = list(events)
+    return [Step(1 + len(e.drafts), len(e.emitted), e.draft_forwards, e.draft_s, e.seconds) for e in events[1:]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the roofline needs of the target and the drafter."""
+    weight_bytes: int        # read once a forward
+    macs_per_row: float      # multiply-adds one row costs (about the parameter count)
+    draft_bytes: int = 0     # read by one drafter forward (0: a drafter without weights, prompt lookup)
+
+
+@dataclass(frozen=True)
+class Clock:
+    name: str
+    source: str                           # "measured here" | "profile FILE" | "roofline bound (spec sheet)"
+    ratio: Callable[[float], float]       # T(k)/T(1)
+    c: float                              # one drafter forward / one AR step
+    ar_step_s: Optional[float] = None     # seconds of one AR step there (None: unknown)
+    bookkeeping: bool = True              # add this run's measured bookkeeping per step
+
+    def crossover(self) -> int:
+        """The largest k whose T(k)/T(1) stays within FREE: verification is about free up to it."""
+        k = 1
+        while k < K_MAX and self.ratio(k + 1) <= FREE:
+            k += 1
+        return k
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    kind: str                # "cpu" | "gpu"
+    bandwidth_gb_s: float
+    peak_tflops: float       # dense 16-bit (bf16, or fp16) flops a second
+    source: str
+
+    def step_s(self, k: float, target: Target) -> float:
+        """The roofline bound of a forward of k rows: the weight stream or the arithmetic, whichever is longer."""
+        return max(target.weight_bytes / (self.bandwidth_gb_s * 1e9), k * 2 * target.macs_per_row /
+                   (self.peak_tflops * 1e12))
+
+    def clock(self, target: Target) -> Clock:
+        t1 = self.step_s(1, target)
+        c = target.draft_bytes / target.weight_bytes  # a drafter forward streams its own weights
+        return Clock(self.name, "roofline bound (spec sheet)", lambda k: self.step_s(k, target) / t1, c, t1,
+                     bookkeeping=False)
+
+
+def load_devices(path: Path = DEVICES) -> list[Device]:
+    d = json.loads(Path(path).read_text())
+    return [Device(x["name"], x["kind"], float(x["bandwidth_gb_s"]), float(x["peak_tflops"]), x["source"])
+            for x in d["devices"]]
+
+
+def profile_clock(path: str | Path, method: str = "", name: str = "") -> Clock:
+    """A clock from a verify profile measured elsewhere (`python -m specviz profile --json FILE`): its T(k) and, where
+    it has one, the method's drafter cost c per draft forward. One-line WhatIfError for anything else."""
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text())
+        profile = CostProfile(**d["profile"])
+        if len(profile.tokens) != len(profile.seconds) or not profile.tokens or min(profile.seconds) <= 0:
+            raise ValueError("tokens and seconds do not match")
+    except OSError as exc:
+        raise WhatIfError(f"profile {str(path)!r} cannot be read ({exc.strerror or exc}): give a file written by "
+                          "`python -m specviz profile --json FILE`") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise WhatIfError(f"profile {str(path)!r} is not a verify profile ({type(exc).__name__}: {exc}): give a "
+                          "file written by `python -m specviz profile --json FILE`") from None
+    costs = {c.get("method"): c.get("c") for c in d.get("costs", []) if isinstance(c, dict)}
+    c = costs.get(method)
+    where = d.get("hardware") or profile.device
+    return Clock(name or f"{where} ({path.name})", f"profile {path.name}" + ("" if c is not None else
+                 ", drafter cost from this machine"), profile.ratio, float(c) if c is not None else -1.0,
+                 profile.time(1))
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    source: str
+    speedup: float
+    ar_tok_s: Optional[float]     # AR's tokens a second there (None: unknown)
+    tok_s: Optional[float]        # the race's
+    crossover: int
+    c: float
+
+    def to_dict(self) -> dict:
+        return self.__dict__.copy()
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One race, recorded: its steps and what its AR lane measured on this machine."""
+    steps: list[Step]
+    ar_step_s: float              # the AR lane's seconds a token
+    measured_speedup: float
+
+    @classmethod
+    def of(cls, spec_events, ar_events) -> "Recorded":
+        ar = steps_of(ar_events)
+        ar_tokens = sum(s.tokens for s in ar) or 1
+        ar_step = sum(s.seconds for s in ar) / ar_tokens
+        steps = steps_of(spec_events)
+        spec_s = sum(s.seconds for s in steps)
+        measured = (sum(s.tokens for s in steps) * ar_step / spec_s) if spec_s else 0.0
+        return cls(steps, ar_step, measured)
+
+    def draft_c(self) -> float:
+        """This machine's drafter cost per draft forward, in AR steps (0 where nothing drafted with a forward)."""
+        forwards = sum(s.draft_forwards for s in self.steps)
+        return sum(s.draft_s for s in self.steps) / forwards / self.ar_step_s if forwards else 0.0
+
+    def bookkeeping(self, here: Clock) -> float:
+        """The median step's seconds outside its forward and its drafting, in AR steps, under this machine's clock."""
+        if not self.steps:
+            return 0.0
+        return max(0.0, statistics.median((s.seconds - s.draft_s) / self.ar_step_s - here.ratio(s.rows)
+                                          for s in self.steps))
+
+    def retime(self, clock: Clock, b: float = 0.0) -> Row:
+        c = clock.c if clock.c >= 0 else self.draft_c()
+        cost = sum(clock.ratio(s.rows) + s.draft_forwards * c + (b if clock.bookkeeping else 0.0)
+                   for s in self.steps)
+        speedup = sum(s.tokens for s in self.steps) / cost if cost else 0.0
+        ar_tok_s = 1 / clock.ar_step_s if clock.ar_step_s else None
+        return Row(clock.name, clock.source, speedup, ar_tok_s, speedup * ar_tok_s if ar_tok_s else None,
+                   clock.crossover(), c)
+
+
+def here_clock(profile: CostProfile, recorded: Recorded, name: str = "this machine") -> Clock:
+    """This machine: its measured verify profile, and its drafter cost from the run itself."""
+    return Clock(name, "measured here", profile.ratio, recorded.draft_c(), recorded.ar_step_s)
+
+
+def table(recorded: Recorded, here: CostProfile, target: Target, devices: Optional[list[Device]] = None,
+          profiles: Iterable[Clock] = ()) -> list[Row]:
+    """This machine's row first (within a few percent of the measured speedup), then each loaded profile, then the
+    roofline bound of each named device."""
+    mine = here_clock(here, recorded)
+    b = recorded.bookkeeping(mine)
+    rows = [recorded.retime(mine, b)]
+    rows += [recorded.retime(clock, b) for clock in profiles]
+    rows += [recorded.retime(d.clock(target)) for d in (load_devices() if devices is None else devices)]
+    return rows
+
+
+def format_table(rows: list[Row], measured: float) -> str:
+    f = lambda v, spec: "–" if v is None else format(v, spec)  # noqa: E731
+    lines = [f"what-if: the same drafts re-timed (measured here: {measured:.2f}x AR)",
+             "| hardware | clock | AR tok/s | race tok/s | speedup | rows free up to | c |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.name} | {r.source} | {f(r.ar_tok_s, '.0f')} | {f(r.tok_s, '.0f')} | {r.speedup:.2f}x | "
+                     f"{r.crossover if r.crossover < K_MAX else f'>{K_MAX}'} | {r.c:.3f} |")
+    return "\n".join(lines)
+
+
+def device(name: str, devices: Optional[list[Device]] = None) -> Device:
+    """A named device of assets/devices.json (case-insensitive, a unique prefix will do); one-line WhatIfError."""
+    devices = load_devices() if devices is None else devices
+    hits = [d for d in devices if d.name.lower() == name.lower()] or \
+        [d for d in devices if d.name.lower().startswith(name.lower())]
+    if len(hits) != 1:
+        raise WhatIfError(f"device {name!r} is {'ambiguous' if hits else 'unknown'}: use a profile file or one of "
+                          + ", ".join(repr(d.name) for d in devices))
+    return hits[0]
