@@ -186,3 +186,58 @@ def vocab_sentence(vocab: dict) -> str:
     """A compressed draft vocabulary's ceiling, from Payoff.draft_vocab: the share of the target's tokens it holds."""
     return (f"draft vocabulary of {vocab['size']} tokens holds {vocab['coverage']:.1%} of the target's tokens here; "
             "it can never draft the rest")
+
+
+def node_kind(d) -> tuple[int, int, int]:
+    """What a tree node's acceptance is pooled by: (its head: the drafter's depth, or a grafted branch's source,
+    events.LOOKUP_HEAD / RETRIEVAL_HEAD), its depth and its rank among siblings."""
+    return d.head, d.depth, d.rank
+
+
+def node_acceptance(events: Iterable[StepEvent]) -> dict[tuple[int, int, int], float]:
+    """P(node accepted | its parent accepted), per node_kind, measured over a tree run's steps (the root counts as
+    accepted). Greedy or sampled alike: a node whose parent was kept either joined the path or did not."""
+    reached: dict[tuple[int, int, int], int] = {}
+    kept: dict[tuple[int, int, int], int] = {}
+    for e in events:
+        for d in e.drafts:
+            if d.parent >= 0 and e.drafts[d.parent].verdict is not Verdict.ACCEPTED:
+                continue
+            kind = node_kind(d)
+            reached[kind] = reached.get(kind, 0) + 1
+            kept[kind] = kept.get(kind, 0) + (d.verdict is Verdict.ACCEPTED)
+    return {kind: kept[kind] / n for kind, n in reached.items()}
+
+
+def tree_expected_tokens(drafts, rates: dict[tuple[int, int, int], float]) -> float:
+    """E[tokens a step] for one step's tree: 1 + Σ over nodes of P(every node on its path accepted), with each node
+    accepted given its parent at its kind's rate. Exact when the rates are the true conditional ones: the kept nodes
+    are one path, so their expected number is the sum of each node's chance of being on it."""
+    reach: list[float] = []
+    for d in drafts:
+        reach.append((reach[d.parent] if d.parent >= 0 else 1.0) * rates.get(node_kind(d), 0.0))
+    return 1.0 + sum(reach)
+
+
+@dataclass(frozen=True)
+class TreePrediction:
+    tokens_per_step: float      # expected, from the per-node acceptance
+    cost_per_step: float        # in AR steps: T(rows)/T(1) from the verify profile (rows without one) + drafting
+    speedup: float
+    formula: str = "tree"
+
+
+def tree_prediction(spec_events: list[StepEvent], c: float, profile: Optional[CostProfile] = None
+                    ) -> Optional[TreePrediction]:
+    """The speedup a tree race predicts from its measured per-node acceptance, its rows a step priced by the
+    verify profile (each row a full step without one) and its drafter's cost c per draft forward."""
+    steps = [e for e in spec_events[1:] if e.drafts] or [e for e in spec_events if e.drafts]
+    if not steps:
+        return None
+    rates = node_acceptance(steps)
+    plain = [e for e in spec_events[1:] if not e.drafts]  # steps that drafted nothing: one row, one token
+    tokens = sum(tree_expected_tokens(e.drafts, rates) for e in steps) + len(plain)
+    verify = (lambda k: profile.ratio(k)) if profile else float
+    cost = sum(verify(1 + len(e.drafts)) + e.draft_forwards * c for e in steps) + len(plain)
+    n = len(steps) + len(plain)
+    return TreePrediction(tokens / n, cost / n, tokens / cost)

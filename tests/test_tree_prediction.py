@@ -1,0 +1,60 @@
+"""The tree prediction: expected tokens a step from per-node acceptance, against a simulated tree whose
+per-node acceptance is known."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from specviz import metrics
+from specviz.events import DraftToken, EmittedToken, StepEvent, Verdict
+from specviz.metrics import CostProfile
+
+A, B, A1 = 0, 1, 2   # the tree: the root's children A (rank 0) and B (rank 1), and A's child A1
+P_A, P_B, P_A1 = 0.5, 0.2, 0.7  # P(A kept), P(B kept) (exclusive: one child of a node is kept), P(A1 | A kept)
+EXPECTED = 1 + P_A + P_B + P_A * P_A1
+
+
+def simulated_step(rng: random.Random, step: int) -> StepEvent:
+    u = rng.random()
+    path = [A] + ([A1] if rng.random() < P_A1 else []) if u < P_A else ([B] if u < P_A + P_B else [])
+    verdict = {n: Verdict.ACCEPTED if n in path else Verdict.REJECTED for n in (A, B, A1)}
+    if A not in path:
+        verdict[A1] = Verdict.DISCARDED
+    drafts = (DraftToken(11, "a", verdict[A], 0.5, parent=-1, depth=0, head=0, rank=0),
+              DraftToken(12, "b", verdict[B], 0.2, parent=-1, depth=0, head=0, rank=1),
+              DraftToken(13, "c", verdict[A1], 0.4, parent=0, depth=1, head=1, rank=0))
+    emitted = tuple(EmittedToken(1, "x", Verdict.ACCEPTED) for _ in path) + (EmittedToken(2, "y", Verdict.BONUS),)
+    return StepEvent(step, drafts, emitted, 0.001, 0.01, 2)
+
+
+def test_the_tree_formula_recovers_the_simulated_expectation():
+    rng = random.Random(0)
+    n = 6000
+    events = [StepEvent(0, (), (EmittedToken(1, "x", Verdict.PLAIN),), 0.0, 0.02)]
+    events += [simulated_step(rng, i) for i in range(1, n + 1)]
+    rates = metrics.node_acceptance(events)
+    assert rates[(0, 0, 0)] == pytest.approx(P_A, abs=4 * math.sqrt(P_A * (1 - P_A) / n))
+    assert rates[(1, 1, 0)] == pytest.approx(P_A1, abs=4 * math.sqrt(P_A1 * (1 - P_A1) / (n * P_A)))
+    predicted = metrics.tree_expected_tokens(events[1].drafts, rates)
+    sd = 0.8  # τ's standard deviation a step is below 1 (it lies in 1..3)
+    assert predicted == pytest.approx(EXPECTED, abs=4 * sd / math.sqrt(n))
+    tau = sum(len(e.emitted) for e in events[1:]) / n
+    assert predicted == pytest.approx(tau, abs=4 * sd / math.sqrt(n))
+    # the known rates give the expectation exactly
+    exact = {(0, 0, 0): P_A, (0, 0, 1): P_B, (1, 1, 0): P_A1}
+    assert metrics.tree_expected_tokens(events[1].drafts, exact) == pytest.approx(EXPECTED)
+
+
+def test_the_tree_prediction_prices_rows_with_the_profile():
+    rng = random.Random(1)
+    events = [StepEvent(0, (), (EmittedToken(1, "x", Verdict.PLAIN),), 0.0, 0.02)]
+    events += [simulated_step(rng, i) for i in range(1, 2001)]
+    flat = CostProfile("cpu", "bf16", "fused", 128, 1, [1, 4], [0.01, 0.01], [0.01, 0.01])
+    steep = CostProfile("cpu", "bf16", "fused", 128, 1, [1, 4], [0.01, 0.02], [0.01, 0.02])
+    free = metrics.tree_prediction(events, 0.0, flat)
+    assert free.cost_per_step == pytest.approx(1.0) and free.speedup == pytest.approx(free.tokens_per_step)
+    costly = metrics.tree_prediction(events, 0.1, steep)
+    assert costly.cost_per_step == pytest.approx(2.0 + 2 * 0.1) and costly.formula == "tree"
+    assert metrics.tree_prediction(events[:1], 0.1, flat) is None  # nothing drafted: no prediction
