@@ -10,16 +10,16 @@ import warnings
 from pathlib import Path
 
 from specviz import methods as registry
-from specviz.cli.bench import cmd_bench, read_prompts  # noqa: F401  (read_prompts: probes and tests)
+from specviz.cli.bench import cmd_bench, read_prompts
 from specviz.cli.common import (
     DEFAULTS,
     PAIR_HELP,
     InputError,
-    _int_arg,
     config_of,
     decode_args,
     default_pair,
     draft_for,
+    int_arg,
     load_target,
 )
 from specviz.cli.serving import cmd_probe, cmd_watch, serving_parsers
@@ -334,15 +334,15 @@ def cmd_train(args) -> int:
         raise InputError(f"lr={lr} is out of range: use a value in (0, 1)")
     opts = train.TrainOptions(
         kind=args.kind, out=Path(args.out), target=args.target, data=tuple(args.data) if args.data else None,
-        steps=_int_arg("steps", args.steps, 1, 10**6),
-        batch_tokens=_int_arg("batch-tokens", args.batch_tokens, 64, 10**6),
-        lr=lr, draft_vocab=None if args.draft_vocab is None else _int_arg("draft-vocab", args.draft_vocab, 0, 10**7),
-        features=args.features, medusa_heads=_int_arg("heads", args.heads, 1, 8),
-        tree_size=_int_arg("tree-size", args.tree_size, 1, 64),
-        exit_layer=_int_arg("exit-layer", args.exit_layer, 1, 256),
+        steps=int_arg("steps", args.steps, 1, 10**6),
+        batch_tokens=int_arg("batch-tokens", args.batch_tokens, 64, 10**6),
+        lr=lr, draft_vocab=None if args.draft_vocab is None else int_arg("draft-vocab", args.draft_vocab, 0, 10**7),
+        features=args.features, medusa_heads=int_arg("heads", args.heads, 1, 8),
+        tree_size=int_arg("tree-size", args.tree_size, 1, 64),
+        exit_layer=int_arg("exit-layer", args.exit_layer, 1, 256),
         draft_layers=_layers_arg(args.draft_layers), resume=args.resume, init=Path(args.init) if args.init else None,
-        seed=_int_arg("seed", args.seed, 0, 2**31),
-        epochs=None if args.epochs is None else _int_arg("epochs", args.epochs, 1, 1000),
+        seed=int_arg("seed", args.seed, 0, 2**31),
+        epochs=None if args.epochs is None else int_arg("epochs", args.epochs, 1, 1000),
         precision=args.precision)
     train.train(opts)
     return 0
@@ -353,7 +353,7 @@ def cmd_tree(args) -> int:
     from specviz.drafters import trained as drafters
     from specviz.train import loop as train
 
-    held = _int_arg("held-out", args.held_out, 1, 10**6)
+    held = int_arg("held-out", args.held_out, 1, 10**6)
     for f in args.data or []:
         if not Path(f).is_file() and not (Path(f) / "manifest.json").is_file():
             raise InputError(f"data file {f!r} does not exist: give a JSONL(.gz) of self-distillation ids or a "
@@ -375,18 +375,18 @@ def cmd_distill(args) -> int:
     from specviz.models import loader as models
     from specviz.train import distill
 
-    chunks = None if args.chunks is None else _int_arg("chunks", args.chunks, 1, 10**6)
-    max_tokens = None if args.max_tokens is None else _int_arg("max-tokens", args.max_tokens, 1, 10**10)
-    chunk_size = _int_arg("chunk-size", args.chunk_size, 1, 10**6)
-    max_new = _int_arg("max-new-tokens", args.max_new_tokens, 1, 2048)
-    threads = _int_arg("threads", args.threads, 0, 1024)
+    chunks = None if args.chunks is None else int_arg("chunks", args.chunks, 1, 10**6)
+    max_tokens = None if args.max_tokens is None else int_arg("max-tokens", args.max_tokens, 1, 10**10)
+    chunk_size = int_arg("chunk-size", args.chunk_size, 1, 10**6)
+    max_new = int_arg("max-new-tokens", args.max_new_tokens, 1, 2048)
+    threads = int_arg("threads", args.threads, 0, 1024)
     if args.attention not in ("sdpa", "eager"):
         raise InputError(f"attention={args.attention!r} is not usable for batched generation: use sdpa or eager")
     device = torch.device("cpu")
     dtype = models.parse_dtype(distill.default_dtype() if args.dtype == "auto" else args.dtype, device)
     dtype_name = str(dtype).replace("torch.", "")
     batch = (DISTILL_BATCH.get(dtype_name, 32) if args.batch_size is None
-             else _int_arg("batch-size", args.batch_size, 1, 1024))
+             else int_arg("batch-size", args.batch_size, 1, 1024))
     if threads:
         torch.set_num_threads(threads)
     prompts = Path(args.prompts) if args.prompts else distill.SHARED_PROMPTS
@@ -415,10 +415,10 @@ def cmd_profile(args) -> int:
 
     sizes = profile.SIZES
     if args.sizes:
-        sizes = tuple(sorted({_int_arg("sizes", v, 1, 256) for v in args.sizes.split(",") if v.strip()}))
+        sizes = tuple(sorted({int_arg("sizes", v, 1, 256) for v in args.sizes.split(",") if v.strip()}))
         if not sizes:
             raise InputError(f"sizes={args.sizes!r} is empty: give e.g. 1,2,4,8")
-    reps, context = _int_arg("reps", args.reps, 1, 100), _int_arg("context", args.context, 1, 4096)
+    reps, context = int_arg("reps", args.reps, 1, 100), int_arg("context", args.context, 1, 4096)
     target = load_target(args)
     print(f"target {target.name} on {hardware.describe(target.device, target.dtype)}; verification: {target.guarantee} "
           f"(attention {target.attention}{', one-token steps padded to two rows' if target.pad_one_row else ''})")

@@ -23,8 +23,7 @@ import torch
 
 from specviz import prompts as prompts_file
 from specviz.paths import DISTILL, TRAIN_PROMPTS
-from specviz.train.answer import answer_batch, answer_batch_generate, pad_id  # noqa: F401  (distill.*: tests)
-from specviz.train.templates import default_prompts  # noqa: F401  (distill.default_prompts, train's default)
+from specviz.train.answer import answer_batch, answer_batch_generate, pad_id
 
 
 def read_prompt_file(path: str) -> list[str]:

@@ -26,29 +26,10 @@ from specviz import methods, metrics
 from specviz.config import DEFAULT_TARGET
 from specviz.drafters import trained as drafters
 from specviz.paths import ASSETS
-from specviz.train import distill
-from specviz.train.features import (  # noqa: F401  (train.*)
-    FEATURE_BATCH,
-    FEATURE_TOKENS,
-    Batches,
-    autocast,
-    exit_features_for,
-    features_for,
-    offsets_of,
-)
-from specviz.train.losses import (  # noqa: F401  (train.*)
-    HEAD_BLOCK,
-    draft_loss,
-    eagle_depth_accuracy,
-    eagle_loss,
-    head_accuracy,
-    head_kl,
-    layerskip_loss,
-    medusa_loss,
-    top1,
-    unroll_mask,
-)
-from specviz.train.trees import PROFILE, choose_eagle_tree, choose_tree_for_cost, profile_for  # noqa: F401
+from specviz.train import distill, templates
+from specviz.train.features import Batches, autocast, exit_features_for, features_for
+from specviz.train.losses import eagle_depth_accuracy, head_accuracy
+from specviz.train.trees import choose_eagle_tree, choose_tree_for_cost, profile_for
 
 DEFAULT_DATA = distill.ORIGINAL
 DRAFT_VOCAB = 8192   # a new drafter's compressed vocabulary: the N tokens most frequent in its training data
@@ -103,7 +84,7 @@ def examples_for(opts: TrainOptions, target, log) -> list[dict]:
         log(f"data: {DEFAULT_DATA.relative_to(ASSETS.parent)} and {distill.PROMPTS_OUT.relative_to(ASSETS.parent)}, "
             f"{len(examples)} answers (committed self-distillation ids)")
         return examples
-    examples, prompts = [], [] if files else distill.default_prompts()
+    examples, prompts = [], [] if files else templates.default_prompts()
     for f in files:  # generated examples are used as they are; prompts are answered by the target below
         if Path(f).is_dir():
             examples += distill.read_chunks(f)
