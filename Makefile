@@ -44,7 +44,7 @@ bench: setup
 # self-distillation data from the shared prompt set (../shared/data/prompts): the target answers every prompt
 # greedily, 256 prompts a chunk, into assets/distill/prompts/ with a manifest; resumable (finished chunks are
 # kept), so rerun it after an interruption. DISTILL_WORKERS processes of one thread each (default: one per core)
-# share the folder, each claiming the next free chunk (see PROBE in specviz/distill.py for why one thread each).
+# share the folder, each claiming the next free chunk (see PROBE in specviz/train/distill.py for why one thread each).
 # CPU: ~40-50 answer tokens per CPU-second, so about 32 core-hours for the whole set; DISTILL_ARGS adds e.g.
 # --max-tokens 3000000
 DISTILL_WORKERS ?= $(shell nproc 2>/dev/null || echo 1)

@@ -1,4 +1,4 @@
-"""Self-distillation at scale (specviz/distill.py): the prompt file cut into chunks answered by the target,
+"""Self-distillation at scale (specviz/train/distill.py): the prompt file cut into chunks answered by the target,
 written once complete with a manifest; a rerun skips the verified chunks and redoes a corrupted one. Fast:
 a tiny random model and a prompt file written in tmp_path (never ../shared, absent on a clean clone)."""
 import gzip

@@ -141,7 +141,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
     Decode steps are bound by streaming the weights, and bf16 halves them. Measured on the default target,
     one-token AR in bf16 against fp32: 1.7x on an AVX512-BF16 Xeon (native), 1.5x on an AVX2 EPYC (emulated,
-    with specviz/kernels.py's row kernel; python -m specviz profile shows T(k) for both dtypes)."""
+    with specviz/models/kernels/rowwise_linear.c's row kernel; python -m specviz profile shows T(k) for both dtypes)."""
     if device.type == "cuda" or cpu_bf16():
         return torch.bfloat16
     return torch.float32
@@ -159,14 +159,14 @@ def pads_one_row(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
 
 
 def uses_row_kernel(device: torch.device, dtype: torch.dtype) -> bool:
-    """specviz/kernels.py's bf16 matmul replaces torch's where bf16 is emulated (AVX2 without native bf16) and
-    a C compiler built it: there torch's bf16 matmul costs about one row per row (T(16)/T(1) ~ 7 on the
+    """specviz/models/kernels/rowwise_linear.c's bf16 matmul replaces torch's where bf16 is emulated (AVX2 without
+    native bf16) and a C compiler built it: there torch's bf16 matmul costs about one row per row (T(16)/T(1) ~ 7 on the
     default target), the kernel about one weight stream for 8 rows."""
     return device.type == "cpu" and dtype == torch.bfloat16 and cpu_bf16() == "emulated" and kernels.available()
 
 
 def attention_for(device: torch.device, dtype: torch.dtype) -> str:
-    """The attention kernel: "rowwise" (specviz/attention.py) on CPU in bf16, where it makes verification
+    """The attention kernel: "rowwise" (specviz/models/attention.py) on CPU in bf16, where it makes verification
     bitwise equal to one-token decoding; elsewhere `sdpa` (in fp32 and on CUDA no kernel choice makes the
     bits independent of the other rows, and sdpa is the fastest)."""
     return rowwise.NAME if device.type == "cpu" and dtype == torch.bfloat16 else "sdpa"
