@@ -175,6 +175,19 @@ METRICS_FILE_HELP = ("also write the speculative runs' counters here as Promethe
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m specviz", description="See and check speculative decoding.")
     sub = p.add_subparsers(dest="command", required=True)
+    generate_parser(sub)
+    bench_parser(sub)
+    check_parser(sub)
+    profile_parser(sub)
+    train_parser(sub)
+    tree_parser(sub)
+    distill_parser(sub)
+    serving_parsers(sub)
+    return p
+
+
+def generate_parser(sub) -> None:
+    """`generate`: one prompt, its tokens coloured by verdict."""
     g = sub.add_parser("generate", help="generate with colour-coded verdicts")
     g.add_argument("--prompt", required=True)
     g.add_argument("--method", default=DEFAULTS.method, help=f"one of {', '.join(METHODS)} (default %(default)s)")
@@ -183,6 +196,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--color", action="store_true", help="force ANSI colours even when not a terminal")
     g.add_argument("--metrics-file", default=None, help=METRICS_FILE_HELP)
     decode_args(g)
+
+
+def bench_parser(sub) -> None:
+    """`bench`: methods against AR over a prompt file."""
     b = sub.add_parser("bench", help="run methods against AR over a prompt file")
     b.add_argument("--prompts", required=True, help="JSONL (id/question_id, category, prompt or turns) or one prompt a "
                                                     "line")
@@ -202,6 +219,10 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--json", required=True, help="output file")
     b.add_argument("--metrics-file", default=None, help=METRICS_FILE_HELP + ", rewritten after every prompt")
     decode_args(b)
+
+
+def check_parser(sub) -> None:
+    """`check`: the drafter sanity check."""
     c = sub.add_parser("check", help="drafter sanity check: compatible? correct? does it pay? (exit 1 when incorrect)")
     c.add_argument("--target", default=None, help=f"model spec (default {PAIR_HELP})")
     c.add_argument("--method", choices=CHECK_METHODS, default=None,
@@ -220,6 +241,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     c.add_argument("--dtype", default="auto", help="auto (bf16 on GPU and on CPUs with a bf16 vector path, else fp32), "
                                                    "float32, bfloat16, float16")
+
+
+def profile_parser(sub) -> None:
+    """`profile`: the verify profile T(k) and the drafters' cost ratios."""
     pr = sub.add_parser("profile", help="what verifying k tokens costs (T(k)) and each drafter's cost ratio c")
     pr.add_argument("--target", default=None, help=f"model spec (default {PAIR_HELP})")
     pr.add_argument("--draft", default=None, help="vanilla's draft: int8 (default) or a model spec")
@@ -233,6 +258,10 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--dtype", default="auto", help="auto (bf16 on GPU and on CPUs with a bf16 vector path, else "
                                                     "fp32), float32, bfloat16, float16")
     pr.set_defaults(method=None)
+
+
+def train_parser(sub) -> None:
+    """`train`: a drafter against the frozen target."""
     t = sub.add_parser("train", help="train a drafter against the target (resumable)")
     t.add_argument("kind", choices=TRAINED_METHODS, help="eagle: one decoder layer over the target's features; "
                    "medusa: heads proposing a candidate tree; layerskip: the target's first layers and an exit "
@@ -271,6 +300,10 @@ def parser() -> argparse.ArgumentParser:
                    "to go on training it on new data or your own domain): its weights, layout and draft vocabulary "
                    "are kept (--draft-vocab re-chooses the vocabulary), and the other layout options above are ignored")
     t.add_argument("--seed", default="0")
+
+
+def tree_parser(sub) -> None:
+    """`tree`: a trained drafter's tree re-chosen without retraining."""
     tr = sub.add_parser("tree", help="re-choose a trained Medusa or EAGLE drafter's tree from its held-out accuracy "
                         "and a verify profile (the committed one, or --profile), without retraining")
     tr.add_argument("drafter", help="a Medusa or EAGLE drafter folder trained here (e.g. "
@@ -283,6 +316,10 @@ def parser() -> argparse.ArgumentParser:
                     "--json FILE) to fit the tree to (default: the committed one, assets/profiles/profile-bf16.json)")
     tr.add_argument("--write", action="store_true", help="save the new tree in the drafter's config.json and model "
                                                          "card")
+
+
+def distill_parser(sub) -> None:
+    """`distill`: the self-distillation data."""
     d = sub.add_parser("distill", help="self-distillation data: the target answers a prompt file greedily, in "
                                        "resumable chunks")
     d.add_argument("--prompts", default=None, help="JSONL(.gz) of id, category, prompt (default: the shared prompt "
@@ -303,9 +340,6 @@ def parser() -> argparse.ArgumentParser:
                    "claims the next free chunk (default %(default)s)")
     d.add_argument("--attention", default="sdpa", help="sdpa or eager (batched generation needs a padding mask; "
                    "default %(default)s)")
-    serving_parsers(sub)
-    return p
-
 
 def _layers_arg(value: str) -> tuple[int, ...]:
     parts = [p.strip() for p in str(value).split(",") if p.strip()]
@@ -367,7 +401,7 @@ def cmd_tree(args) -> int:
 
 
 def cmd_distill(args) -> int:
-    """Answer a prompt file with the target, greedily, in resumable chunks (specviz/distill.py)."""
+    """Answer a prompt file with the target, greedily, in resumable chunks (specviz/train/distill.py)."""
     import time
 
     import torch
