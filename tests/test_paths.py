@@ -16,7 +16,7 @@ SELF = "tests/test_paths.py"  # its own examples name missing paths on purpose
 
 # a path starts at one of the five folders, not inside a longer path, a URL or a word (`out/specviz/x`, `a.tests/`)
 PATH = re.compile(r"(?<![\w./-])((?:specviz|docs|experiments|assets|tests)/[\w./*<>{}$(),%:@+-]*)")
-LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")  # a Markdown link's target, its #anchor dropped
+LINK = re.compile(r"\]\(([^)\s#]*)(?:#([^)\s]*))?\)")  # a Markdown link: its file (none: this one) and #anchor
 # the parts of a named path that stand for a family of files, each read as a glob:
 PLACEHOLDERS = re.compile(
     r"<[a-z]+>"              # experiments/results/ar_step_profile-<cpu>.txt: one file per CPU class
@@ -70,13 +70,36 @@ def missing_paths() -> list[str]:
     return missing
 
 
+def anchors(markdown: Path) -> set[str]:
+    """The #anchors GitHub gives a Markdown file's headings: lower case, punctuation dropped, spaces as hyphens, a
+    repeated heading numbered -1, -2, ..."""
+    seen: dict[str, int] = {}
+    out = set()
+    in_code = False
+    for line in markdown.read_text(encoding="utf-8").splitlines():
+        in_code ^= line.startswith("```")
+        m = None if in_code else re.match(r"#{1,6} (.*)", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            out.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+            seen[slug] = seen.get(slug, 0) + 1
+    return out
+
+
 def missing_links() -> list[str]:
     missing = []
     for f in source_files(DOCS):
         for number, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
-            for target in LINK.findall(line):
-                if "://" not in target and not target.startswith("mailto:") and not exists(target, f.parent):
-                    missing.append(f"{f.relative_to(ROOT).as_posix()}:{number}: {target}")
+            for target, anchor in LINK.findall(line):
+                if "://" in target or target.startswith("mailto:"):
+                    continue
+                where = f"{f.relative_to(ROOT).as_posix()}:{number}: {target}"
+                if target and not exists(target, f.parent):
+                    missing.append(where)
+                elif anchor:  # a heading of a Markdown page (this one when the link names no file)
+                    page = f.parent / target if target else f
+                    if page.suffix == ".md" and anchor not in anchors(page):
+                        missing.append(f"{where}#{anchor}")
     return missing
 
 
@@ -87,7 +110,7 @@ def test_named_paths_exist():
 
 def test_doc_links_exist():
     missing = missing_links()
-    assert not missing, "links to files that do not exist:\n" + "\n".join(missing)
+    assert not missing, "links to files or headings that do not exist:\n" + "\n".join(missing)
 
 
 def test_the_reader_finds_what_it_should():
