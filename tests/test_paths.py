@@ -1,6 +1,8 @@
 """Paths that exist: every `specviz/…`, `docs/…`, `experiments/…`, `assets/…` or `tests/…` path named in the code
 (specviz/, app.py, tests/, experiments/probes/), the docs (README.md, docs/*.md, experiments/*.md) and the Makefile,
-and every relative link in the docs, names a file or folder of the repository. No model."""
+and every relative link in the docs (and its #heading), names a file or folder of the repository. Paths under out/
+(outputs: training folders, builds, benches) and ../shared/ (data outside the repository) start elsewhere and are not
+read. No model."""
 from __future__ import annotations
 
 import glob
