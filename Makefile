@@ -44,9 +44,8 @@ bench: setup
 # self-distillation data from the shared prompt set (../shared/data/prompts): the target answers every prompt
 # greedily, 256 prompts a chunk, into assets/distill/prompts/ with a manifest; resumable (finished chunks are
 # kept), so rerun it after an interruption. DISTILL_WORKERS processes of one thread each (default: one per core)
-# share the folder, each claiming the next free chunk (see PROBE in specviz/distill.py for why one thread each).
-# CPU: ~40-50 answer tokens per CPU-second, so about 32 core-hours for the whole set; DISTILL_ARGS adds e.g.
-# --max-tokens 3000000
+# share the folder, each claiming the next free chunk (see PROBE in specviz/train/distill.py for why one thread each).
+# How long the whole set takes: experiments/LOG.md. DISTILL_ARGS adds e.g. --max-tokens 3000000
 DISTILL_WORKERS ?= $(shell nproc 2>/dev/null || echo 1)
 data: setup
 	for w in $$(seq $(DISTILL_WORKERS)); do \
@@ -55,13 +54,10 @@ data: setup
 	done; wait
 
 # the shipped drafters for smollm2-135m. EAGLE (EAGLE-3, fused features), the draft model and Medusa train on all
-# the committed ids: the original file and the chunks in assets/distill/prompts/ (on a 2-core AMX Xeon, over 2.9M
-# tokens: EAGLE's feature pass 30 minutes and 13 GB of disk, its 800 steps 46 minutes; the draft model's 700 steps
-# 17 minutes, Medusa's 400 steps 9). LayerSkip names the original self-distillation file (2280 answers, 401k tokens;
-# its card: 150 steps in 502 s on a 2-core AVX2 machine), since `train` without --data reads the growing chunks too.
-# EAGLE was trained in two runs: 800 steps on the original file and chunks 0-43 (all there was then), then, from those
-# weights (--init), 550 steps at a lower peak rate on chunks 44-77 (2733 s and 2629 s of training on a 2-core AMX Xeon;
-# that run was stopped at step 150 of 1000 and resumed with --steps 550, so its schedule shortened there).
+# the committed ids: the original file and the chunks in assets/distill/prompts/. LayerSkip names the original
+# self-distillation file, since `train` without --data reads the growing chunks too. EAGLE and LayerSkip train in two
+# runs: the second starts from the first's weights (--init) on chunks the first did not see (EAGLE's at a lower peak
+# rate). What each run took and how the shipped ones went: experiments/LOG.md.
 SHIPPED_DATA := assets/distill/smollm2-135m.jsonl.gz
 EAGLE_FIRST := $(shell seq -f 'assets/distill/prompts/chunk-%05g.jsonl.gz' 0 43)
 EAGLE_MORE := $(shell seq -f 'assets/distill/prompts/chunk-%05g.jsonl.gz' 44 77)

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from tiny import TinyTokenizer, tiny_model  # noqa: F401  (tests import tiny_model from here)
+from tiny import tiny_model
 
 from specviz.models import loader as models
 

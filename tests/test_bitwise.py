@@ -138,8 +138,8 @@ def test_verify_profile_and_costs(tiny_target):
 
 
 def test_row_kernel_is_row_invariant_and_accurate():
-    """specviz/kernels.py: each output row has the same bits whatever the other rows, and matches an fp32
-    matmul of the same bf16 values to bf16 rounding."""
+    """specviz/models/kernels/rowwise_linear.c: each output row has the same bits whatever the other rows, and
+    matches an fp32 matmul of the same bf16 values to bf16 rounding."""
     from specviz.models import kernels
 
     if not kernels.available():
@@ -169,9 +169,9 @@ def test_kernels_compile_where_the_cpu_has_avx2_and_a_compiler():
 
 @pytest.mark.parametrize("length,rows,dim", [(300, 16, 64), (7, 7, 64), (45, 12, 128)])
 def test_attention_kernel_is_row_invariant_and_accurate(length, rows, dim):
-    """specviz/kernels.py's row-wise attention: a row's bits are the same alone or among others (a chain and a
-    tree-like mask), and match the torch row-by-row computation to fp32 rounding; rows that see fewer keys than
-    one block of 8, and blocks cut short, included."""
+    """specviz/models/kernels/attend.c, the row-wise attention: a row's bits are the same alone or among others (a
+    chain and a tree-like mask), and match the torch row-by-row computation to fp32 rounding; rows that see fewer
+    keys than one block of 8, and blocks cut short, included."""
     from specviz.models import attention, kernels
 
     if not kernels.available():

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from specviz.cli.bench import format_summary, with_fastest_plain
-from specviz.cli.main import main, read_prompts
+from specviz.cli.bench import format_summary, read_prompts, with_fastest_plain
+from specviz.cli.main import main
 from specviz.config import ConfigError, DecodeConfig, check_prompt
 from specviz.models import loader as models
 

@@ -1,4 +1,4 @@
-"""Self-distillation at scale (specviz/distill.py): the prompt file cut into chunks answered by the target,
+"""Self-distillation at scale (specviz/train/distill.py): the prompt file cut into chunks answered by the target,
 written once complete with a manifest; a rerun skips the verified chunks and redoes a corrupted one. Fast:
 a tiny random model and a prompt file written in tmp_path (never ../shared, absent on a clean clone)."""
 import gzip
@@ -10,7 +10,7 @@ from tiny import tiny_model
 
 from specviz.cli.main import main
 from specviz.models import loader as models
-from specviz.train import distill
+from specviz.train import answer, distill
 
 SETTINGS = {"target": "tiny", "gguf_file": None, "dtype": "float32", "attention": "sdpa", "max_new_tokens": 4,
             "greedy": True, "chunk_size": 3}
@@ -127,9 +127,9 @@ def test_answer_batch_matches_generate():
     prompts = [[1, 2, 3], [5, 9, 12, 40, 41, 7, 8], [60], [33, 34, 35, 36], [2, 2, 2, 2, 2, 2, 2, 2, 2, 2],
                [17, 18], [44, 45, 46, 47, 48, 49], [9], [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [62, 61]]
     for n in (1, 6, 20):
-        alone = [distill.answer_batch_generate(tiny, [p], n, pad=0)[0] for p in prompts]
-        assert distill.answer_batch_generate(tiny, prompts, n, pad=0) == alone
-        assert distill.answer_batch(tiny, prompts, n, pad=0) == alone
+        alone = [answer.answer_batch_generate(tiny, [p], n, pad=0)[0] for p in prompts]
+        assert answer.answer_batch_generate(tiny, prompts, n, pad=0) == alone
+        assert answer.answer_batch(tiny, prompts, n, pad=0) == alone
         rows = [{"id": str(i), "category": "-", "prompt": " ".join(map(str, p))} for i, p in enumerate(prompts)]
         for batch in (1, 3, 4):
             assert [e["answer_ids"] for e in distill.answer_chunk(tiny, rows, n, batch)] == alone

@@ -216,7 +216,7 @@ def test_tree_for_cost_follows_the_profile():
 
 @pytest.mark.parametrize("bf16", [False, True])
 def test_head_kl_is_the_kl_of_the_logits_and_its_gradient(monkeypatch, bf16):
-    """train.head_kl, computed a block of rows at a time with its gradient taken in the same pass, gives the
+    """losses.head_kl, computed a block of rows at a time with its gradient taken in the same pass, gives the
     masked mean KL(softmax(true @ head.T) || softmax(pred @ head.T)), its gradient, and the top tokens, as the
     whole-tensor formula does (in bf16 autocast its matmuls round: then only close)."""
     monkeypatch.setattr(losses, "HEAD_BLOCK", 7)  # several blocks and a ragged last one
@@ -226,7 +226,7 @@ def test_head_kl_is_the_kl_of_the_logits_and_its_gradient(monkeypatch, bf16):
     mask = torch.rand(3, 11, generator=gen) > 0.3
     pred = torch.randn(3, 11, 16, generator=gen, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        kl, t_top, p_top = train.head_kl(pred, true, head, mask, ranks=3)
+        kl, t_top, p_top = losses.head_kl(pred, true, head, mask, ranks=3)
     grad, = torch.autograd.grad(kl * 2.5, pred)
     ref_pred = pred.detach().clone().requires_grad_()
     t_logits, p_logits = (true[mask] @ head.T).double(), (ref_pred[mask] @ head.T).double()
@@ -246,7 +246,7 @@ def test_training_batches_hold_sequences_of_like_length():
     the budget (a batch pads to its longest sequence), so little of it is padding; every sequence comes up."""
     lengths = [100, 400, 105, 390, 107, 410, 103, 106, 395, 101] * 4
     seqs = [[i] * n for i, n in enumerate(lengths)]
-    batches = train.Batches(seqs, torch.zeros(sum(lengths), 2), 820, seed=0)
+    batches = features.Batches(seqs, torch.zeros(sum(lengths), 2), 820, seed=0)
     picked, fill = set(), []
     for _ in range(300):
         ids, _, valid = batches.sample()
@@ -254,7 +254,7 @@ def test_training_batches_hold_sequences_of_like_length():
         fill.append(float(valid.float().mean()))
         picked.update(ids[:, 0].tolist())
     assert picked == set(range(len(seqs))) and sum(fill) / len(fill) > 0.9
-    ids, _, valid = train.Batches(seqs, torch.zeros(sum(lengths), 2), 10**9, 0).sample(shuffle=False)
+    ids, _, valid = features.Batches(seqs, torch.zeros(sum(lengths), 2), 10**9, 0).sample(shuffle=False)
     assert ids[:, 0].tolist() == list(range(len(seqs)))  # held-out: all of them, in order
 
 
@@ -421,7 +421,7 @@ def test_split_forward_runs_the_prompts_late_layers_alone(tiny_target):
 def test_exit_features_are_the_early_hidden_states(tmp_path, tiny_target):
     """What layerskip trains on: the hidden state after L layers, as the full model computes it."""
     ex = [{"i": 0, "prompt_ids": [3, 8, 13], "answer_ids": [21, 34, 55, 2]}]
-    feats = train.exit_features_for(ex, tiny_target, 1, tmp_path / "x.pt", lambda *_: None)
+    feats = features.exit_features_for(ex, tiny_target, 1, tmp_path / "x.pt", lambda *_: None)
     with torch.no_grad():
         ref = tiny_target.model.get_decoder()(input_ids=torch.tensor([[3, 8, 13, 21, 34, 55, 2]]),
                                              output_hidden_states=True).hidden_states[1][0]
@@ -458,13 +458,13 @@ def test_fused_features_are_the_hidden_states_of_those_layers(tiny_target):
 
 @pytest.mark.parametrize("tokens", [10, 2048])
 def test_feature_pass_batches_sequences_without_changing_them(tmp_path, tiny_target, monkeypatch, tokens):
-    """train.features_for runs sequences of similar length together, right-padded, up to FEATURE_TOKENS padded
+    """features.features_for runs sequences of similar length together, right-padded, up to FEATURE_TOKENS padded
     tokens a forward: each sequence's rows are still those of its own forward, in the data's order ([final |
     the fused layers])."""
     monkeypatch.setattr(features, "FEATURE_TOKENS", tokens)
     examples = [{"prompt_ids": [3 + i, 5, 7][: 1 + i % 3], "answer_ids": [9, 11 + i, 4][: 1 + (i * 2) % 3]}
                 for i in range(11)]  # lengths 2..6, two batches
-    feats, seqs = train.features_for(examples, tiny_target, tmp_path / "f.f16", lambda *_: None, layers=(1, 0))
+    feats, seqs = features.features_for(examples, tiny_target, tmp_path / "f.f16", lambda *_: None, layers=(1, 0))
     decoder = tiny_target.model.get_decoder()
     expected = []
     for seq in seqs:
@@ -480,7 +480,7 @@ def test_feature_pass_resumes_after_a_kill_and_is_reused(tmp_path, tiny_target, 
     examples = [{"prompt_ids": [3 + i, 5, 7][: 1 + i % 3], "answer_ids": [9, 11 + i, 4][: 1 + (i * 2) % 3]}
                 for i in range(11)]
     path, logs = tmp_path / "f.f16", []
-    full, seqs = train.features_for(examples, tiny_target, path, logs.append, layers=(1,))
+    full, seqs = features.features_for(examples, tiny_target, path, logs.append, layers=(1,))
     expected, meta = full.clone(), json.loads((tmp_path / "f.f16.json").read_text())
     assert meta["done"] > 2 and path.stat().st_size == meta["rows"] * meta["width"] * 2
     del full
@@ -491,7 +491,7 @@ def test_feature_pass_resumes_after_a_kill_and_is_reused(tmp_path, tiny_target, 
     forwards = []
     hook = tiny_target.model.get_decoder().register_forward_hook(lambda *_: forwards.append(1))
     try:
-        resumed, _ = train.features_for(examples, tiny_target, path, logs.append, layers=(1,))
+        resumed, _ = features.features_for(examples, tiny_target, path, logs.append, layers=(1,))
     finally:
         hook.remove()
     assert logs[-1] == f"features: resuming {path} after 2 of {meta['done']} groups of sequences"
@@ -499,10 +499,10 @@ def test_feature_pass_resumes_after_a_kill_and_is_reused(tmp_path, tiny_target, 
     kept_rows = resumed.isnan().all(-1)  # the 2 done groups' rows are left as the file holds them
     assert 0 < int(kept_rows.sum()) < len(resumed) // 2
     torch.testing.assert_close(resumed[~kept_rows], expected[~kept_rows], rtol=0, atol=0)
-    reused, _ = train.features_for(examples, tiny_target, path, logs.append, layers=(1,))
+    reused, _ = features.features_for(examples, tiny_target, path, logs.append, layers=(1,))
     assert logs[-1] == f"features: reusing {path}"
     torch.testing.assert_close(reused, resumed, rtol=0, atol=0, equal_nan=True)  # the file as it is
-    other, _ = train.features_for(examples, tiny_target, path, logs.append, layers=(0,))
+    other, _ = features.features_for(examples, tiny_target, path, logs.append, layers=(0,))
     assert len(logs) == 2 and other.shape == expected.shape and not other.isnan().any()  # computed afresh
     assert not torch.equal(other, expected)
 
@@ -776,7 +776,7 @@ def test_custom_loss_replaces_the_kinds_loss(tmp_path):
 
     def loss(module, *args, **kwargs):
         training.append(module.training)
-        return train.eagle_loss(module, *args, **kwargs)
+        return losses.eagle_loss(module, *args, **kwargs)
 
     opts = train.TrainOptions(kind="eagle", out=tmp_path / "run", target="tiny", data=str(data), steps=2,
                               batch_tokens=512, lr=3e-3, draft_vocab=32, max_new_tokens=16, eval_prompts=1,

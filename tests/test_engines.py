@@ -136,7 +136,7 @@ def test_eos_is_exact(tiny_target, tiny_draft):
     ar = run_ids(engines.build("ar", tiny_target), PROMPT, cfg).token_ids
     eos = ar[6]
     first = ar.index(eos)
-    from tests.conftest import tiny_model
+    from tiny import tiny_model
     model = tiny_model(0, eos=eos)
     draft = tiny_model(1, eos=eos)
     built = [engines.build("ar", model), engines.build("vanilla", model, draft), engines.build("vanilla", model, model)]

@@ -1,4 +1,4 @@
-"""The datastore of the target's own answers (specviz/retrieval.py): what a retrieval draft continues with."""
+"""The datastore of the target's own answers (specviz/core/retrieval.py): what a retrieval draft continues with."""
 from specviz.config import DEFAULT_TARGET
 from specviz.core import retrieval
 from specviz.core.retrieval import Datastore

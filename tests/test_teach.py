@@ -1,4 +1,4 @@
-"""Teaching mode (specviz/teach.py) on the tiny random models: the same tokens as the engine for the same
+"""Teaching mode (specviz/ui/teach.py) on the tiny random models: the same tokens as the engine for the same
 seed and settings, the bars behind every verdict, and the residual after a refusal."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Exact tree sampling (core/sampling.verify_tree) by Monte-Carlo on synthetic p/q trees.
 
-Statistics (specviz/check/stats.fit): Pearson's chi-square over bins with expected count >= 5, and total variation
+Statistics (specviz/check/stats.py, fit): Pearson's chi-square over bins with expected count >= 5, and total variation
 against a bound derived from the sample size (McDiarmid, false alarm 1e-4). An exact sampler fails either with
 probability ~1e-3; every run is seeded, so a pass is reproducible. The planted bugs below skew the output by far more
 than these levels: the same test must catch each (a test that cannot fail is no test).

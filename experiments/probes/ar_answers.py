@@ -8,7 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
 
 from specviz import engines, paths  # noqa: E402
-from specviz.cli.main import read_prompts  # noqa: E402
+from specviz.cli.bench import read_prompts  # noqa: E402
 from specviz.config import DecodeConfig  # noqa: E402
 from specviz.models import loader as models  # noqa: E402
 

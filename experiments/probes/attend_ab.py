@@ -4,7 +4,8 @@ it), interleaved in one process: the kernel alone (300 cached keys, 9 heads over
 30 layers) and the default target's forward (AR's one token, padded to two rows, against a tree of the root and 15
 nodes) at 150, 450 and 800 cached tokens; the row matmuls run this tree's build throughout.
 Usage: .venv/bin/python experiments/probes/attend_ab.py [REVISION | avx2] > experiments/results/attend_ab.txt
-(REVISION: one from before specviz/kernels.py moved, whose file `git show REVISION:specviz/kernels.py` reads)"""
+(REVISION: one from before the kernels moved into specviz/models/kernels/, when they were one Python file that
+`git show REVISION:specviz/kernels.py` reads)"""
 import functools
 import json
 import statistics

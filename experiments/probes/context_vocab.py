@@ -19,8 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, s
 from specviz import paths  # noqa: E402
 from specviz.drafters import trained as drafters  # noqa: E402
 from specviz.models import loader as models  # noqa: E402
-from specviz.train import distill  # noqa: E402
-from specviz.train import loop as train  # noqa: E402
+from specviz.train import distill, features  # noqa: E402
 
 torch.set_num_threads(2)
 def chunks(r):
@@ -47,7 +46,7 @@ meta = json.load(open(more / "held_out_features.f16.json"))
 assert meta["n"] == len(hseqs) and meta["rows"] == sum(map(len, hseqs)), "out/train/eagle-more holds other data"
 feats = torch.from_file(str(more / "held_out_features.f16"), size=meta["rows"] * meta["width"],
                         dtype=torch.float16).view(meta["rows"], meta["width"])
-offsets, d_model = train.offsets_of(hseqs), target.model.config.hidden_size
+offsets, d_model = features.offsets_of(hseqs), target.model.config.hidden_size
 head = target.model.get_output_embeddings().weight
 static = torch.zeros(head.shape[0], dtype=torch.bool)
 static[d.vocab_ids.cpu()] = True

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
 
 from specviz.train import loop as train  # noqa: E402
+from specviz.train import losses  # noqa: E402
 
 W = float(sys.argv[1])
 DEFAULTS = train.TrainOptions(kind="eagle")
@@ -51,7 +52,7 @@ def copy_mask(ids, nmin=3, nmax=6):
 
 def weighted_loss(module, head, embed, ids, feats, valid, noise, unroll=3, ranks=1):
     if not module.training:  # the held-out score: the shipped loss's
-        return train.eagle_loss(module, head, embed, ids, feats, valid, noise, unroll, ranks)
+        return losses.eagle_loss(module, head, embed, ids, feats, valid, noise, unroll, ranks)
     cm = copy_mask(ids)
     d = module.cfg.hidden_size
     t = feats.shape[1] - 1
@@ -61,7 +62,7 @@ def weighted_loss(module, head, embed, ids, feats, valid, noise, unroll=3, ranks
     for step in range(unroll):
         emb = embed(F.pad(ids[:, 1 + step:], (0, step)))
         positions = torch.arange(t) + step
-        mask = None if step == 0 else train.unroll_mask(t, step)
+        mask = None if step == 0 else losses.unroll_mask(t, step)
         pred, (k, v) = module(f_in, emb, positions, None if step == 0 else (keys, values), mask)
         keys, values = k, v
         m = F.pad(valid[:, 1 + step:], (0, step))
@@ -69,11 +70,11 @@ def weighted_loss(module, head, embed, ids, feats, valid, noise, unroll=3, ranks
         copies = F.pad(cm[:, 2 + step:], (0, step + 1))[m]  # row i predicts token i+2+step
         rows = module.readout(pred[m])
         # the mean KL of each group (head_kl's mean over the rows its mask keeps), weighted W to 1 per row
-        kl_copy, t_copy, p_copy = train.head_kl(rows, true, head, copies)
-        kl_other, t_other, p_other = train.head_kl(rows, true, head, ~copies)
+        kl_copy, t_copy, p_copy = losses.head_kl(rows, true, head, copies)
+        kl_other, t_other, p_other = losses.head_kl(rows, true, head, ~copies)
         n_copy, n_other = int(copies.sum()), int((~copies).sum())
         loss = loss + (W * n_copy * kl_copy + n_other * kl_other) / (W * n_copy + n_other) * (0.8 ** step)
-        stats[f"top1_{step + 1}"] = train.top1(torch.cat([t_copy, t_other]), torch.cat([p_copy, p_other]))
+        stats[f"top1_{step + 1}"] = losses.top1(torch.cat([t_copy, t_other]), torch.cat([p_copy, p_other]))
         f_in = pred
     return loss, stats
 

@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
 
 from specviz import engines, metrics, paths  # noqa: E402
-from specviz.cli.main import read_prompts  # noqa: E402
+from specviz.cli.bench import read_prompts  # noqa: E402
 from specviz.config import DecodeConfig  # noqa: E402
 from specviz.drafters import trained as drafters  # noqa: E402
 from specviz.engines.tree import eagle_tree_engine, medusa_engine  # noqa: E402

@@ -13,11 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, s
 from specviz import paths  # noqa: E402
 from specviz.drafters import trained as drafters  # noqa: E402
 from specviz.models import loader as models  # noqa: E402
-from specviz.train import (
-    distill,  # noqa: E402
-    losses,  # noqa: E402
-)
-from specviz.train import loop as train  # noqa: E402
+from specviz.train import distill, features, losses  # noqa: E402
+from specviz.train.loop import HELD_LENGTH  # noqa: E402
 
 torch.set_num_threads(1)
 target = models.get("smollm2-135m", torch.device("cpu"), torch.bfloat16)
@@ -38,8 +35,8 @@ ext = torch.cat([shipped, order[mask[order]]])
 saved = torch.load(paths.REPO / "out/train/eagle3-all/held_out_features.pt", weights_only=True, mmap=True)
 hf = saved["features"]
 hseqs = list(distill.sequences(held))
-scored = [i for i, s in enumerate(hseqs) if len(s) <= train.HELD_LENGTH][:256]
-ids, f, valid = train.Batches(hseqs, hf, 0, 0).batch(scored)
+scored = [i for i, s in enumerate(hseqs) if len(s) <= HELD_LENGTH][:256]
+ids, f, valid = features.Batches(hseqs, hf, 0, 0).batch(scored)
 for row, i in enumerate(scored):
     valid[row, :len(held[i]["prompt_ids"])] = False
 W = target.model.get_output_embeddings().weight.detach().float()
@@ -53,7 +50,7 @@ def spy(pred, true, head, mask=None, ranks=1):
     return orig(pred, true, head, mask, ranks)
 losses.head_kl = spy  # eagle_loss looks head_kl up in its own module
 with torch.no_grad():
-    train.eagle_loss(module, W[shipped], target.model.get_input_embeddings(), ids, f.float(), valid, 0.0, unroll=4)
+    losses.eagle_loss(module, W[shipped], target.model.get_input_embeddings(), ids, f.float(), valid, 0.0, unroll=4)
 t = f.shape[1] - 1
 rank_of = torch.full((49152,), 10**9, dtype=torch.long)
 rank_of[ext] = torch.arange(49152)

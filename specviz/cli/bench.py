@@ -62,13 +62,9 @@ def _hf_assisted(target, draft, ids: list[int], cfg: DecodeConfig) -> tuple[list
 
 
 def cmd_bench(args) -> int:
-    import torch
-    import transformers
     from tqdm import tqdm
 
-    from specviz import engines, hardware, metrics
-    from specviz.core.lookup import RepeatSplit
-    from specviz.drafters import trained as drafters
+    from specviz import engines, metrics
     from specviz.models import loader as models
     from specviz.serving.export import Exporter
 
@@ -87,48 +83,85 @@ def cmd_bench(args) -> int:
     # a trained drafter's compressed vocabulary (target ids); None for the full one and other methods
     vocabs = {label: getattr(engine, "draft_vocab_ids", None) for label, engine in built.items()}
     refs = _reference_ars(target) if args.ar_reference else {}
-    # warm-up (first-call allocations), not timed
-    warm_ids = target.encode_prompt("Hello")
-    for e in [ar, *built.values(), *refs.values()]:
-        engines.generate(e, warm_ids, base.with_(max_new_tokens=16, method=e.method))
+    _warm_up(target, [ar, *built.values(), *refs.values()], base)
     rows = []
     for row in tqdm(prompts, desc="bench", unit="prompt", file=sys.stderr):
         ids = target.encode_prompt(row["prompt"])
         ar_run = engines.generate(ar, ids, base)
         ar_sum = metrics.summarize("ar", ar_run.events)
-        results = []
-        for m in methods:
-            run = engines.generate(built[m], ids, cfgs[m])
-            s = metrics.summarize(m, run.events)
-            if counters:
-                counters.observe_run(run.events, m)
-            results.append((m, run.token_ids, s.seconds, s.alpha, s.tau, RepeatSplit.of(ids, run.events)))
-        for label, engine in refs.items():
-            ref = engines.generate(engine, ids, base)
-            results.append((label, ref.token_ids, metrics.summarize("ar", ref.events).seconds, None, None, None))
+        results = _run_methods(ids, built, cfgs, refs, base, counters)
         if draft is not None:
             hf_ids, hf_s = _hf_assisted(target, draft, ids, base)
             results.append(("hf-assisted", hf_ids, hf_s, None, None, None))
-        for m, token_ids, seconds, alpha, tau, split in results:
-            n = len(token_ids)
-            rows.append({
-                "id": row["id"], "category": row["category"], "method": m, "new_tokens": n, "token_ids": token_ids,
-                "seconds": seconds, "tok_per_s": n / seconds if seconds else None,
-                "ar_seconds": ar_sum.seconds, "ar_tok_per_s": ar_sum.tok_per_s, "ar_new_tokens": ar_sum.new_tokens,
-                "speedup": ((ar_sum.seconds / ar_sum.new_tokens) / (seconds / n) if n and seconds and ar_sum.new_tokens
-                            else None),
-                "alpha": alpha, "tau": tau,
-                "identical_to_ar": (token_ids == ar_run.token_ids) if base.greedy else None,
-                # the share of AR's tokens a compressed draft vocabulary holds (the rest can never be drafted)
-                "draft_vocab_coverage": drafters.coverage(vocabs.get(m), ar_run.token_ids),
-                # the first draft where the answer repeats its context and elsewhere (does the drafter copy?)
-                "first_draft": split.to_dict() if split else None,
-            })
+        rows += [_bench_row(row, result, ar_run.token_ids, ar_sum, base.greedy, vocabs) for result in results]
         if counters:
             counters.write(args.metrics_file)
     summary = with_fastest_plain([_summarize_rows(m, [r for r in rows if r["method"] == m])
                                   for m in dict.fromkeys(r["method"] for r in rows)])
-    report = {
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(_bench_report(args, target, base, summary, rows), indent=1))
+    print(format_summary(summary))
+    print(f"wrote {args.json}")
+    return 0
+
+
+def _warm_up(target, engines_: list, base: DecodeConfig) -> None:
+    """One short untimed run of every engine (first-call allocations)."""
+    from specviz import engines
+
+    warm_ids = target.encode_prompt("Hello")
+    for e in engines_:
+        engines.generate(e, warm_ids, base.with_(max_new_tokens=16, method=e.method))
+
+
+def _run_methods(ids: list[int], built: dict, cfgs: dict, refs: dict, base: DecodeConfig, counters) -> list[tuple]:
+    """One prompt through every method, then every stock AR reference: (label, token ids, seconds, α, τ,
+    RepeatSplit) each, α, τ and the split None for the references. The methods' counters go to `counters`."""
+    from specviz import engines, metrics
+    from specviz.core.lookup import RepeatSplit
+
+    results = []
+    for m in built:
+        run = engines.generate(built[m], ids, cfgs[m])
+        s = metrics.summarize(m, run.events)
+        if counters:
+            counters.observe_run(run.events, m)
+        results.append((m, run.token_ids, s.seconds, s.alpha, s.tau, RepeatSplit.of(ids, run.events)))
+    for label, engine in refs.items():
+        ref = engines.generate(engine, ids, base)
+        results.append((label, ref.token_ids, metrics.summarize("ar", ref.events).seconds, None, None, None))
+    return results
+
+
+def _bench_row(row: dict, result: tuple, ar_ids: list[int], ar_sum, greedy: bool, vocabs: dict) -> dict:
+    """One method's figures on one prompt, beside AR's on the same prompt."""
+    from specviz.drafters import trained as drafters
+
+    m, token_ids, seconds, alpha, tau, split = result
+    n = len(token_ids)
+    return {
+        "id": row["id"], "category": row["category"], "method": m, "new_tokens": n, "token_ids": token_ids,
+        "seconds": seconds, "tok_per_s": n / seconds if seconds else None,
+        "ar_seconds": ar_sum.seconds, "ar_tok_per_s": ar_sum.tok_per_s, "ar_new_tokens": ar_sum.new_tokens,
+        "speedup": ((ar_sum.seconds / ar_sum.new_tokens) / (seconds / n) if n and seconds and ar_sum.new_tokens
+                    else None),
+        "alpha": alpha, "tau": tau,
+        "identical_to_ar": (token_ids == ar_ids) if greedy else None,
+        # the share of AR's tokens a compressed draft vocabulary holds (the rest can never be drafted)
+        "draft_vocab_coverage": drafters.coverage(vocabs.get(m), ar_ids),
+        # the first draft where the answer repeats its context and elsewhere (does the drafter copy?)
+        "first_draft": split.to_dict() if split else None,
+    }
+
+
+def _bench_report(args, target, base: DecodeConfig, summary: list[dict], rows: list[dict]) -> dict:
+    """The JSON a bench writes: the command, the machine and versions, the settings, the summary and the rows."""
+    import torch
+    import transformers
+
+    from specviz import hardware
+
+    return {
         "command": "python -m specviz " + " ".join(sys.argv[1:]),
         "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
         "hardware": hardware.describe(target.device, target.dtype), "attention": target.attention,
@@ -139,11 +172,6 @@ def cmd_bench(args) -> int:
         "target": args.target, "draft": args.draft, "config": base.to_dict(),
         "summary": summary, "rows": rows,
     }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=1))
-    print(format_summary(summary))
-    print(f"wrote {args.json}")
-    return 0
 
 
 def _reference_ars(target) -> dict:

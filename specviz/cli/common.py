@@ -143,9 +143,9 @@ def _ranged(name: str, value, low, high, kind=int):
     return number
 
 
-def _int_arg(name: str, value, low: int, high: int) -> int:
+def int_arg(name: str, value, low: int, high: int) -> int:
     return _ranged(name, value, low, high, int)
 
 
-def _float_arg(name: str, value, low: float, high: float) -> float:
+def float_arg(name: str, value, low: float, high: float) -> float:
     return _ranged(name, value, low, high, float)

@@ -10,16 +10,16 @@ import warnings
 from pathlib import Path
 
 from specviz import methods as registry
-from specviz.cli.bench import cmd_bench, read_prompts  # noqa: F401  (read_prompts: probes and tests)
+from specviz.cli.bench import cmd_bench, read_prompts
 from specviz.cli.common import (
     DEFAULTS,
     PAIR_HELP,
     InputError,
-    _int_arg,
     config_of,
     decode_args,
     default_pair,
     draft_for,
+    int_arg,
     load_target,
 )
 from specviz.cli.serving import cmd_probe, cmd_watch, serving_parsers
@@ -175,6 +175,19 @@ METRICS_FILE_HELP = ("also write the speculative runs' counters here as Promethe
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m specviz", description="See and check speculative decoding.")
     sub = p.add_subparsers(dest="command", required=True)
+    generate_parser(sub)
+    bench_parser(sub)
+    check_parser(sub)
+    profile_parser(sub)
+    train_parser(sub)
+    tree_parser(sub)
+    distill_parser(sub)
+    serving_parsers(sub)
+    return p
+
+
+def generate_parser(sub) -> None:
+    """`generate`: one prompt, its tokens coloured by verdict."""
     g = sub.add_parser("generate", help="generate with colour-coded verdicts")
     g.add_argument("--prompt", required=True)
     g.add_argument("--method", default=DEFAULTS.method, help=f"one of {', '.join(METHODS)} (default %(default)s)")
@@ -183,6 +196,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--color", action="store_true", help="force ANSI colours even when not a terminal")
     g.add_argument("--metrics-file", default=None, help=METRICS_FILE_HELP)
     decode_args(g)
+
+
+def bench_parser(sub) -> None:
+    """`bench`: methods against AR over a prompt file."""
     b = sub.add_parser("bench", help="run methods against AR over a prompt file")
     b.add_argument("--prompts", required=True, help="JSONL (id/question_id, category, prompt or turns) or one prompt a "
                                                     "line")
@@ -202,6 +219,10 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--json", required=True, help="output file")
     b.add_argument("--metrics-file", default=None, help=METRICS_FILE_HELP + ", rewritten after every prompt")
     decode_args(b)
+
+
+def check_parser(sub) -> None:
+    """`check`: the drafter sanity check."""
     c = sub.add_parser("check", help="drafter sanity check: compatible? correct? does it pay? (exit 1 when incorrect)")
     c.add_argument("--target", default=None, help=f"model spec (default {PAIR_HELP})")
     c.add_argument("--method", choices=CHECK_METHODS, default=None,
@@ -220,6 +241,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     c.add_argument("--dtype", default="auto", help="auto (bf16 on GPU and on CPUs with a bf16 vector path, else fp32), "
                                                    "float32, bfloat16, float16")
+
+
+def profile_parser(sub) -> None:
+    """`profile`: the verify profile T(k) and the drafters' cost ratios."""
     pr = sub.add_parser("profile", help="what verifying k tokens costs (T(k)) and each drafter's cost ratio c")
     pr.add_argument("--target", default=None, help=f"model spec (default {PAIR_HELP})")
     pr.add_argument("--draft", default=None, help="vanilla's draft: int8 (default) or a model spec")
@@ -233,6 +258,10 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--dtype", default="auto", help="auto (bf16 on GPU and on CPUs with a bf16 vector path, else "
                                                     "fp32), float32, bfloat16, float16")
     pr.set_defaults(method=None)
+
+
+def train_parser(sub) -> None:
+    """`train`: a drafter against the frozen target."""
     t = sub.add_parser("train", help="train a drafter against the target (resumable)")
     t.add_argument("kind", choices=TRAINED_METHODS, help="eagle: one decoder layer over the target's features; "
                    "medusa: heads proposing a candidate tree; layerskip: the target's first layers and an exit "
@@ -271,6 +300,10 @@ def parser() -> argparse.ArgumentParser:
                    "to go on training it on new data or your own domain): its weights, layout and draft vocabulary "
                    "are kept (--draft-vocab re-chooses the vocabulary), and the other layout options above are ignored")
     t.add_argument("--seed", default="0")
+
+
+def tree_parser(sub) -> None:
+    """`tree`: a trained drafter's tree re-chosen without retraining."""
     tr = sub.add_parser("tree", help="re-choose a trained Medusa or EAGLE drafter's tree from its held-out accuracy "
                         "and a verify profile (the committed one, or --profile), without retraining")
     tr.add_argument("drafter", help="a Medusa or EAGLE drafter folder trained here (e.g. "
@@ -283,6 +316,10 @@ def parser() -> argparse.ArgumentParser:
                     "--json FILE) to fit the tree to (default: the committed one, assets/profiles/profile-bf16.json)")
     tr.add_argument("--write", action="store_true", help="save the new tree in the drafter's config.json and model "
                                                          "card")
+
+
+def distill_parser(sub) -> None:
+    """`distill`: the self-distillation data."""
     d = sub.add_parser("distill", help="self-distillation data: the target answers a prompt file greedily, in "
                                        "resumable chunks")
     d.add_argument("--prompts", default=None, help="JSONL(.gz) of id, category, prompt (default: the shared prompt "
@@ -303,9 +340,6 @@ def parser() -> argparse.ArgumentParser:
                    "claims the next free chunk (default %(default)s)")
     d.add_argument("--attention", default="sdpa", help="sdpa or eager (batched generation needs a padding mask; "
                    "default %(default)s)")
-    serving_parsers(sub)
-    return p
-
 
 def _layers_arg(value: str) -> tuple[int, ...]:
     parts = [p.strip() for p in str(value).split(",") if p.strip()]
@@ -334,15 +368,15 @@ def cmd_train(args) -> int:
         raise InputError(f"lr={lr} is out of range: use a value in (0, 1)")
     opts = train.TrainOptions(
         kind=args.kind, out=Path(args.out), target=args.target, data=tuple(args.data) if args.data else None,
-        steps=_int_arg("steps", args.steps, 1, 10**6),
-        batch_tokens=_int_arg("batch-tokens", args.batch_tokens, 64, 10**6),
-        lr=lr, draft_vocab=None if args.draft_vocab is None else _int_arg("draft-vocab", args.draft_vocab, 0, 10**7),
-        features=args.features, medusa_heads=_int_arg("heads", args.heads, 1, 8),
-        tree_size=_int_arg("tree-size", args.tree_size, 1, 64),
-        exit_layer=_int_arg("exit-layer", args.exit_layer, 1, 256),
+        steps=int_arg("steps", args.steps, 1, 10**6),
+        batch_tokens=int_arg("batch-tokens", args.batch_tokens, 64, 10**6),
+        lr=lr, draft_vocab=None if args.draft_vocab is None else int_arg("draft-vocab", args.draft_vocab, 0, 10**7),
+        features=args.features, medusa_heads=int_arg("heads", args.heads, 1, 8),
+        tree_size=int_arg("tree-size", args.tree_size, 1, 64),
+        exit_layer=int_arg("exit-layer", args.exit_layer, 1, 256),
         draft_layers=_layers_arg(args.draft_layers), resume=args.resume, init=Path(args.init) if args.init else None,
-        seed=_int_arg("seed", args.seed, 0, 2**31),
-        epochs=None if args.epochs is None else _int_arg("epochs", args.epochs, 1, 1000),
+        seed=int_arg("seed", args.seed, 0, 2**31),
+        epochs=None if args.epochs is None else int_arg("epochs", args.epochs, 1, 1000),
         precision=args.precision)
     train.train(opts)
     return 0
@@ -353,7 +387,7 @@ def cmd_tree(args) -> int:
     from specviz.drafters import trained as drafters
     from specviz.train import loop as train
 
-    held = _int_arg("held-out", args.held_out, 1, 10**6)
+    held = int_arg("held-out", args.held_out, 1, 10**6)
     for f in args.data or []:
         if not Path(f).is_file() and not (Path(f) / "manifest.json").is_file():
             raise InputError(f"data file {f!r} does not exist: give a JSONL(.gz) of self-distillation ids or a "
@@ -367,7 +401,7 @@ def cmd_tree(args) -> int:
 
 
 def cmd_distill(args) -> int:
-    """Answer a prompt file with the target, greedily, in resumable chunks (specviz/distill.py)."""
+    """Answer a prompt file with the target, greedily, in resumable chunks (specviz/train/distill.py)."""
     import time
 
     import torch
@@ -375,18 +409,18 @@ def cmd_distill(args) -> int:
     from specviz.models import loader as models
     from specviz.train import distill
 
-    chunks = None if args.chunks is None else _int_arg("chunks", args.chunks, 1, 10**6)
-    max_tokens = None if args.max_tokens is None else _int_arg("max-tokens", args.max_tokens, 1, 10**10)
-    chunk_size = _int_arg("chunk-size", args.chunk_size, 1, 10**6)
-    max_new = _int_arg("max-new-tokens", args.max_new_tokens, 1, 2048)
-    threads = _int_arg("threads", args.threads, 0, 1024)
+    chunks = None if args.chunks is None else int_arg("chunks", args.chunks, 1, 10**6)
+    max_tokens = None if args.max_tokens is None else int_arg("max-tokens", args.max_tokens, 1, 10**10)
+    chunk_size = int_arg("chunk-size", args.chunk_size, 1, 10**6)
+    max_new = int_arg("max-new-tokens", args.max_new_tokens, 1, 2048)
+    threads = int_arg("threads", args.threads, 0, 1024)
     if args.attention not in ("sdpa", "eager"):
         raise InputError(f"attention={args.attention!r} is not usable for batched generation: use sdpa or eager")
     device = torch.device("cpu")
     dtype = models.parse_dtype(distill.default_dtype() if args.dtype == "auto" else args.dtype, device)
     dtype_name = str(dtype).replace("torch.", "")
     batch = (DISTILL_BATCH.get(dtype_name, 32) if args.batch_size is None
-             else _int_arg("batch-size", args.batch_size, 1, 1024))
+             else int_arg("batch-size", args.batch_size, 1, 1024))
     if threads:
         torch.set_num_threads(threads)
     prompts = Path(args.prompts) if args.prompts else distill.SHARED_PROMPTS
@@ -415,10 +449,10 @@ def cmd_profile(args) -> int:
 
     sizes = profile.SIZES
     if args.sizes:
-        sizes = tuple(sorted({_int_arg("sizes", v, 1, 256) for v in args.sizes.split(",") if v.strip()}))
+        sizes = tuple(sorted({int_arg("sizes", v, 1, 256) for v in args.sizes.split(",") if v.strip()}))
         if not sizes:
             raise InputError(f"sizes={args.sizes!r} is empty: give e.g. 1,2,4,8")
-    reps, context = _int_arg("reps", args.reps, 1, 100), _int_arg("context", args.context, 1, 4096)
+    reps, context = int_arg("reps", args.reps, 1, 100), int_arg("context", args.context, 1, 4096)
     target = load_target(args)
     print(f"target {target.name} on {hardware.describe(target.device, target.dtype)}; verification: {target.guarantee} "
           f"(attention {target.attention}{', one-token steps padded to two rows' if target.pad_one_row else ''})")

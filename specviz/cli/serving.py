@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from specviz.cli.bench import read_prompts
-from specviz.cli.common import DEFAULTS, InputError, _float_arg, _int_arg
+from specviz.cli.common import DEFAULTS, InputError, float_arg, int_arg
 
 
 def serving_parsers(sub) -> None:
@@ -43,10 +43,10 @@ def cmd_watch(args) -> int:
     from specviz.serving import watch
     from specviz.serving.metrics import ServerError, base_url
 
-    interval = _float_arg("interval", args.interval, 0.1, 3600)
-    duration = None if args.duration is None else _float_arg("duration", args.duration, 0.1, 1e7)
-    gamma = None if args.gamma is None else _int_arg("gamma", args.gamma, 1, 64)
-    cost = _float_arg("cost-ratio", args.cost_ratio, 0, 100)
+    interval = float_arg("interval", args.interval, 0.1, 3600)
+    duration = None if args.duration is None else float_arg("duration", args.duration, 0.1, 1e7)
+    gamma = None if args.gamma is None else int_arg("gamma", args.gamma, 1, 64)
+    cost = float_arg("cost-ratio", args.cost_ratio, 0, 100)
     try:
         base_url(args.url)
         watch.run(args.url, interval, duration, gamma, args.json, cost,

@@ -11,13 +11,10 @@ Here every row i runs the one-query computation one-token decoding runs: one que
 in cache order (a chain's prefix, a tree node's context plus its ancestors), no mask, in fp32. Its result
 then depends only on the row and those keys, whatever else is in the forward. Registered with
 transformers' AttentionInterface as "rowwise", so the stock model runs it (attn_implementation="rowwise");
-no modeling code is forked. Where the C kernels run (specviz/kernels.py: a bf16 cache on CPU with AVX2, or AVX-512),
-one C call per layer computes every (row, head) on its own: each is one fixed sequence of operations, so
-its bits never depend on the other rows (measured over the default target's 30 layers at 300 cached keys on a
-2-core Xeon: 2.1, 5.2 and 10.9 ms for 1, 5 and 16 rows, this function included; the C call alone 7.1 ms for 16
-rows, against 21.0 ms before it read bf16 rows as even/odd words and grouped each key/value head's queries:
-experiments/probes/attend_ab.py; its AVX-512 build, the same bits, 5.6 against the AVX2 build's 8.3 ms for 16 rows).
-Elsewhere the torch ops below run, row by row.
+no modeling code is forked. Where the C kernels run (specviz/models/kernels/attend.c: a bf16 cache on CPU with
+AVX2, or AVX-512), one C call per layer computes every (row, head) on its own: each is one fixed sequence of
+operations, so its bits never depend on the other rows (its cost: docs/performance.md; the versions before it and
+their A/B runs: experiments/LOG.md). Elsewhere the torch ops below run, row by row.
 """
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """The fused decoder: a Llama-architecture target's forward in one C call, for bf16 on CPU (the bitwise engine).
 
-Why: a bf16 AR step of the default target streams 269 MB of weights, ~10 ms at a 2-core machine's read bandwidth,
-but through the stock transformers decoder it took ~51 ms on an AMX Xeon: torch's bf16 matmuls read the weights at
-~40% of the bandwidth for one or two rows, and ~14 ms went to Python dispatch, small ops and the DynamicCache's
-per-step concatenation (experiments/probes/ar_step_profile.py). Here every Linear reads its weights packed once at
-load (kernels/packed_linear.c: 16 output rows by 2 input columns, contiguous), the layers run in one parallel region
-(kernels/llama.c) over a preallocated KV cache (KVBuffer), and only the embedding lookup, the final norm and the LM
-head are separate calls.
+Why: a bf16 AR step streams every weight once (269 MB for the default target), so the read bandwidth bounds it, but
+the stock transformers decoder ran far below that bound: torch's bf16 matmuls read the weights slowly for one or two
+rows, and Python dispatch, small ops and the DynamicCache's per-step concatenation took a large share of each step
+(experiments/probes/ar_step_profile.py measures both; the figures: docs/performance.md). Here every Linear reads its
+weights packed once at load (kernels/packed_linear.c: 16 output rows by 2 input columns, contiguous), the layers run
+in one parallel region (kernels/llama.c) over a preallocated KV cache (KVBuffer), and only the embedding lookup, the
+final norm and the LM head are separate calls.
 
 Exactness: each row's bits depend only on the row, its position and the keys it sees (the packed matmul and every
 elementwise step take one fixed sequence of operations per row; attention is attend.c's), so verification of k
@@ -118,11 +118,11 @@ def linear_packed(x: torch.Tensor, packed: torch.Tensor, n: int, store: int = ST
 
 
 class PackedLinear(kernels.RowLinear):
-    """An nn.Linear (bf16, CPU) on the packed matmul: its weight packed once (pack), each call one linear_packed, the
-    bias (if any) added to the rounded product. The one-layer drafters' Linears (drafters.trained.load): their calls
-    are a few rows through small weights, where the packed pass ran 2.5-4x faster than kernels.linear (a drafter's
-    shapes, 1-8 rows: experiments/probes/probe_drafter_matmuls.py). Row-invariant like every kernel here; its bits
-    are the packed matmul's, not the row kernel's (drafts only propose)."""
+    """An nn.Linear (bf16, CPU) on the packed matmul: its weight packed once (pack), each call one linear_packed,
+    the bias (if any) added to the rounded product. The one-layer drafters' Linears (drafters.trained.load): their
+    calls are a few rows through small weights, where the packed pass is faster than kernels.linear (measured at a
+    drafter's shapes by experiments/probes/probe_drafter_matmuls.py: docs/performance.md). Row-invariant like every
+    kernel here; its bits are the packed matmul's, not the row kernel's (drafts only propose)."""
 
     def __init__(self, linear_module: torch.nn.Linear):
         super().__init__(linear_module)

@@ -117,8 +117,7 @@ def default_device() -> torch.device:
 
 
 # On a Xeon with AMX (torch 2.13) a bf16 matmul gives each row the same bits for any row count from 2 to 32;
-# past 32 rows it takes other kernels and rows change (each Linear of the default target, row i of an M-row
-# matmul against the same row in 2 rows: none changed for M <= 32, 1-123 rows for M = 33-128). Verification
+# past 32 rows it takes other kernels and rows change (the measurement: experiments/LOG.md). Verification
 # forwards longer than this run in pieces (CachedLM.max_rows).
 BF16_ROWS = 32
 
@@ -139,9 +138,9 @@ def cpu_bf16() -> str | None:
 def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 on GPU and on CPUs with a vector bf16 path; fp32 on other CPUs.
 
-    Decode steps are bound by streaming the weights, and bf16 halves them. Measured on the default target,
-    one-token AR in bf16 against fp32: 1.7x on an AVX512-BF16 Xeon (native), 1.5x on an AVX2 EPYC (emulated,
-    with specviz/kernels.py's row kernel; python -m specviz profile shows T(k) for both dtypes)."""
+    Decode steps are bound by streaming the weights, and bf16 halves them: one-token AR in bf16 beats fp32 both
+    where the CPU has native bf16 and where it is emulated with specviz/models/kernels/rowwise_linear.c's row kernel
+    (python -m specviz profile shows T(k) for both dtypes; the figures: experiments/LOG.md)."""
     if device.type == "cuda" or cpu_bf16():
         return torch.bfloat16
     return torch.float32
@@ -159,14 +158,14 @@ def pads_one_row(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
 
 
 def uses_row_kernel(device: torch.device, dtype: torch.dtype) -> bool:
-    """specviz/kernels.py's bf16 matmul replaces torch's where bf16 is emulated (AVX2 without native bf16) and
-    a C compiler built it: there torch's bf16 matmul costs about one row per row (T(16)/T(1) ~ 7 on the
+    """specviz/models/kernels/rowwise_linear.c's bf16 matmul replaces torch's where bf16 is emulated (AVX2 without
+    native bf16) and a C compiler built it: there torch's bf16 matmul costs about one row per row (T(16)/T(1) ~ 7 on the
     default target), the kernel about one weight stream for 8 rows."""
     return device.type == "cpu" and dtype == torch.bfloat16 and cpu_bf16() == "emulated" and kernels.available()
 
 
 def attention_for(device: torch.device, dtype: torch.dtype) -> str:
-    """The attention kernel: "rowwise" (specviz/attention.py) on CPU in bf16, where it makes verification
+    """The attention kernel: "rowwise" (specviz/models/attention.py) on CPU in bf16, where it makes verification
     bitwise equal to one-token decoding; elsewhere `sdpa` (in fp32 and on CUDA no kernel choice makes the
     bits independent of the other rows, and sdpa is the fastest)."""
     return rowwise.NAME if device.type == "cpu" and dtype == torch.bfloat16 else "sdpa"
@@ -436,10 +435,8 @@ def _make_int8(target: LoadedModel) -> torch.nn.Module:
          four short built-in prompts, folded exactly into RMSNorm / up_proj / v_proj weights;
       2. per-output-channel weight scales;
       3. 8-bit (not 7-bit) dynamic activations where the CPU has AVX512-VNNI.
-    Deterministic, ~1-2 s extra build time. Measured on SmolLM2-135M (3 prompts x 128 fp32-greedy
-    tokens, teacher-forced one token at a time with a KV cache): top-1 agreement with the fp32 target
-    76% (plain quantize_dynamic) -> 94% (1+2 alone: 91%), at the plain int8 1-token latency
-    (~31 ms vs ~60 ms fp32, one thread).
+    Deterministic, a second or two of extra build time. 1 and 2 raise the copy's top-1 agreement with the fp32
+    target well above plain quantize_dynamic's at the same 1-token latency (the figures: experiments/LOG.md).
     """
     import warnings
 

@@ -23,8 +23,7 @@ import torch
 
 from specviz import prompts as prompts_file
 from specviz.paths import DISTILL, TRAIN_PROMPTS
-from specviz.train.answer import answer_batch, answer_batch_generate, pad_id  # noqa: F401  (distill.*: tests)
-from specviz.train.templates import default_prompts  # noqa: F401  (distill.default_prompts, train's default)
+from specviz.train.answer import answer_batch, answer_batch_generate, pad_id
 
 
 def read_prompt_file(path: str) -> list[str]:
@@ -122,9 +121,9 @@ PROMPTS_OUT = DISTILL / "prompts"
 ORIGINAL = DISTILL / "smollm2-135m.jsonl.gz"  # the first self-distillation file (the project's prompts)
 CHUNK_SIZE = 256
 # The configuration `python -m specviz distill` uses by default: the fastest batched greedy generation measured
-# (PROBE, recorded in the manifest). On the 2-core AVX2 machine bf16 loses: without native bf16 torch emulates its
-# matmuls row by row (4.7 tok/s against fp32's 18.5), and the row kernel (specviz/kernels.py, built for verifying a
-# few rows bitwise) comes close (17.1) but not ahead. On a CPU with native bf16 (AMX) bf16 wins, most at batch 64.
+# (PROBE below, recorded in the manifest, holds the figures). On the 2-core AVX2 machine bf16 loses: without native
+# bf16 torch emulates its matmuls row by row, and the row kernel (specviz/models/kernels/rowwise_linear.c, built for
+# verifying a few rows bitwise) comes close but not ahead. On a CPU with native bf16 (AMX) bf16 wins, most at batch 64.
 def default_dtype() -> str:
     """bfloat16 where the CPU computes it natively (AMX, AVX512-BF16), float32 elsewhere (see PROBE)."""
     from specviz.models import loader as models

@@ -26,29 +26,10 @@ from specviz import methods, metrics
 from specviz.config import DEFAULT_TARGET
 from specviz.drafters import trained as drafters
 from specviz.paths import ASSETS
-from specviz.train import distill
-from specviz.train.features import (  # noqa: F401  (train.*)
-    FEATURE_BATCH,
-    FEATURE_TOKENS,
-    Batches,
-    autocast,
-    exit_features_for,
-    features_for,
-    offsets_of,
-)
-from specviz.train.losses import (  # noqa: F401  (train.*)
-    HEAD_BLOCK,
-    draft_loss,
-    eagle_depth_accuracy,
-    eagle_loss,
-    head_accuracy,
-    head_kl,
-    layerskip_loss,
-    medusa_loss,
-    top1,
-    unroll_mask,
-)
-from specviz.train.trees import PROFILE, choose_eagle_tree, choose_tree_for_cost, profile_for  # noqa: F401
+from specviz.train import distill, templates
+from specviz.train.features import Batches, autocast, exit_features_for, features_for
+from specviz.train.losses import eagle_depth_accuracy, head_accuracy
+from specviz.train.trees import choose_eagle_tree, choose_tree_for_cost, profile_for
 
 DEFAULT_DATA = distill.ORIGINAL
 DRAFT_VOCAB = 8192   # a new drafter's compressed vocabulary: the N tokens most frequent in its training data
@@ -86,8 +67,8 @@ PRECISIONS = ("auto", "bf16", "fp32")
 def mixed_bf16(precision: str) -> bool:
     """Whether training (and its feature pass) runs its matmuls in bf16 under autocast, the weights and the
     optimizer staying fp32. Where the CPU has native bf16 (AVX512-BF16/AMX) a bf16 matmul of a training batch
-    is 3.7x the fp32 one (4096 x 576 @ 576 x 8192 on a 2-core Xeon: 42.5 against 157.8 ms); elsewhere torch
-    emulates bf16 and fp32 is faster."""
+    is several times the fp32 one; elsewhere torch emulates bf16 and fp32 is faster (the figures:
+    experiments/LOG.md)."""
     from specviz.models import loader as models
 
     if precision not in PRECISIONS:
@@ -103,7 +84,7 @@ def examples_for(opts: TrainOptions, target, log) -> list[dict]:
         log(f"data: {DEFAULT_DATA.relative_to(ASSETS.parent)} and {distill.PROMPTS_OUT.relative_to(ASSETS.parent)}, "
             f"{len(examples)} answers (committed self-distillation ids)")
         return examples
-    examples, prompts = [], [] if files else distill.default_prompts()
+    examples, prompts = [], [] if files else templates.default_prompts()
     for f in files:  # generated examples are used as they are; prompts are answered by the target below
         if Path(f).is_dir():
             examples += distill.read_chunks(f)
@@ -149,39 +130,88 @@ def train(opts: TrainOptions, log=print, target=None, custom_loss=None) -> Train
     """Every stage; `target` (a LoadedModel) defaults to loading opts.target in fp32 on the CPU. `custom_loss`, a
     function with the signature of the kind's loss (eagle_loss's for EAGLE), replaces it (an experiment's own loss:
     experiments/probes/copy_weight_train.py)."""
-    from tqdm import tqdm
-
     from specviz.models import loader as models
 
     torch.manual_seed(opts.seed)
     opts.out.mkdir(parents=True, exist_ok=True)
     target = target or models.get(opts.target, torch.device("cpu"), torch.float32)
-    n_layers = target.model.config.num_hidden_layers
     spec = methods.spec(opts.kind)  # its layout: the DrafterConfig fields its options set (methods.MethodSpec.layout)
-    exits = "exit_layer" in spec.layout  # LayerSkip: drafts from an early exit, read through the target's final norm
-    if exits and not opts.init and not 1 <= opts.exit_layer < n_layers:
+    check_layer_options(opts, spec, target.model.config.num_hidden_layers)
+    init = init_from(opts, target) if opts.init else None
+    examples = examples_for(opts, target, log)
+    train_ex, held_out = distill.split(examples)
+    layers = feature_layers(opts, spec, init, target.model.config.num_hidden_layers)
+    exit_layer = (init[0].exit_layer if init else opts.exit_layer) if exits_early(spec) else None
+    bf16 = mixed_bf16(opts.precision)
+    log(f"precision: {'bf16 autocast (fp32 weights and optimizer)' if bf16 else 'fp32'}")
+    feats, seqs = stage_features(train_ex, target, opts.out, "", log, layers, exit_layer, bf16)
+    module, cfg, vocab_ids = build_drafter(opts, spec, init, target, seqs, layers, log)
+    run = new_run(opts, spec, module, vocab_ids, target, (feats, seqs), layers, bf16, custom_loss)
+    if opts.epochs:
+        opts.steps = math.ceil(opts.epochs * len(feats) / opts.batch_tokens)
+    ckpt_path = opts.out / "checkpoint.pt"
+    if opts.resume and ckpt_path.is_file():
+        run.resume(ckpt_path, log)
+    held_feats, held_seqs = stage_features(held_out, target, opts.out, "held_out_", log, layers, exit_layer, bf16)
+    # scored in one padded batch every checkpoint, so a fixed, bounded cost: HELD_SCORED sequences of at most
+    # HELD_LENGTH tokens (scoring every held-out sequence padded to the longest cost as much as many training steps)
+    held = HeldOut(held_out, held_feats, held_seqs, scored_batch(held_out, held_seqs, held_feats, HELD_SCORED))
+    losses = optimize(run, opts, held, ckpt_path)
+    if run.best[1] is not None:
+        module.load_state_dict(run.best[1])
+    cfg.training = training_record(opts, train_ex, seqs, vocab_ids, held_out, run.seconds, bf16)
+    choose_drafter_tree(spec, cfg, opts, run, held, log)
+    final = opts.out / "drafter"
+    drafters.save(final, module, cfg, vocab_ids, card(cfg, opts))
+    log(f"saved {final} ({drafters.n_params(module) / 1e6:.2f} M parameters)")
+    if data_files(opts):  # your own data: its answers become the drafter's datastore (the +ret branch)
+        save_datastore(final, cfg, examples, log)
+    measured = measure(final, target, held_out[:opts.eval_prompts], log)
+    cfg.training["held_out"] = measured
+    drafters.save(final, module, cfg, vocab_ids, card(cfg, opts))
+    return TrainResult(final, losses, measured)
+
+
+def exits_early(spec: methods.MethodSpec) -> bool:
+    """LayerSkip: drafts from an early exit, read through the target's final norm."""
+    return "exit_layer" in spec.layout
+
+
+def check_layer_options(opts: TrainOptions, spec: methods.MethodSpec, n_layers: int) -> None:
+    """The layer indices the options name exist in the target (an --init drafter brings its own)."""
+    if exits_early(spec) and not opts.init and not 1 <= opts.exit_layer < n_layers:
         raise drafters.DrafterError(f"exit-layer={opts.exit_layer} is out of range for {opts.target}: use "
                                     f"1..{n_layers - 1}")
     if "draft_layers" in spec.layout and not opts.init and not all(0 <= i < n_layers for i in opts.draft_layers):
         raise drafters.DrafterError(f"draft-layers={','.join(map(str, opts.draft_layers))} is out of range for "
                                     f"{opts.target}: use indices 0..{n_layers - 1}")
-    init = init_from(opts, target) if opts.init else None
-    examples = examples_for(opts, target, log)
-    train_ex, held_out = distill.split(examples)
+
+
+def feature_layers(opts: TrainOptions, spec: methods.MethodSpec, init, n_layers: int) -> tuple:
+    """The target layers whose hidden states the drafter fuses (EAGLE-3); () reads the final hidden state only."""
     if init:
-        layers = tuple(init[0].feature_layers)
-    else:
-        layers = (tuple(drafters.eagle3_layers(n_layers))
-                  if "feature_layers" in spec.layout and opts.features == "fused" else ())
-    exit_layer = init[0].exit_layer if init else opts.exit_layer
-    bf16 = mixed_bf16(opts.precision)
-    log(f"precision: {'bf16 autocast (fp32 weights and optimizer)' if bf16 else 'fp32'}")
-    feats, seqs = features_for(train_ex, target, opts.out / "features.f16", log, layers, bf16)
-    if exits:  # the exit adapter reads the early hidden state, the labels come from the last
-        feats = torch.cat([feats,
-                           exit_features_for(train_ex, target, exit_layer, opts.out / "exit_features.pt", log, bf16)],
-                          -1)
-    if init:  # a trained drafter goes on learning in its own layout, over its own vocabulary
+        return tuple(init[0].feature_layers)
+    fused = "feature_layers" in spec.layout and opts.features == "fused"
+    return tuple(drafters.eagle3_layers(n_layers)) if fused else ()
+
+
+def stage_features(examples: list[dict], target, out: Path, prefix: str, log, layers: tuple, exit_layer: int | None,
+                   bf16: bool) -> tuple[torch.Tensor, list[list[int]]]:
+    """Stage 2: the target's features over `examples`, cached under `out` as {prefix}features.f16; with an
+    exit layer (LayerSkip) the early hidden state ({prefix}exit_features.pt) follows them on the last axis, since
+    the exit adapter reads the early hidden state and the labels come from the last."""
+    feats, seqs = features_for(examples, target, out / f"{prefix}features.f16", log, layers, bf16)
+    if exit_layer is not None:
+        feats = torch.cat([feats, exit_features_for(examples, target, exit_layer, out / f"{prefix}exit_features.pt",
+                                                    log, bf16)], -1)
+    return feats, seqs
+
+
+def build_drafter(opts: TrainOptions, spec: methods.MethodSpec, init, target, seqs: list[list[int]], layers: tuple,
+                  log) -> tuple[torch.nn.Module, drafters.DrafterConfig, torch.Tensor | None]:
+    """The module to train, its config and its draft vocabulary: an --init drafter goes on learning in its own
+    layout, over its own vocabulary (or a re-chosen one); a new one gets the kind's layout from the options."""
+    if init:
         cfg, state = init
         vocab_ids = state.pop("vocab_ids", None)
         vocab_ids = None if vocab_ids is None else vocab_ids.long()
@@ -191,121 +221,167 @@ def train(opts: TrainOptions, log=print, target=None, custom_loss=None) -> Train
         drafters.load_into(module, state, str(opts.init))
         module.train()
         log(f"init: {opts.init} ({drafters.describe(cfg)})")
-    else:
-        n_vocab = DRAFT_VOCAB if opts.draft_vocab is None else opts.draft_vocab
-        vocab_ids = drafters.frequent_vocab(seqs, target.vocab_size, n_vocab) if n_vocab else None
-        given = {"medusa_heads": opts.medusa_heads, "exit_layer": opts.exit_layer,
-                 "draft_layers": list(opts.draft_layers), "feature_layers": list(layers)}
-        extra = {k: given[k] for k in spec.layout}
-        cfg = drafters.DrafterConfig.for_target(opts.kind, opts.target, target.model.config, n_vocab, **extra)
-        module = drafters.build_module(cfg, target.model).train()
-        if layers:  # EAGLE-3 reads its output through its own norm and the target's head: start from the target's norm
-            module.norm.weight.data.copy_(target.model.get_decoder().norm.weight.data)
+        return module, cfg, vocab_ids
+    n_vocab = DRAFT_VOCAB if opts.draft_vocab is None else opts.draft_vocab
+    vocab_ids = drafters.frequent_vocab(seqs, target.vocab_size, n_vocab) if n_vocab else None
+    given = {"medusa_heads": opts.medusa_heads, "exit_layer": opts.exit_layer,
+             "draft_layers": list(opts.draft_layers), "feature_layers": list(layers)}
+    extra = {k: given[k] for k in spec.layout}
+    cfg = drafters.DrafterConfig.for_target(opts.kind, opts.target, target.model.config, n_vocab, **extra)
+    module = drafters.build_module(cfg, target.model).train()
+    if layers:  # EAGLE-3 reads its output through its own norm and the target's head: start from the target's norm
+        module.norm.weight.data.copy_(target.model.get_decoder().norm.weight.data)
+    return module, cfg, vocab_ids
+
+
+@dataclass
+class Run:
+    """Stage 3's state: the module, the loss and what it reads (the target's head rows over the draft vocabulary,
+    its input embeddings, the noise added to the features), the optimizer, its schedule and the batches; the steps
+    taken, the training seconds and the best held-out score with its weights, all saved in each checkpoint."""
+    module: torch.nn.Module
+    loss_fn: object
+    head: torch.Tensor
+    embed: torch.nn.Module
+    noise: float
+    bf16: bool
+    batches: Batches
+    optim: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LambdaLR
+    step: int = 0
+    seconds: float = 0.0
+    best: tuple = (float("-inf"), None)
+
+    def resume(self, path: Path, log) -> None:
+        ckpt = torch.load(path, weights_only=False)
+        self.module.load_state_dict(ckpt["module"])
+        self.optim.load_state_dict(ckpt["optim"])
+        self.schedule.load_state_dict(ckpt["schedule"])
+        self.step, self.seconds = ckpt["step"], ckpt["seconds"]
+        self.batches.rng.setstate(ckpt["rng"])
+        self.best = ckpt["best"]
+        log(f"resumed from {path} at step {self.step}")
+
+    def save(self, path: Path) -> None:
+        torch.save({"module": self.module.state_dict(), "optim": self.optim.state_dict(),
+                    "schedule": self.schedule.state_dict(), "step": self.step, "seconds": self.seconds,
+                    "rng": self.batches.rng.getstate(), "best": self.best}, path)
+
+    def train_step(self) -> tuple[float, dict, float]:
+        """One optimizer step on a sampled batch: its loss, the loss's statistics, and tokens a second."""
+        t0 = time.perf_counter()
+        ids, f, valid = self.batches.sample()
+        with autocast(self.bf16):
+            loss, stats = self.loss_fn(self.module, self.head, self.embed, ids, f, valid, self.noise)
+        self.optim.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.module.parameters(), 1.0)
+        self.optim.step()
+        self.schedule.step()
+        self.step += 1
+        dt = time.perf_counter() - t0
+        self.seconds += dt
+        return float(loss.detach()), stats, int(valid.sum()) / dt
+
+    def held_score(self, held_batch: tuple) -> tuple[float, dict]:
+        """Teacher-forced top-1 agreement with the target on the held-out split (summed over draft positions)."""
+        self.module.eval()
+        with torch.no_grad(), autocast(self.bf16):
+            _, st = self.loss_fn(self.module, self.head, self.embed, *held_batch, 0.0)
+        self.module.train()
+        return sum(st.values()), st
+
+
+def new_run(opts: TrainOptions, spec: methods.MethodSpec, module: torch.nn.Module, vocab_ids: torch.Tensor | None,
+            target, features: tuple[torch.Tensor, list[list[int]]], layers: tuple, bf16: bool, custom_loss) -> Run:
+    """The optimizer (AdamW, a 20-step warm-up then a cosine over opts.steps), the kind's loss (or `custom_loss`)
+    and the batches over the training features."""
+    feats, seqs = features
     weight = target.model.get_output_embeddings().weight.detach()
     head = weight if vocab_ids is None else weight[vocab_ids]
-    embed = target.model.get_input_embeddings()
     noise = (0.1 * float(feats[:4096].float().pow(2).mean().sqrt()) if "feature_layers" in spec.layout and not layers
              else 0.0)
     optim = torch.optim.AdamW(module.parameters(), lr=opts.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optim, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, opts.steps)))))
-    if opts.epochs:
-        opts.steps = math.ceil(opts.epochs * len(feats) / opts.batch_tokens)
-    ckpt_path, step, seconds = opts.out / "checkpoint.pt", 0, 0.0
-    batches = Batches(seqs, feats, opts.batch_tokens, opts.seed)
-    ckpt = None
-    if opts.resume and ckpt_path.is_file():
-        ckpt = torch.load(ckpt_path, weights_only=False)
-        module.load_state_dict(ckpt["module"])
-        optim.load_state_dict(ckpt["optim"])
-        schedule.load_state_dict(ckpt["schedule"])
-        step, seconds = ckpt["step"], ckpt["seconds"]
-        batches.rng.setstate(ckpt["rng"])
-        log(f"resumed from {ckpt_path} at step {step}")
     loss_fn = methods.load(spec.loss)
-    if exits:
+    if exits_early(spec):
         loss_fn = functools.partial(loss_fn, norm=target.model.get_decoder().norm)
-    loss_fn = custom_loss or loss_fn
-    held_feats, held_seqs = features_for(held_out, target, opts.out / "held_out_features.f16", log, layers, bf16)
-    if exits:
-        held_feats = torch.cat([held_feats, exit_features_for(held_out, target, exit_layer,
-                                                              opts.out / "held_out_exit_features.pt", log, bf16)], -1)
-    # scored in one padded batch every checkpoint, so a fixed, bounded cost (the first 256 held-out sequences of
-    # the real-prompt data, padded to their longest, 2000 tokens, took two minutes, as long as 40 steps)
-    held_batch = scored_batch(held_out, held_seqs, held_feats, HELD_SCORED)
+    return Run(module, custom_loss or loss_fn, head, target.model.get_input_embeddings(), noise, bf16,
+               Batches(seqs, feats, opts.batch_tokens, opts.seed), optim, schedule)
 
-    def held_score() -> tuple[float, dict]:
-        """Teacher-forced top-1 agreement with the target on the held-out split (summed over draft positions)."""
-        module.eval()
-        with torch.no_grad(), autocast(bf16):
-            _, st = loss_fn(module, head, embed, *held_batch, 0.0)
-        module.train()
-        return sum(st.values()), st
 
-    best = ckpt["best"] if ckpt else (float("-inf"), None)
-    bar = tqdm(total=opts.steps, initial=step, desc=f"train {opts.kind}", unit="step")
+@dataclass
+class HeldOut:
+    """The held-out split as training scores it: its examples, their features and sequences, and the padded
+    batch scored at each checkpoint."""
+    examples: list[dict]
+    feats: torch.Tensor
+    seqs: list[list[int]]
+    batch: tuple
+
+
+def optimize(run: Run, opts: TrainOptions, held: HeldOut, ckpt_path: Path) -> list[float]:
+    """Stage 3's loop up to opts.steps: every opts.checkpoint_every steps and at the last, the held-out score (the
+    best-scoring weights are kept in run.best) and a checkpoint. Returns this invocation's losses, one a step."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=opts.steps, initial=run.step, desc=f"train {opts.kind}", unit="step")
     losses: list[float] = []
-    held_stats: dict = {}
-    while step < opts.steps:
-        t0 = time.perf_counter()
-        ids, f, valid = batches.sample()
-        with autocast(bf16):
-            loss, stats = loss_fn(module, head, embed, ids, f, valid, noise)
-        optim.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
-        optim.step()
-        schedule.step()
-        step += 1
-        dt = time.perf_counter() - t0
-        seconds += dt
-        losses.append(float(loss.detach()))
+    while run.step < opts.steps:
+        loss, stats, tok_s = run.train_step()
+        losses.append(loss)
         bar.update(1)
-        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", tok_s=f"{int(valid.sum()) / dt:.0f}",
-                        **{k: f"{v:.2f}" for k, v in stats.items()})
-        if step % opts.checkpoint_every == 0 or step == opts.steps:
-            score, held_stats = held_score()
-            if score > best[0]:  # keep the weights that do best on held-out data
-                best = (score, {k: v.detach().clone() for k, v in module.state_dict().items()})
-            bar.write(f"step {step}: held-out " + ", ".join(f"{k} {v:.3f}" for k, v in held_stats.items()))
-            torch.save({"module": module.state_dict(), "optim": optim.state_dict(), "schedule": schedule.state_dict(),
-                        "step": step, "seconds": seconds, "rng": batches.rng.getstate(), "best": best}, ckpt_path)
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:.0f}", **{k: f"{v:.2f}" for k, v in stats.items()})
+        if run.step % opts.checkpoint_every == 0 or run.step == opts.steps:
+            score, held_stats = run.held_score(held.batch)
+            if score > run.best[0]:  # keep the weights that do best on held-out data
+                run.best = (score, {k: v.detach().clone() for k, v in run.module.state_dict().items()})
+            bar.write(f"step {run.step}: held-out " + ", ".join(f"{k} {v:.3f}" for k, v in held_stats.items()))
+            run.save(ckpt_path)
     bar.close()
-    if best[1] is not None:
-        module.load_state_dict(best[1])
-    cfg.training = {**({"init": str(opts.init)} if opts.init else {}),
-                    "data": "self-distillation: " + (" + ".join(data_files(opts)) or (
-                        "the committed ids in assets/distill/" if opts.target == DEFAULT_TARGET
-                        else "the project's default prompts")) + f", {len(train_ex)} sequences, "
-                    f"{sum(map(len, seqs))} tokens", "steps": opts.steps, "batch_tokens": opts.batch_tokens,
-                    "draft_vocab_coverage_held_out": coverage(vocab_ids, held_out),
-                    "train_seconds": round(seconds), "precision": "bf16 autocast" if bf16 else "fp32",
-                    "hardware": f"{platform.machine()} CPU, {torch.get_num_threads()} threads",
-                    "torch": torch.__version__}
+    return losses
+
+
+def training_record(opts: TrainOptions, train_ex: list[dict], seqs: list[list[int]], vocab_ids, held_out: list[dict],
+                    seconds: float, bf16: bool) -> dict:
+    """What the drafter's config.json and card say about its training."""
+    return {**({"init": str(opts.init)} if opts.init else {}),
+            "data": "self-distillation: " + (" + ".join(data_files(opts)) or (
+                "the committed ids in assets/distill/" if opts.target == DEFAULT_TARGET
+                else "the project's default prompts")) + f", {len(train_ex)} sequences, "
+            f"{sum(map(len, seqs))} tokens", "steps": opts.steps, "batch_tokens": opts.batch_tokens,
+            "draft_vocab_coverage_held_out": coverage(vocab_ids, held_out),
+            "train_seconds": round(seconds), "precision": "bf16 autocast" if bf16 else "fp32",
+            "hardware": f"{platform.machine()} CPU, {torch.get_num_threads()} threads",
+            "torch": torch.__version__}
+
+
+def choose_drafter_tree(spec: methods.MethodSpec, cfg: drafters.DrafterConfig, opts: TrainOptions, run: Run,
+                        held: HeldOut, log) -> None:
+    """The candidate tree of a tree drafter, from its measured held-out accuracy: Medusa's per head, EAGLE's per
+    draft depth (choose_tree_for_cost / choose_eagle_tree); chain drafters have none."""
     if spec.tree_from == "heads":
-        accuracy = head_accuracy(module.eval(), head, held_feats, held_seqs, [len(e["prompt_ids"]) for e in held_out])
+        accuracy = head_accuracy(run.module.eval(), run.head, held.feats, held.seqs,
+                                 [len(e["prompt_ids"]) for e in held.examples])
         cfg.tree = [list(p) for p in drafters.choose_tree(accuracy, opts.tree_size)]
         cfg.training["head_top1_held_out_answers"] = [round(float(a), 3) for a in accuracy[:, 0]]
         cfg.training["head_rank_accuracy_held_out"] = [[round(float(a), 3) for a in row] for row in accuracy]
         log("held-out top-1 accuracy by head: " + ", ".join(f"{float(a):.2f}" for a in accuracy[:, 0]))
         choose_tree_for_cost(cfg, accuracy, opts.target, opts.kind, log, max_size=opts.tree_size)
     if spec.tree_from == "depths":
-        choose_eagle_tree(cfg, module, head, embed, held_batch, opts.target, log)
-    final = opts.out / "drafter"
-    drafters.save(final, module, cfg, vocab_ids, card(cfg, opts))
-    log(f"saved {final} ({drafters.n_params(module) / 1e6:.2f} M parameters)")
-    if data_files(opts):  # your own data: its answers become the drafter's datastore (the +ret branch)
-        from specviz.core import retrieval
+        choose_eagle_tree(cfg, run.module, run.head, run.embed, held.batch, opts.target, log)
 
-        store = retrieval.Datastore(e["answer_ids"] for e in examples)
-        store.save(final / retrieval.DATASTORE_FILE)
-        cfg.training["datastore"] = (f"{retrieval.DATASTORE_FILE}: the target's answers in this data, "
-                                     f"{len(store)} tokens")
-        log(f"datastore: {final / retrieval.DATASTORE_FILE} ({len(store)} answer tokens; --retrieve drafts from it)")
-    held = measure(final, target, held_out[:opts.eval_prompts], log)
-    cfg.training["held_out"] = held
-    drafters.save(final, module, cfg, vocab_ids, card(cfg, opts))
-    return TrainResult(final, losses, held)
+
+def save_datastore(final: Path, cfg: drafters.DrafterConfig, examples: list[dict], log) -> None:
+    """A user's own data: the target's answers in it become the drafter's datastore (the +ret branch)."""
+    from specviz.core import retrieval
+
+    store = retrieval.Datastore(e["answer_ids"] for e in examples)
+    store.save(final / retrieval.DATASTORE_FILE)
+    cfg.training["datastore"] = (f"{retrieval.DATASTORE_FILE}: the target's answers in this data, "
+                                 f"{len(store)} tokens")
+    log(f"datastore: {final / retrieval.DATASTORE_FILE} ({len(store)} answer tokens; --retrieve drafts from it)")
 
 
 def init_from(opts: TrainOptions, target) -> tuple[drafters.DrafterConfig, dict]:

@@ -11,9 +11,9 @@ HEAD_BLOCK = 64  # rows of logits at a time: 64 x 8192 fp32 is 2 MiB, a core's L
 class _HeadKL(torch.autograd.Function):
     """Per row, KL(softmax(true @ head.T) || softmax(pred @ head.T)), `HEAD_BLOCK` rows at a time, with the
     gradient for `pred` computed in the same pass (as fused linear cross-entropy kernels do), so the (rows,
-    vocab) logits never exist whole. On 2 cores the whole-tensor version was most of an EAGLE training
-    step: each elementwise pass over 4096 x 8192 fp32 logits streams 128 MiB (a sub took 51 ms, an argmax
-    60 ms), 5.8 s a step against 0.8 s of matmuls. The matmuls run in autocast's dtype when it is on.
+    vocab) logits never exist whole: the whole-tensor version spent most of an EAGLE training step streaming
+    the 128 MiB of a 4096 x 8192 fp32 logits tensor once per elementwise pass, far longer than the step's
+    matmuls (the figures: experiments/LOG.md). The matmuls run in autocast's dtype when it is on.
     Also returns, without gradient, the target's top token and the drafter's top `ranks` tokens per row."""
 
     @staticmethod
