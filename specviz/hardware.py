@@ -56,6 +56,14 @@ class Pair:
         """The default race's γ."""
         return self.gamma_for(self.method)
 
+    def race(self, method: str = "") -> str:
+        """A method's default race as bench's --method writes it (this pair's default method without one):
+        "eagle:1+pld:4+ret:4", "pld:2"."""
+        method = method or self.method
+        gamma = f":{self.gamma_for(method)}" if registry.spec(method).gamma_applies else ""
+        return (method + gamma + (f"+pld:{self.lookup_for(method)}" if self.lookup_for(method) else "")
+                + (f"+ret:{self.retrieve_for(method)}" if self.retrieve_for(method) else ""))
+
     def tuned(self, choice) -> "Pair":
         """This pair with the race chosen on this machine (a tuning.Choice) as its default, and prompt lookup's γ and
         EAGLE's γ and branches at their fastest races here (what a user who picks either method gets)."""
@@ -105,7 +113,7 @@ CPU_LOOKUP = 4
 CPU_LOOKUPS = tuple((m, CPU_LOOKUP) for m in registry.names(lambda s: "lookup" in s.grafts))  # eagle, medusa
 CPU_RETRIEVE = 4
 CPU_RETRIEVES = tuple((m, CPU_RETRIEVE) for m in registry.names(lambda s: "retrieve" in s.grafts))
-CPU_GRAFTS = {"lookup": CPU_LOOKUP, "retrieve": CPU_RETRIEVE}  # bench `+pld` / `+ret` without a length
+CPU_GRAFTS = {"lookup": CPU_LOOKUP, "retrieve": CPU_RETRIEVE}  # bench `+pld` / `+ret` where the pair has none
 EMBEDDED_PAIR = Pair(DEFAULT_TARGET, DEFAULT_DRAFT, method=CPU_METHOD, gammas=CPU_GAMMAS, lookups=CPU_LOOKUPS,
                      retrieves=CPU_RETRIEVES)
 GPU_PAIR = Pair(GPU_TARGET, GPU_DRAFT)

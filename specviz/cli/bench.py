@@ -8,9 +8,9 @@ import platform
 import sys
 from pathlib import Path
 
+from specviz import hardware, prompts
 from specviz import methods as registry
-from specviz import prompts
-from specviz.cli.common import InputError, config_of, draft_for, load_target, method_spec
+from specviz.cli.common import DEFAULT_RACE, InputError, config_of, draft_for, load_target, method_spec, tune
 from specviz.config import ConfigError, DecodeConfig, parse_gamma
 
 
@@ -31,6 +31,12 @@ def _bench_methods(specs: list[str], args) -> dict[str, tuple[str, str | None, d
                               "model (vanilla), e.g. eagle@out/train/eagle/drafter; pld drafts from the prompt")
         out[spec] = (name, gamma or None, grafts, what or draft_for(args, name))
     return out
+
+
+def _bench_configs(methods: dict, args) -> dict[str, DecodeConfig]:
+    """Each entry's decode settings: the command line's, its own γ and branches over them."""
+    return {label: config_of(args, m, grafts).with_(**({"gamma": parse_gamma(g)} if g else {}))
+            for label, (m, g, grafts, _) in methods.items()}
 
 
 def read_prompts(path: str, categories: list[str] | None, limit: int | None) -> list[dict]:
@@ -68,15 +74,21 @@ def cmd_bench(args) -> int:
     from specviz.models import loader as models
     from specviz.serving.export import Exporter
 
-    methods = _bench_methods(args.method or ["vanilla", "pld"], args)
-    cfgs = {label: config_of(args, m, grafts).with_(**({"gamma": parse_gamma(g)} if g else {}))
-            for label, (m, g, grafts, _) in methods.items()}
-    base = config_of(args, "ar", {"lookup": 0, "retrieve": 0, "tree": "static"})
+    specs = args.method or ["vanilla", "pld"]
+    _bench_configs(_bench_methods(specs, args), args)  # a bad entry or setting fails before the model loads
     prompts = read_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
     counters = Exporter() if args.metrics_file else None  # --metrics-file: vLLM's spec_decode names
     if counters:
         counters.write(args.metrics_file)  # at zero: a path that cannot be written fails before any run
     target = load_target(args)
+    tune(args, target, [method_spec(m)[0] for m in specs] + specs)
+    if DEFAULT_RACE in specs:  # named by the race it is here
+        args.method = specs = [hardware.default_pair().race() if m == DEFAULT_RACE else m for m in specs]
+        print(f"specviz: bench --method {DEFAULT_RACE} races {specs[0] if len(specs) == 1 else specs}",
+              file=sys.stderr)
+    methods = _bench_methods(specs, args)
+    cfgs = _bench_configs(methods, args)
+    base = config_of(args, "ar", {"lookup": 0, "retrieve": 0, "tree": "static"})
     built = {label: engines.build(m, target, what) for label, (m, _, _, what) in methods.items()}
     ar = engines.build("ar", target)
     draft = models.load_draft(args.draft, target) if args.compare_hf else None
@@ -168,7 +180,7 @@ def _bench_report(args, target, base: DecodeConfig, summary: list[dict], rows: l
         "pad_one_row": target.pad_one_row, "guarantee": target.guarantee,
         "torch": torch.__version__, "transformers": transformers.__version__,
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}",
-        "cpu": hardware.cpu_name(),
+        "cpu": hardware.cpu_name(), "default_race": hardware.default_pair(target.device).why or None,
         "target": args.target, "draft": args.draft, "config": base.to_dict(),
         "summary": summary, "rows": rows,
     }

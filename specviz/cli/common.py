@@ -52,20 +52,20 @@ def decode_args(p: argparse.ArgumentParser, methods=METHODS) -> None:
                                                  "tokenizer (default: int8, or the GPU pair's draft)")
     p.add_argument("--drafter", default=None, help="eagle, medusa, layerskip, draft: a folder written by `train` or a "
                                                    "Hub id (default: the drafter shipped for the target)")
-    p.add_argument("--gamma", default=str(DEFAULTS.gamma), help=f"drafted tokens per step, 1..{GAMMA_MAX} or auto "
-                                                                "(default %(default)s)")
+    p.add_argument("--gamma", default=None, help=f"drafted tokens per step, 1..{GAMMA_MAX} or auto (default: the "
+                                                 "method's fastest on this machine, as the app chooses it)")
     p.add_argument("--temperature", default=DEFAULTS.temperature, help="0 = greedy (default %(default)s)")
     p.add_argument("--top-k", default=DEFAULTS.top_k, help="0 = off (default %(default)s)")
     p.add_argument("--top-p", default=DEFAULTS.top_p, help="nucleus mass in (0, 1] (default %(default)s)")
     p.add_argument("--max-new-tokens", default=DEFAULTS.max_new_tokens, help="(default %(default)s)")
     p.add_argument("--seed", default=DEFAULTS.seed, help="(default %(default)s)")
-    p.add_argument("--lookup", default=DEFAULTS.lookup, help="eagle, medusa: also verify prompt lookup's "
-                   "continuation of up to this many tokens as one more branch of the tree; 0 = off (default "
-                   "%(default)s)")
-    p.add_argument("--retrieve", default=DEFAULTS.retrieve, help="eagle, medusa, the embedded target or a "
+    p.add_argument("--lookup", default=None, help="eagle, medusa: also verify prompt lookup's "
+                   "continuation of up to this many tokens as one more branch of the tree; 0 = off (default: the "
+                   "length fastest on this machine)")
+    p.add_argument("--retrieve", default=None, help="eagle, medusa, the embedded target or a "
                    "drafter trained on your own data: likewise up to this many nodes of what most often followed the "
-                   "context in the target's own answers (the datastore), a chain or a small tree; 0 = off (default "
-                   "%(default)s)")
+                   "context in the target's own answers (the datastore), a chain or a small tree; 0 = off "
+                   "(default: the size fastest on this machine)")
     p.add_argument("--tree", default=DEFAULTS.tree, help="eagle, medusa: static = the drafter's stored tree; dynamic "
                    "= a tree grown each step from the drafter's confidence (EAGLE-2) (default %(default)s)")
     p.add_argument("--tree-nodes", default=DEFAULTS.tree_nodes, help="--tree dynamic: nodes verified, those of highest "
@@ -81,11 +81,37 @@ def decode_args(p: argparse.ArgumentParser, methods=METHODS) -> None:
 
 def config_of(args, method: str, grafts: dict | None = None) -> DecodeConfig:
     """The decode settings of the command line; `grafts` ({"lookup": n} and/or {"retrieve": n}, a bench entry's own
-    branches, and {"tree": "dynamic"} with {"tree_nodes": n}) overrides --lookup, --retrieve and --tree(-nodes)."""
-    branches = {"lookup": args.lookup, "retrieve": args.retrieve, "tree": args.tree, "tree_nodes": args.tree_nodes,
+    branches, and {"tree": "dynamic"} with {"tree_nodes": n}) overrides --lookup, --retrieve and --tree(-nodes).
+    A left-out --gamma, --lookup or --retrieve is the method's on this machine's default pair (hardware.Pair: the
+    race chosen from this machine's own T(k) once `tune` has measured it)."""
+    from specviz import hardware
+
+    pair = hardware.default_pair(args.device or None)
+    pick = lambda given, default: default if given is None else given  # noqa: E731
+    branches = {"lookup": pick(args.lookup, pair.lookup_for(method)), "retrieve": pick(args.retrieve,
+                pair.retrieve_for(method)), "tree": args.tree, "tree_nodes": args.tree_nodes,
                 "tree_depth": args.tree_depth, "tree_topk": args.tree_topk, **(grafts or {})}
-    return DecodeConfig(method=method, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
-                        top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed, **branches)
+    return DecodeConfig(method=method, gamma=pick(args.gamma, pair.gamma_for(method)), temperature=args.temperature,
+                        top_k=args.top_k, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                        **branches)
+
+
+TUNED = registry.names(lambda s: s.name in ("eagle", "pld"))  # the methods whose defaults the race grid times
+DEFAULT_RACE = "default"  # bench --method default: the race the app would run on this machine
+
+
+def tune(args, target, methods) -> None:
+    """Where a method's defaults matter (a left-out --gamma, --lookup or --retrieve for EAGLE or prompt lookup, or
+    bench's `default`), measure this machine once and take the race chosen from its T(k) (hardware.adopt), saying
+    which and why on stderr."""
+    from specviz import hardware
+
+    if not (DEFAULT_RACE in methods or (any(m in TUNED for m in methods)
+                                        and None in (args.gamma, args.lookup, args.retrieve))):
+        return
+    line = hardware.adopt(target)
+    if line:
+        print(f"specviz: {line}", file=sys.stderr)
 
 
 def load_target(args):
@@ -112,8 +138,10 @@ DYNAMIC = "dyn"  # bench `+dyn[:n]`: a dynamic tree (DecodeConfig.tree) of n nod
 def method_spec(spec: str) -> tuple[str, str, dict, str, str]:
     """A bench --method entry `name[:gamma][+pld[:n]][+ret[:n]][+dyn[:n]][@drafter]` → (name, gamma, the branches and
     tree it names ({"lookup": n, "retrieve": n, "tree": "dynamic", "tree_nodes": n}), "@" or "", drafter)."""
-    from specviz.hardware import CPU_GRAFTS
+    from specviz import hardware
 
+    if spec == DEFAULT_RACE:
+        spec = hardware.default_pair().race()
     head, at, what = spec.partition("@")
     head, *extras = head.split("+")
     name, _, gamma = head.partition(":")
@@ -127,7 +155,9 @@ def method_spec(spec: str) -> tuple[str, str, dict, str, str]:
             raise ConfigError(f"method={spec!r}: + adds a branch to a tree drafter's tree: +pld (prompt lookup) or "
                               "+ret (the datastore), each optionally :N tokens, or grows it each step: +dyn, "
                               "optionally :N nodes; e.g. eagle+pld:6+ret:6+dyn")
-        grafts[GRAFTS[kind]] = n or CPU_GRAFTS[GRAFTS[kind]]  # without :N, the length measured fastest on 2 CPU cores
+        # without :N, the length fastest on this machine
+        grafts[GRAFTS[kind]] = (n or getattr(hardware.default_pair(), f"{GRAFTS[kind]}_for")(name)
+                                or hardware.CPU_GRAFTS[GRAFTS[kind]])
     return name, gamma, grafts, at, what
 
 

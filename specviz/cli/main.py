@@ -21,6 +21,7 @@ from specviz.cli.common import (
     draft_for,
     int_arg,
     load_target,
+    tune,
 )
 from specviz.cli.serving import cmd_probe, cmd_watch, serving_parsers
 from specviz.config import CHECK_METHODS, DEFAULT_TARGET, GAMMA_MAX, METHODS, TRAINED_METHODS, ConfigError
@@ -37,12 +38,15 @@ def cmd_generate(args) -> int:
     from specviz.ui import render
     from specviz.ui.logic import short_label
 
-    cfg = config_of(args, args.method)
-    check_prompt(args.prompt)  # before the model loads
+    config_of(args, args.method)  # a bad setting fails before the model loads
+    check_prompt(args.prompt)
     counters = Exporter() if args.metrics_file else None  # --metrics-file: vLLM's spec_decode names
     if counters:
         counters.write(args.metrics_file)  # at zero: a path that cannot be written fails before any run
-    prepared = session.prepare(args.prompt, cfg, load_target(args), draft_for(args, cfg.method))
+    target = load_target(args)
+    tune(args, target, [args.method])
+    cfg = config_of(args, args.method)
+    prepared = session.prepare(args.prompt, cfg, target, draft_for(args, cfg.method))
     colour = sys.stdout.isatty() and not args.no_color or args.color
     out = sys.stdout
     lanes = {"ar": [], "spec": []}
@@ -207,7 +211,8 @@ def bench_parser(sub) -> None:
                    "drafter as name[:gamma][@drafter], e.g. vanilla:2 eagle:5 eagle@out/train/eagle/drafter (two EAGLE "
                    "drafters over one AR baseline; default: vanilla pld); a tree drafter also takes +pld[:n] and "
                    "+ret[:n] (prompt lookup's and the datastore's branches) and +dyn[:n] (a dynamic tree of n nodes), "
-                   "e.g. eagle+pld:6+ret:6+dyn")
+                   "e.g. eagle+pld:6+ret:6+dyn; `default` is the race the app would run on this machine (chosen from "
+                   "its measured T(k))")
     b.add_argument("--limit", type=int, default=None, help="at most N prompts, round-robin across categories")
     b.add_argument("--categories", default=None, help="comma-separated categories to keep")
     b.add_argument("--compare-hf", action="store_true", help="add transformers' assisted generation with the same "
