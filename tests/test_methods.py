@@ -6,11 +6,13 @@ import pytest
 import torch
 from tiny import random_drafter
 
-from specviz import config, engines, methods
-from specviz.config import ConfigError, DecodeConfig
+from specviz import engines, methods
+from specviz.config import DecodeConfig
 from specviz.drafters import trained as drafters
+from specviz.drafters.config import KINDS, DrafterConfig, DrafterError
 from specviz.engines.speculative import SpeculativeEngine
 from specviz.engines.tree import TreeEngine
+from specviz.errors import ConfigError
 
 ORDER = ("ar", "vanilla", "pld", "eagle", "medusa", "layerskip", "draft")
 
@@ -39,11 +41,11 @@ def test_derived_name_lists_match_the_registry():
     from specviz.core import profile
     from specviz.ui import logic
 
-    assert config.METHODS == ORDER
-    assert config.TRAINED_METHODS == ("eagle", "medusa", "layerskip", "draft") == drafters.KINDS
-    assert config.CHAIN_METHODS == ("vanilla", "pld", "eagle", "medusa", "layerskip", "draft")
-    assert config.CHECK_METHODS == ("vanilla", "pld", "eagle", "medusa", "draft")
-    assert config.LOOKUP_METHODS == ("eagle", "medusa")
+    assert tuple(methods.METHODS) == ORDER
+    assert methods.TRAINED_METHODS == ("eagle", "medusa", "layerskip", "draft") == KINDS
+    assert methods.CHAIN_METHODS == ("vanilla", "pld", "eagle", "medusa", "layerskip", "draft")
+    assert methods.CHECK_METHODS == ("vanilla", "pld", "eagle", "medusa", "draft")
+    assert methods.names(lambda s: "lookup" in s.grafts) == ("eagle", "medusa")
     assert drafters.SMALL_KINDS == ("eagle", "medusa", "layerskip")
     assert check.CHECKED_TRAINED == ("eagle", "medusa", "draft")
     assert profile.COST_METHODS == ("vanilla", "eagle", "medusa", "layerskip", "draft")
@@ -83,11 +85,14 @@ def test_grafts_only_where_the_spec_says(name, branch):
             DecodeConfig(method=name, **{branch: 4})
 
 
-def test_dotted_paths_resolve():
+def test_dotted_paths_resolve_in_their_defining_modules():
+    """Each "module:attribute" names the module that defines the attribute, not one that merely imports it."""
     for s in methods.METHODS.values():
         for path in (s.engine, s.drafter, s.module, s.loss):
             if path:
-                assert callable(methods.load(path)), path
+                target = methods.load(path)
+                assert callable(target), path
+                assert target.__module__ == path.partition(":")[0], f"{path}: defined in {target.__module__}"
 
 
 def test_registry_and_config_are_torch_free():
@@ -121,12 +126,12 @@ def test_trained_engines_follow_the_registry(tmp_path, tiny_target, kind, extra)
 
 
 def test_describe_names_each_layout(tiny_target):
-    cfg = lambda kind, **extra: drafters.DrafterConfig.for_target(kind, "t", tiny_target.model.config, **extra)  # noqa: E731
+    cfg = lambda kind, **extra: DrafterConfig.for_target(kind, "t", tiny_target.model.config, **extra)  # noqa: E731
     assert drafters.describe(cfg("eagle")) == "EAGLE, one decoder layer, full vocabulary"
     eagle3 = drafters.describe(cfg("eagle", feature_layers=[1, 2]))
     assert eagle3.startswith("EAGLE-3, one decoder layer over the target's hidden states after layers [1, 2]")
     assert drafters.describe(cfg("medusa", medusa_heads=3)) == "Medusa, 3 heads, full vocabulary"
     assert drafters.describe(cfg("layerskip", exit_layer=1)).startswith("LayerSkip: the target's first 1 layers")
     assert drafters.describe(cfg("draft", draft_layers=[0])).startswith("a distilled draft model of 1 decoder layers")
-    with pytest.raises(drafters.DrafterError, match="drafter kind 'x' is unknown: use one of eagle, medusa"):
+    with pytest.raises(DrafterError, match="drafter kind 'x' is unknown: use one of eagle, medusa"):
         drafters.build_module(cfg("x"))

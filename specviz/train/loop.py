@@ -25,6 +25,8 @@ import torch
 from specviz import methods, metrics
 from specviz.config import DEFAULT_TARGET
 from specviz.drafters import trained as drafters
+from specviz.drafters.config import DrafterConfig, DrafterError
+from specviz.drafters.modules import load_into
 from specviz.paths import ASSETS
 from specviz.train import distill
 from specviz.train.features import (  # noqa: F401  (train.*)
@@ -160,10 +162,10 @@ def train(opts: TrainOptions, log=print, target=None, custom_loss=None) -> Train
     spec = methods.spec(opts.kind)  # its layout: the DrafterConfig fields its options set (methods.MethodSpec.layout)
     exits = "exit_layer" in spec.layout  # LayerSkip: drafts from an early exit, read through the target's final norm
     if exits and not opts.init and not 1 <= opts.exit_layer < n_layers:
-        raise drafters.DrafterError(f"exit-layer={opts.exit_layer} is out of range for {opts.target}: use "
+        raise DrafterError(f"exit-layer={opts.exit_layer} is out of range for {opts.target}: use "
                                     f"1..{n_layers - 1}")
     if "draft_layers" in spec.layout and not opts.init and not all(0 <= i < n_layers for i in opts.draft_layers):
-        raise drafters.DrafterError(f"draft-layers={','.join(map(str, opts.draft_layers))} is out of range for "
+        raise DrafterError(f"draft-layers={','.join(map(str, opts.draft_layers))} is out of range for "
                                     f"{opts.target}: use indices 0..{n_layers - 1}")
     init = init_from(opts, target) if opts.init else None
     examples = examples_for(opts, target, log)
@@ -188,7 +190,7 @@ def train(opts: TrainOptions, log=print, target=None, custom_loss=None) -> Train
         if opts.draft_vocab is not None and opts.draft_vocab != cfg.draft_vocab:
             vocab_ids = rechoose_vocab(cfg, opts, seqs, target.vocab_size, log)
         module = drafters.build_module(cfg, target.model)
-        drafters.load_into(module, state, str(opts.init))
+        load_into(module, state, str(opts.init))
         module.train()
         log(f"init: {opts.init} ({drafters.describe(cfg)})")
     else:
@@ -197,7 +199,7 @@ def train(opts: TrainOptions, log=print, target=None, custom_loss=None) -> Train
         given = {"medusa_heads": opts.medusa_heads, "exit_layer": opts.exit_layer,
                  "draft_layers": list(opts.draft_layers), "feature_layers": list(layers)}
         extra = {k: given[k] for k in spec.layout}
-        cfg = drafters.DrafterConfig.for_target(opts.kind, opts.target, target.model.config, n_vocab, **extra)
+        cfg = DrafterConfig.for_target(opts.kind, opts.target, target.model.config, n_vocab, **extra)
         module = drafters.build_module(cfg, target.model).train()
         if layers:  # EAGLE-3 reads its output through its own norm and the target's head: start from the target's norm
             module.norm.weight.data.copy_(target.model.get_decoder().norm.weight.data)
@@ -308,26 +310,26 @@ def train(opts: TrainOptions, log=print, target=None, custom_loss=None) -> Train
     return TrainResult(final, losses, held)
 
 
-def init_from(opts: TrainOptions, target) -> tuple[drafters.DrafterConfig, dict]:
+def init_from(opts: TrainOptions, target) -> tuple[DrafterConfig, dict]:
     """The layout and weights of the drafter that `--init` names: a folder this project trained (any kind), or a
     published Medusa-1 / EAGLE-1 / EAGLE-3 checkpoint, of the kind being trained and for this target."""
     cfg, state = drafters.read_layout(Path(opts.init), target)
     if cfg.kind != opts.kind:
-        raise drafters.DrafterError(f"init={str(opts.init)!r} is a {cfg.kind} drafter: train {cfg.kind} from it, "
+        raise DrafterError(f"init={str(opts.init)!r} is a {cfg.kind} drafter: train {cfg.kind} from it, "
                                     f"or give a {opts.kind} drafter")
     if cfg.hidden_size != target.model.config.hidden_size or cfg.vocab_size != target.vocab_size:
-        raise drafters.DrafterError(f"init={str(opts.init)!r} was trained for {cfg.target} (hidden {cfg.hidden_size}, "
+        raise DrafterError(f"init={str(opts.init)!r} was trained for {cfg.target} (hidden {cfg.hidden_size}, "
                                     f"vocab {cfg.vocab_size}), not {opts.target}")
     cfg.training = {}
     return cfg, state
 
 
-def rechoose_vocab(cfg: drafters.DrafterConfig, opts: TrainOptions, seqs, vocab_size: int, log) -> torch.Tensor | None:
+def rechoose_vocab(cfg: DrafterConfig, opts: TrainOptions, seqs, vocab_size: int, log) -> torch.Tensor | None:
     """An --init drafter given another --draft-vocab: the N tokens most frequent in the new training data. Its
     weights stay valid, since it reads its output through the target's own LM head rows (one per token), so only
     the rows it reads change; a published drafter with an LM head of its own cannot change vocabulary."""
     if cfg.own_lm_head or cfg.own_lm_heads:
-        raise drafters.DrafterError(f"init={str(opts.init)!r} has its own LM head over "
+        raise DrafterError(f"init={str(opts.init)!r} has its own LM head over "
                                     f"{cfg.draft_vocab or cfg.vocab_size} tokens, so draft-vocab={opts.draft_vocab} "
                                     "cannot apply: leave --draft-vocab out")
     log(f"draft vocabulary: {cfg.draft_vocab or 'full'} -> {opts.draft_vocab or 'full'} "
@@ -360,11 +362,11 @@ def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OU
     folder = Path(folder)
     raw = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else None
     if raw is None or "kind" not in raw:
-        raise drafters.DrafterError(f"{str(folder)!r} is not a drafter trained here (no config.json with a kind)")
+        raise DrafterError(f"{str(folder)!r} is not a drafter trained here (no config.json with a kind)")
     kind = raw["kind"]
     spec = methods.METHODS.get(kind)
     if spec is None or not spec.tree_from:
-        raise drafters.DrafterError(f"drafter {str(folder)!r} is a {kind} drafter: only Medusa's and EAGLE's trees "
+        raise DrafterError(f"drafter {str(folder)!r} is a {kind} drafter: only Medusa's and EAGLE's trees "
                                     "are re-chosen (the others draft a chain)")
     profile_for(raw["target"], profile)  # a bad profile file is reported before the features are computed
     from specviz.models import loader as models
@@ -375,7 +377,7 @@ def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OU
         examples += distill.read_chunks(f) if Path(f).is_dir() else distill.read_examples(f)
     held_out = distill.split(examples)[1][:held]
     if not held_out:
-        raise drafters.DrafterError("no held-out examples in the data: give more (every 20th example is held out)")
+        raise DrafterError("no held-out examples in the data: give more (every 20th example is held out)")
     by_heads = spec.tree_from == "heads"  # Medusa: rank accuracy per head; EAGLE: per draft depth
     key = "head_rank_accuracy_held_out" if by_heads else "depth_rank_accuracy_held_out"
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():  # the features are a map of a file in tmp
@@ -389,7 +391,7 @@ def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OU
             cfg, state = drafters.read_layout(folder, target)
             vocab_ids = state.pop("vocab_ids", None)
             module = drafters.build_module(cfg)
-            drafters.load_into(module, state, str(folder))
+            load_into(module, state, str(folder))
             weight = target.model.get_output_embeddings().weight.detach().float()
             bf16 = mixed_bf16("auto")
             feats, seqs = features_for(held_out, target, Path(tmp) / "features.f16", log, tuple(cfg.feature_layers),
@@ -451,7 +453,7 @@ def measure(folder: Path, target, held_out: list[dict], log, max_new_tokens: int
     return out
 
 
-def card(cfg: drafters.DrafterConfig, opts: TrainOptions) -> str:
+def card(cfg: DrafterConfig, opts: TrainOptions) -> str:
     t = cfg.training
     lines = [f"# {cfg.kind} drafter for {cfg.target}", "", drafters.describe(cfg) + ".", "",
              f"Reproduce: `python -m specviz train {cfg.kind} --out {opts.out} --steps {opts.steps}"
