@@ -8,30 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Union
 
-from specviz import methods as _methods
+from specviz import methods
+from specviz.errors import ConfigError
 
 DEFAULT_TARGET = "smollm2-135m"  # the embedded SmolLM2-135M-Instruct
 DEFAULT_DRAFT = "int8"           # an int8 copy of the target
-# the method names, derived from the registry (specviz/methods.py), which says what each method is
-METHODS = _methods.names()
-# drafters trained against the target (python -m specviz train)
-TRAINED_METHODS = _methods.names(lambda s: s.trained)
-# draft a chain (Medusa: one draw per head): what the step-through view takes
-CHAIN_METHODS = _methods.names(lambda s: s.chain)
-# chain drafters over the chain loop (layerskip has its own engine)
-CHECK_METHODS = _methods.names(lambda s: s.checkable)
-# tree drafters that can verify prompt lookup's continuation as one more branch
-LOOKUP_METHODS = _methods.names(lambda s: "lookup" in s.grafts)
 GAMMA_MAX = 16
 MAX_NEW_TOKENS_CAP = 2048
 # the tree drafters' tree shapes (DecodeConfig.tree): the drafter's stored tree, or one grown each step (EAGLE-2)
 TREE_SHAPES = ("static", "dynamic")
 TREE_NODES_MAX = 64   # nodes of a dynamic tree (DecodeConfig.tree_nodes)
 TREE_TOPK_MAX = 16    # children per expanded node (DecodeConfig.tree_topk)
-
-
-class ConfigError(ValueError):
-    """A bad user-supplied value; its message is one line naming the value and what is accepted."""
 
 
 Gamma = Union[int, str]  # 1..GAMMA_MAX or "auto"
@@ -112,7 +99,9 @@ def parse_gamma(value) -> Gamma:
     return value
 
 
-def _number(name: str, value, kind=float):
+def number(name: str, value, kind=float):
+    """value as a `kind` (float or int), or a one-line ConfigError naming `name`: booleans, NaN and a fractional
+    value for an integer are refused."""
     if isinstance(value, bool):
         raise ConfigError(f"{name}={value!r} is not a number")
     try:
@@ -129,26 +118,25 @@ def _number(name: str, value, kind=float):
 def validate(cfg: DecodeConfig) -> None:
     """Raise ConfigError with a one-line message for the first bad field. Normalises types in place."""
     set_ = lambda k, v: object.__setattr__(cfg, k, v)  # noqa: E731  (frozen dataclass normalisation)
-    if cfg.method not in METHODS:
-        raise ConfigError(f"method={cfg.method!r} is unknown: use one of {', '.join(METHODS)}")
+    spec = methods.spec(cfg.method)  # an unknown name: the registry's one-line ConfigError
     set_("gamma", parse_gamma(cfg.gamma))
-    t = _number("temperature", cfg.temperature)
+    t = number("temperature", cfg.temperature)
     if not 0.0 <= t <= 100.0:
         raise ConfigError(f"temperature={t:g} is out of range: use 0 (greedy) up to 100")
     set_("temperature", t)
-    k = _number("top_k", cfg.top_k, int)
+    k = number("top_k", cfg.top_k, int)
     if k < 0:
         raise ConfigError(f"top_k={k} is out of range: use 0 (off) or a positive integer")
     set_("top_k", k)
-    p = _number("top_p", cfg.top_p)
+    p = number("top_p", cfg.top_p)
     if not 0.0 < p <= 1.0:
         raise ConfigError(f"top_p={p:g} is out of range: use a number in (0, 1]")
     set_("top_p", p)
-    n = _number("max_new_tokens", cfg.max_new_tokens, int)
+    n = number("max_new_tokens", cfg.max_new_tokens, int)
     if not 1 <= n <= MAX_NEW_TOKENS_CAP:
         raise ConfigError(f"max_new_tokens={n} is out of range: use 1..{MAX_NEW_TOKENS_CAP}")
     set_("max_new_tokens", n)
-    s = _number("seed", cfg.seed, int)
+    s = number("seed", cfg.seed, int)
     if not 0 <= s < 2**63:
         raise ConfigError(f"seed={s} is out of range: use an integer 0..2^63-1")
     set_("seed", s)
@@ -159,23 +147,23 @@ def validate(cfg: DecodeConfig) -> None:
     if not 1 <= cfg.pld_ngram_min <= cfg.pld_ngram_max:
         raise ConfigError("prompt lookup n-gram bounds must satisfy 1 <= min <= max")
     for branch in ("lookup", "retrieve"):  # the branches grafted onto a tree drafter's tree
-        n = _number(branch, getattr(cfg, branch), int)
+        n = number(branch, getattr(cfg, branch), int)
         if not 0 <= n <= GAMMA_MAX:
             raise ConfigError(f"{branch}={n} is out of range: use 0 (off) up to {GAMMA_MAX} "
                               f"{'tokens' if branch == 'lookup' else 'nodes'}")
-        if n and branch not in _methods.spec(cfg.method).grafts:
+        if n and branch not in spec.grafts:
             raise ConfigError(f"{branch}={n} applies to the tree drafters only: use it with "
-                              f"{' or '.join(_methods.names(lambda s: branch in s.grafts))}, not {cfg.method}")
+                              f"{' or '.join(methods.names(lambda s: branch in s.grafts))}, not {cfg.method}")
         set_(branch, n)
     if cfg.tree not in TREE_SHAPES:
         raise ConfigError(f"tree={cfg.tree!r} is unknown: use static (the drafter's own tree) or dynamic (grown each "
                           "step from the drafter's confidence)")
-    if cfg.tree == "dynamic" and not _methods.spec(cfg.method).tree:
+    if cfg.tree == "dynamic" and not spec.tree:
         raise ConfigError(f"tree='dynamic' applies to the tree drafters only: use it with "
-                          f"{' or '.join(_methods.names(lambda s: s.tree))}, not {cfg.method}")
+                          f"{' or '.join(methods.names(lambda s: s.tree))}, not {cfg.method}")
     for name, high, what in (("tree_nodes", TREE_NODES_MAX, "nodes"), ("tree_depth", GAMMA_MAX, "levels"),
                              ("tree_topk", TREE_TOPK_MAX, "children per node")):
-        n = _number(name, getattr(cfg, name), int)
+        n = number(name, getattr(cfg, name), int)
         if not 1 <= n <= high:
             raise ConfigError(f"{name}={n} is out of range: use 1..{high} {what}")
         set_(name, n)

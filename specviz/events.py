@@ -62,8 +62,10 @@ class EmittedToken:
         return cls(**{**d, "verdict": Verdict(d["verdict"])})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StepEvent:
+    """One target forward of an engine: what was drafted, with each token's verdict, and what was committed. Built
+    with keyword arguments only (nine fields, most of them numbers: a positional list would be read wrong)."""
     step: int                             # 0-based target forward index
     drafts: tuple[DraftToken, ...]        # chain: in order; tree: every node with parent/depth
     emitted: tuple[EmittedToken, ...]     # committed this step, in order

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Optional
 
 from specviz import methods as registry
-from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, TRAINED_METHODS, DecodeConfig
+from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, DecodeConfig
+from specviz.methods import TRAINED_METHODS
 
 GPU_TARGET = "HuggingFaceTB/SmolLM2-1.7B-Instruct"
 GPU_DRAFT = "HuggingFaceTB/SmolLM2-135M-Instruct"

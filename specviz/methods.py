@@ -1,9 +1,10 @@
 """One registry of decoding methods: what each one is, what it takes, and where its code lives.
 
-Everything that used to be a parallel tuple of names (config.METHODS, TRAINED_METHODS, CHAIN_METHODS, ...) or a
-comparison against a method's name is derived from `METHODS` here, so adding a method means one entry below plus
-its engine file. Torch-free: engines, drafter modules and training losses are named by dotted paths
-("package.module:attribute") and imported on first use (`load`).
+Every list of method names (the trained ones, the chain drafters, the checkable ones, ...) and every per-method
+choice is derived from `METHODS` here, by `names(predicate)` or the tuples at the end, so adding a method means
+one entry below plus its engine file and its tests. Torch-free: engines, drafter modules and training losses are
+named by dotted paths ("package.module:attribute", the module that defines the attribute) and imported on first
+use (`load`).
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import importlib
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Optional
+
+from specviz.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -80,22 +83,22 @@ METHODS: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("eagle", "EAGLE", "one trained decoder layer over the target's features, drafting a tree",
                "trained", "tree", "specviz.engines.eagle:build", trained=True, grafts=("lookup", "retrieve"),
                chain=True, checkable=True, gamma=_TREE_GAMMA, drafter="specviz.engines.eagle:EagleDrafter",
-               module="specviz.drafters.trained:Eagle", loss="specviz.train.losses:eagle_loss",
+               module="specviz.drafters.modules:Eagle", loss="specviz.train.losses:eagle_loss",
                layout=("feature_layers",), small=True, tree_from="depths"),
     MethodSpec("medusa", "Medusa", "trained heads on the target's last hidden state, proposing a candidate tree",
-               "trained", "tree", "specviz.engines.tree:build_medusa", trained=True, grafts=("lookup", "retrieve"),
-               chain=True, checkable=True, gamma=_TREE_GAMMA, drafter="specviz.engines.tree:MedusaChainDrafter",
-               module="specviz.drafters.trained:Medusa", loss="specviz.train.losses:medusa_loss",
+               "trained", "tree", "specviz.engines.medusa:build", trained=True, grafts=("lookup", "retrieve"),
+               chain=True, checkable=True, gamma=_TREE_GAMMA, drafter="specviz.engines.medusa:MedusaChainDrafter",
+               module="specviz.drafters.modules:Medusa", loss="specviz.train.losses:medusa_loss",
                layout=("medusa_heads",), small=True, tree_from="heads"),
     MethodSpec("layerskip", "LayerSkip", "the target's own first layers and a trained exit adapter",
                "trained", "chain", "specviz.engines.layerskip:build", trained=True, chain=True, gamma=_CHAIN_GAMMA,
-               module="specviz.drafters.trained:ExitAdapter", loss="specviz.train.losses:layerskip_loss",
+               module="specviz.drafters.modules:ExitAdapter", loss="specviz.train.losses:layerskip_loss",
                layout=("exit_layer",), small=True),
     MethodSpec("draft", "distilled draft model",
                "a few decoder layers of its own, distilled from the target, sharing its embeddings and LM head",
                "trained", "chain", "specviz.engines.draft_model:build_distilled", trained=True, chain=True,
                checkable=True, gamma=_CHAIN_GAMMA, drafter="specviz.engines.draft_model:DistilledDrafter",
-               module="specviz.drafters.trained:DraftLM", loss="specviz.train.losses:draft_loss",
+               module="specviz.drafters.modules:DraftLM", loss="specviz.train.losses:draft_loss",
                layout=("draft_layers",)),
 )}
 
@@ -106,12 +109,10 @@ def names(predicate: Optional[Callable[[MethodSpec], bool]] = None) -> tuple[str
 
 
 def spec(name: str) -> MethodSpec:
-    """The registry entry of `name`; a one-line config.ConfigError naming the value and what is accepted otherwise."""
+    """The registry entry of `name`; a one-line ConfigError naming the value and what is accepted otherwise."""
     try:
         return METHODS[name]
     except (KeyError, TypeError):
-        from specviz.config import ConfigError
-
         raise ConfigError(f"method={name!r} is unknown: use one of {', '.join(METHODS)}") from None
 
 
@@ -123,3 +124,6 @@ def load(path: str):
 
 
 SPECULATIVE = names(lambda s: s.speculative)  # every method but the AR baseline (the race's, bench's and app's choices)
+TRAINED_METHODS = names(lambda s: s.trained)  # drafters trained against the target (python -m specviz train KIND)
+CHAIN_METHODS = names(lambda s: s.chain)      # draft a chain (Medusa: one draw per head): the step-through's choices
+CHECK_METHODS = names(lambda s: s.checkable)  # python -m specviz check --method: chain drafters over the chain loop

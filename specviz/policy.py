@@ -24,9 +24,9 @@ from specviz.config import (
     GAMMA_MAX,
     MAX_NEW_TOKENS_CAP,
     MAX_PROMPT_CHARS,
-    ConfigError,
     DecodeConfig,
 )
+from specviz.errors import ConfigError
 
 ALLOWED_DEFAULT = (DEFAULT_TARGET, DEFAULT_DRAFT, "HuggingFaceTB/SmolLM2-135M-Instruct",
                    "HuggingFaceTB/SmolLM2-360M-Instruct", "HuggingFaceTB/SmolLM2-1.7B-Instruct")

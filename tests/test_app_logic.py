@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 from test_render import AR, FULL, NO_DRAFT, PARTIAL
 
-from specviz.config import ConfigError, DecodeConfig
+from specviz.config import DecodeConfig
+from specviz.errors import ConfigError
 from specviz.metrics import compare
 from specviz.ui import logic
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specviz import engines
-from specviz.check import run as check
+from specviz.check.measure import verify_logit_diff
 from specviz.config import DecodeConfig
 from specviz.core import profile
 from specviz.core.cache import CachedLM
@@ -126,7 +126,7 @@ def test_engines_verify_bitwise(target_bf16, method):
     run.target.trace = []
     while run.finish_reason is None:
         engine.cycle(run)
-    diff, judged = check.verify_logit_diff(target_bf16, ids, run.tokens[len(ids):], run.target.trace)
+    diff, judged = verify_logit_diff(target_bf16, ids, run.tokens[len(ids):], run.target.trace)
     assert judged >= 40 and diff == 0.0
 
 

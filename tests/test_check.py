@@ -8,13 +8,18 @@ import pytest
 import torch
 
 from specviz import metrics
+from specviz.check import measure, stats
 from specviz.check import run as check
-from specviz.check import stats
+from specviz.check.options import CheckOptions
 from specviz.cli.main import main
+from specviz.config import DecodeConfig
 from specviz.core import profile
+from specviz.core.cache import CachedLM
 from specviz.core.sampling import pick, warp
+from specviz.engines.ar import AREngine
 from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.speculative import Proposal
+from specviz.metrics import CostProfile
 from specviz.models.loader import ModelError, int8_copy
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -51,12 +56,12 @@ def test_synthetic_suite_passes_and_its_control_is_flagged():
 
 
 def test_batch_model_reduces_to_leviathan_on_a_flat_profile():
-    flat = check.CostProfile("cpu", "float32", "sdpa", 0, 1, [1, 64], [0.01, 0.01], [0.01, 0.01])
+    flat = CostProfile("cpu", "float32", "sdpa", 0, 1, [1, 64], [0.01, 0.01], [0.01, 0.01])
     for alpha, gamma, c in [(0.8, 4, 0.1), (0.5, 2, 0.3)]:
-        assert abs(check.speedup_at(alpha, gamma, c, 1, flat) - metrics.predicted_speedup(alpha, gamma, c)) < 1e-12
+        assert abs(measure.speedup_at(alpha, gamma, c, 1, flat) - metrics.predicted_speedup(alpha, gamma, c)) < 1e-12
     # cost ∝ tokens
-    linear = check.CostProfile("cpu", "float32", "sdpa", 0, 1, [1, 2, 4], [0.01, 0.02, 0.04], [0.01, 0.02, 0.04])
-    assert check.speedup_at(0.8, 4, 0.0, 1, linear) == pytest.approx(metrics.expected_tokens_per_step(0.8, 4) / 5)
+    linear = CostProfile("cpu", "float32", "sdpa", 0, 1, [1, 2, 4], [0.01, 0.02, 0.04], [0.01, 0.02, 0.04])
+    assert measure.speedup_at(0.8, 4, 0.0, 1, linear) == pytest.approx(metrics.expected_tokens_per_step(0.8, 4) / 5)
     assert linear.time(8) == pytest.approx(0.08)  # linear beyond the largest size
     assert linear.ratio(4) == pytest.approx(4.0) and metrics.best_gamma(0.8, 0.0, linear, range(1, 5)) == 1
     assert metrics.profiled_speedup(0.8, 4, 0.1, flat) == pytest.approx(metrics.predicted_speedup(0.8, 4, 0.1))
@@ -73,14 +78,14 @@ def test_compatibility(target, tiny_target, tiny_draft):
     assert not refused.ok and "incompatible tokenizers" in refused.message and "\n" not in refused.message
     with pytest.raises(ModelError, match="incompatible tokenizers"):
         check.run_check(target, ModelDrafter(tiny_target), draft=tiny_target, prompts=TWO_PROMPTS,
-                        options=check.CheckOptions(**FAST))
+                        options=CheckOptions(**FAST))
 
 
 def test_run_check_on_tiny_pair_reports_every_part(tiny_target, tiny_draft):
     seen = []
     prompts = [{"id": 1, "category": "a", "prompt": "1 2 3 4 5"}, {"id": 2, "category": "b", "prompt": "9 8 7 1 2 3"}]
     report = check.run_check(tiny_target, ModelDrafter(tiny_draft), draft=tiny_draft, prompts=prompts,
-                             options=check.CheckOptions(**FAST), progress=lambda *a: seen.append(a))
+                             options=CheckOptions(**FAST), progress=lambda *a: seen.append(a))
     assert report.correct and report.verdict.startswith("correct; ") and "γ=4" in report.verdict
     assert [s for s in dict.fromkeys(stage for stage, _, _ in seen)] == list(check.STAGES)
     assert all(done == total for stage in check.STAGES for s, done, total in [max(x for x in seen if x[0] == stage)])
@@ -97,19 +102,20 @@ def test_check_of_a_feature_drafter_conditions_on_the_prefill(tiny_target):
     """EAGLE's first step is the target's prefill (it drafts nothing): the sampling test counts the next step,
     over the seeds whose prefill emitted the target's most likely first token, against p(. | prompt, that token)."""
     from specviz.drafters import trained as drafters
+    from specviz.drafters.config import DrafterConfig
     from specviz.engines.eagle import EagleDrafter
 
-    cfg = drafters.DrafterConfig.for_target("eagle", tiny_target.name, tiny_target.model.config)
+    cfg = DrafterConfig.for_target("eagle", tiny_target.name, tiny_target.model.config)
     torch.manual_seed(0)
     d = drafters.Drafter(drafters.build_module(cfg), cfg, tiny_target.model, None)
     prompts = [{"id": 1, "category": "a", "prompt": "1 2 3 4 5"}]
     report = check.run_check(tiny_target, EagleDrafter(d, "random eagle"), prompts=prompts,
-                             options=check.CheckOptions(**FAST), method="eagle")
+                             options=CheckOptions(**FAST), method="eagle")
     fid = report.fidelity
     assert report.correct, report.verdict
     assert fid.given is not None and fid.samples == 200 and fid.seeds >= 200 and fid.with_drafts == 200
     ids = tiny_target.encode_prompt("1 2 3 4 5")
-    first = int(check.CachedLM(tiny_target.model, tiny_target.device).logits(ids)[0].argmax())
+    first = int(CachedLM(tiny_target.model, tiny_target.device).logits(ids)[0].argmax())
     assert fid.given == tiny_target.text_of(first)
 
 
@@ -117,17 +123,17 @@ def test_a_real_greedy_divergence_is_a_bug_and_named(tiny_target):
     """Plant a divergence in a greedy output: the check names the position, its context, and calls it a bug
     (the tiny model's logits are far from a tie)."""
     ids = tiny_target.encode_prompt("1 2 3 4 5")
-    ar = [t for t in check.AREngine(tiny_target).steps(ids, check.DecodeConfig(method="ar", max_new_tokens=8))]
+    ar = [t for t in AREngine(tiny_target).steps(ids, DecodeConfig(method="ar", max_new_tokens=8))]
     ar_ids = [e.emitted[0].token_id for e in ar]
     bad = ar_ids[:5] + [(ar_ids[5] + 1) % 60] + ar_ids[6:]
-    div = check._divergence(tiny_target, ids, ar_ids, bad, 1e-3)
+    div = measure.divergence(tiny_target, ids, ar_ids, bad, 1e-3)
     assert div.index == 5 and not div.near_tie and div.top2_gap > 1e-3
     assert div.context == "".join(f"<{t}>" for t in ar_ids[:5])
     cmp = metrics.compare(ar, ar, "vanilla", True)
-    result = check.PromptResult(1, "a", "p", len(ids), "", ar_ids, bad, False, div, cmp)
-    fid = check.Fidelity(1, 1.0, 1.0, 100, 0, 0, stats.fit(torch.tensor([100.0]), torch.tensor([1.0])), True, [])
-    pay = check.payoff([result], [ar], [ar], None, check.CheckOptions())
-    correct, problems, verdict = check.conclude([result], fid, [], pay, check.CheckOptions())
+    result = measure.PromptResult(1, "a", "p", len(ids), "", ar_ids, bad, False, div, cmp)
+    fid = measure.Fidelity(1, 1.0, 1.0, 100, 0, 0, stats.fit(torch.tensor([100.0]), torch.tensor([1.0])), True, [])
+    pay = measure.payoff([result], [ar], [ar], None, CheckOptions())
+    correct, problems, verdict = check.conclude([result], fid, [], pay, CheckOptions())
     assert not correct and verdict.startswith("INCORRECT: greedy output differs from AR") and "token 5" in verdict
 
 
@@ -161,7 +167,7 @@ class _BugSession:
 
 def test_planted_sampling_bug_is_reported_incorrect(target):
     draft = int8_copy(target)
-    opts = check.CheckOptions(**{**FAST, "synthetic_samples": 0})
+    opts = CheckOptions(**{**FAST, "synthetic_samples": 0})
     report = check.run_check(target, GreedyDraftBug(ModelDrafter(draft)), draft=draft, prompts=TWO_PROMPTS,
                              options=opts)
     assert report.prompts and all(r.identical for r in report.prompts)  # greedy cannot see this bug
@@ -239,7 +245,7 @@ def test_tree_methods_sample_exactly_on_the_real_pair(target, method, branches):
 
     engine = engines.build(method, target)
     assert type(engine).__name__ == "TreeEngine"
-    options = check.CheckOptions(samples=100, temperature=0.7, max_new_tokens=8, synthetic_samples=0)
+    options = CheckOptions(samples=100, temperature=0.7, max_new_tokens=8, synthetic_samples=0)
     candidates = [(r["id"], target.encode_prompt(r["prompt"])) for r in check.DEFAULT_PROMPTS[:3]]
     fid = sampling_fidelity(engine, target, candidates, options, lambda done: None,
                             DecodeConfig(method=method, top_p=0.95, **branches))

@@ -5,7 +5,8 @@ import pytest
 
 from specviz.cli.bench import format_summary, read_prompts, with_fastest_plain
 from specviz.cli.main import main
-from specviz.config import ConfigError, DecodeConfig, check_prompt
+from specviz.config import DecodeConfig, check_prompt
+from specviz.errors import ConfigError
 from specviz.models import loader as models
 
 BAD = [

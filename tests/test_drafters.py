@@ -14,10 +14,12 @@ from specviz import engines
 from specviz.cli.main import main
 from specviz.config import DecodeConfig
 from specviz.drafters import trained as drafters
+from specviz.drafters.config import DrafterConfig, DrafterError
+from specviz.drafters.modules import DraftLM, load_into
 from specviz.engines.draft_model import DistilledDrafter
-from specviz.engines.eagle import EagleDrafter
+from specviz.engines.eagle import EagleDrafter, eagle_tree_engine
 from specviz.engines.layerskip import LayerSkipEngine, SplitLM
-from specviz.engines.tree import eagle_tree_engine, medusa_engine
+from specviz.engines.medusa import medusa_engine
 from specviz.events import Verdict
 from specviz.models.loader import ModelError
 from specviz.train import distill, features, losses
@@ -56,7 +58,7 @@ def test_greedy_identity_tiny(tiny_target, kind, extra, tree, compressed):
 def test_medusa_as_a_chain_is_exact(tiny_target, temperature):
     """Medusa drafting a chain (one draw per head, as the step-through view and the check run it): greedy output
     equals AR; sampled runs use every head and stay within the cap."""
-    from specviz.engines.tree import MedusaChainDrafter
+    from specviz.engines.medusa import MedusaChainDrafter
 
     eng = engines.SpeculativeEngine("medusa", tiny_target, MedusaChainDrafter(
         random_drafter(tiny_target, "medusa", torch.arange(0, 64, 2), medusa_heads=3), "test"))
@@ -178,8 +180,8 @@ def test_pickled_code_is_refused(tmp_path, tiny_target):
 def test_draft_model_copied_from_every_target_layer_is_the_target(tiny_target):
     """A draft model started from all of the target's layers (full vocabulary) computes the target itself:
     its layers, RoPE and incremental KV cache match transformers', so every greedy draft is accepted."""
-    cfg = drafters.DrafterConfig.for_target("draft", tiny_target.name, tiny_target.model.config, 0, draft_layers=[0, 1])
-    d = drafters.Drafter(drafters.DraftLM.from_target(cfg, tiny_target.model), cfg, tiny_target.model, None)
+    cfg = DrafterConfig.for_target("draft", tiny_target.name, tiny_target.model.config, 0, draft_layers=[0, 1])
+    d = drafters.Drafter(DraftLM.from_target(cfg, tiny_target.model), cfg, tiny_target.model, None)
     eng = engine_for(tiny_target, d)
     run = engines.generate(eng, [5, 9, 11, 13, 2], DecodeConfig(method="draft", max_new_tokens=40, gamma=4))
     judged = [t.verdict for e in run.events for t in e.drafts]
@@ -302,7 +304,7 @@ def test_training_smoke(tmp_path, kind):
     assert cfg.draft_vocab == 48 and state["vocab_ids"].tolist() == drafters.frequent_vocab(seqs, 64, 48).tolist()
     assert wider.held_out["identical"] == "1/1" and "--draft-vocab 48" in (wider.folder / "README.md").read_text()
     other = "draft" if kind != "draft" else "eagle"
-    with pytest.raises(drafters.DrafterError, match=f"is a {kind} drafter: train {kind} from it"):
+    with pytest.raises(DrafterError, match=f"is a {kind} drafter: train {kind} from it"):
         train.train(dataclasses.replace(warm, kind=other, out=tmp_path / "other"), log=lambda *_: None, target=target)
 
 
@@ -322,7 +324,7 @@ def test_training_takes_generated_ids_and_prompts_together(tmp_path):
     examples = train.examples_for(opts, target, lambda *_: None)
     assert len(examples) == 60 and sum(e["answer_ids"] == [4, 5, 6, 7] for e in examples) >= 40
     assert len(distill.read_examples(tmp_path / "run" / "data.jsonl")) == 20  # only the prompts were answered
-    card = train.card(drafters.DrafterConfig.for_target("draft", "tiny", target.model.config), opts)
+    card = train.card(DrafterConfig.for_target("draft", "tiny", target.model.config), opts)
     assert f"--data {ids} {prompts}" in card
 
 
@@ -364,7 +366,7 @@ def test_eagle_tree_top_path_equals_the_chain(tiny_target):
     the tokens the chain drafter drafts one by one."""
     from specviz.core.cache import CachedLM
     from specviz.core.trees import Tree
-    from specviz.engines.tree import EagleProposer
+    from specviz.engines.eagle import EagleProposer
 
     d = random_drafter(tiny_target, "eagle", torch.arange(0, 64, 2), seed=4)
     tokens = [3, 8, 13, 21, 34, 55, 2, 7]
@@ -526,7 +528,7 @@ def test_eagle3_layout_loads(tmp_path, tiny_target):
     """A checkpoint in EAGLE-3's published layout: fc over three concatenated target features, midlayer.* (with
     hidden_norm; attention 2d wide), norm, its own lm_head over a draft vocabulary, d2t/t2d maps, embed_tokens
     (ignored). It drafts with exactly those weights: the head's row r scores target token r + d2t[r]."""
-    cfg = drafters.DrafterConfig.for_target("eagle", tiny_target.name, tiny_target.model.config, 16,
+    cfg = DrafterConfig.for_target("eagle", tiny_target.name, tiny_target.model.config, 16,
                                             feature_layers=[1, 1, 0], own_lm_head=True)
     torch.manual_seed(3)
     ours = drafters.build_module(cfg)
@@ -556,9 +558,9 @@ def test_eagle3_layout_loads(tmp_path, tiny_target):
     assert run.token_ids == engines.generate(engines.build("ar", tiny_target), [4, 5, 6], cfg).token_ids
     (tmp_path / "config.json").write_text(json.dumps(
         {"hidden_size": 32, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 16, 29]}}))
-    with pytest.raises(drafters.DrafterError, match="has 2 layers"):
+    with pytest.raises(DrafterError, match="has 2 layers"):
         drafters.load(tmp_path, tiny_target)
-    with pytest.raises(drafters.DrafterError,
+    with pytest.raises(DrafterError,
                        match="has its own LM head over 16 tokens, so draft-vocab=8 cannot apply"):
         train.rechoose_vocab(d.cfg, train.TrainOptions(init=tmp_path, draft_vocab=8), [[1, 2]], 64, print)
 
@@ -700,7 +702,7 @@ def test_datastore_branch_steps_aside_behind_a_full_lookup_match():
     def sources(tokens):
         run = TreeRun(DecodeConfig(method="eagle", lookup=4, retrieve=4), None, None, None, 0, tokens, store)
         engine = SimpleNamespace(target=SimpleNamespace(eos_ids=frozenset({0})))
-        return sorted({head for _, head in TreeEngine._grafted(engine, prop, run, cap=8).grafted})
+        return sorted({head for _, head in TreeEngine.graft_branches(engine, prop, run, cap=8).grafted})
 
     assert sources([1, 2, 3, 7, 1, 2, 3]) == [LOOKUP_HEAD]                  # (1, 2, 3) matched: the lookup alone
     assert sources([5, 2, 3, 7, 1, 2, 3]) == [RETRIEVAL_HEAD, LOOKUP_HEAD]  # only (2, 3) matched: both
@@ -708,7 +710,7 @@ def test_datastore_branch_steps_aside_behind_a_full_lookup_match():
 
 
 def test_datastore_branch_needs_a_datastore(tiny_target):
-    from specviz.config import ConfigError
+    from specviz.errors import ConfigError
 
     eng = engine_for(tiny_target, random_drafter(tiny_target, "eagle", torch.arange(0, 64, 2)), tree=True)
     with pytest.raises(ConfigError, match=r"^retrieve=3 needs a datastore of the target's own answers: there is one "
@@ -718,7 +720,7 @@ def test_datastore_branch_needs_a_datastore(tiny_target):
 
 
 def test_lookup_is_for_tree_drafters():
-    from specviz.config import ConfigError
+    from specviz.errors import ConfigError
 
     with pytest.raises(ConfigError, match="lookup=3 applies to the tree drafters only"):
         DecodeConfig(method="pld", lookup=3)
@@ -748,7 +750,7 @@ def test_small_drafters_run_in_bf16_on_the_packed_matmul_beside_a_bf16_cpu_targe
     cfg, state = drafters.read_layout(folder, target_bf16)
     state.pop("vocab_ids", None)
     fp32 = drafters.build_module(cfg)
-    drafters.load_into(fp32, state, "fp32 copy")
+    load_into(fp32, state, "fp32 copy")
     ids = target_bf16.encode_prompt("Explain why the sky is blue in two sentences.")
     answer = engines.generate(engines.build("ar", target_bf16), ids,
                               DecodeConfig(method="ar", max_new_tokens=24)).token_ids

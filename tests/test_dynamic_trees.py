@@ -12,10 +12,12 @@ from tiny import random_drafter
 from specviz import engines, methods
 from specviz.cli.common import method_spec
 from specviz.cli.main import main
-from specviz.config import TREE_NODES_MAX, ConfigError, DecodeConfig
+from specviz.config import TREE_NODES_MAX, DecodeConfig
 from specviz.core.cache import CachedLM
 from specviz.core.trees import TreeError, best_nodes, subtree
-from specviz.engines.tree import EagleProposer, MedusaProposer, eagle_tree_engine, medusa_engine
+from specviz.engines.eagle import EagleProposer, eagle_tree_engine
+from specviz.engines.medusa import MedusaProposer, medusa_engine
+from specviz.errors import ConfigError
 from specviz.events import LOOKUP_HEAD, DraftToken, StepEvent, Verdict
 from specviz.ui import controls, plots
 
@@ -206,7 +208,8 @@ def test_tree_panel_shows_path_probability_on_hover():
              DraftToken(2, "B", Verdict.REJECTED, 0.4, 0.3, None, 0, 1),
              DraftToken(3, "C", Verdict.DISCARDED, 0.25, None, None, 1, 2),
              DraftToken(4, "D", Verdict.DISCARDED, 1.0, None, None, 0, 1, LOOKUP_HEAD))
-    event = StepEvent(2, nodes, (), 0.01, 0.02, 3, 1, 4)
+    event = StepEvent(step=2, drafts=nodes, emitted=(), draft_s=0.01, verify_s=0.02, draft_forwards=3,
+                      target_forwards=1, gamma=4)
     assert plots.path_probabilities(nodes) == pytest.approx([0.5, 0.2, 0.05, None])
     hovers = {text: hover for trace in plots.tree_figure(event).data if trace.hovertext
               for text, hover in zip(trace.text, trace.hovertext)}

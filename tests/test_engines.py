@@ -178,8 +178,9 @@ def test_repeat_split_asks_whether_the_first_draft_copies():
     from specviz.events import LOOKUP_HEAD, DraftToken, EmittedToken, StepEvent
 
     def step(i, drafts, emitted):
-        return StepEvent(i, tuple(DraftToken(t, "", v, 0.5, depth=dep, rank=r, head=h) for t, v, dep, r, h in drafts),
-                         tuple(EmittedToken(t, "", Verdict.ACCEPTED) for t in emitted))
+        nodes = tuple(DraftToken(t, "", v, 0.5, depth=dep, rank=r, head=h) for t, v, dep, r, h in drafts)
+        return StepEvent(step=i, drafts=nodes,
+                         emitted=tuple(EmittedToken(t, "", Verdict.ACCEPTED) for t in emitted))
     A, R = Verdict.ACCEPTED, Verdict.REJECTED
     prompt = [7, 1, 2, 3, 4, 9, 1, 2]
     events = [step(0, [], [3]),  # the prefill drafts nothing: not counted

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_plots import TREE
 from test_render import FULL, NO_DRAFT, PARTIAL
 
-from specviz.config import ConfigError
+from specviz.errors import ConfigError
 from specviz.metrics import summarize
 from specviz.serving import export, metrics
 

@@ -20,8 +20,8 @@ import torch
 from tiny import tiny_model
 
 from specviz import engines, hardware
-from specviz.check import run as check
-from specviz.check import stats
+from specviz.check import measure, stats
+from specviz.check.options import CheckOptions
 from specviz.config import DecodeConfig
 from specviz.core import profile
 from specviz.engines.draft_model import ModelDrafter
@@ -102,10 +102,10 @@ class _BuggySession:
         self.session.rollback(n_valid)
 
 
-def engine_fidelity(target, drafter) -> check.Fidelity:
-    options = check.CheckOptions(gamma=3, temperature=TEMPERATURE, samples=SAMPLES, max_new_tokens=8)
+def engine_fidelity(target, drafter) -> measure.Fidelity:
+    options = CheckOptions(gamma=3, temperature=TEMPERATURE, samples=SAMPLES, max_new_tokens=8)
     engine = SpeculativeEngine("vanilla", target, drafter)
-    return check.sampling_fidelity(engine, target, list(enumerate(PROMPTS)), options, lambda done: None)
+    return measure.sampling_fidelity(engine, target, list(enumerate(PROMPTS)), options, lambda done: None)
 
 
 def test_engine_sampling_follows_the_target_on_cuda(cuda_target, cuda_draft):

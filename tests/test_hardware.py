@@ -126,8 +126,10 @@ def test_default_gamma_per_method_is_the_measured_one():
 def test_default_lookup_branch_rides_on_the_tree_drafters_only():
     """On a CPU EAGLE and Medusa carry prompt lookup's branch of the measured length; no other method can (DecodeConfig
     refuses it) and the GPU pair measured none."""
-    from specviz.config import LOOKUP_METHODS, DecodeConfig
+    from specviz.config import DecodeConfig
+    from specviz.methods import names
 
+    LOOKUP_METHODS = names(lambda s: "lookup" in s.grafts)
     assert CPU_LOOKUP > 0
     assert [EMBEDDED_PAIR.lookup_for(m) for m in LOOKUP_METHODS] == [CPU_LOOKUP] * len(LOOKUP_METHODS)
     assert EMBEDDED_PAIR.lookup_for("pld") == EMBEDDED_PAIR.lookup_for("vanilla") == DecodeConfig.lookup == 0
@@ -139,9 +141,11 @@ def test_default_lookup_branch_rides_on_the_tree_drafters_only():
 def test_default_datastore_branch_rides_on_the_tree_drafters_only():
     """Likewise the datastore's branch: on a CPU on EAGLE and Medusa with the embedded target, nowhere on the GPU
     pair."""
-    from specviz.config import LOOKUP_METHODS, DecodeConfig
+    from specviz.config import DecodeConfig
     from specviz.hardware import CPU_GRAFTS, CPU_RETRIEVE
+    from specviz.methods import names
 
+    LOOKUP_METHODS = names(lambda s: "lookup" in s.grafts)
     assert CPU_RETRIEVE > 0
     assert [EMBEDDED_PAIR.retrieve_for(m) for m in LOOKUP_METHODS] == [CPU_RETRIEVE] * len(LOOKUP_METHODS)
     assert EMBEDDED_PAIR.retrieve_for("pld") == EMBEDDED_PAIR.retrieve_for("vanilla") == DecodeConfig.retrieve == 0

@@ -6,17 +6,26 @@ import pytest
 import torch
 from tiny import random_drafter
 
-from specviz import config, engines, methods
-from specviz.config import ConfigError, DecodeConfig
+from specviz import engines, methods
+from specviz.config import DecodeConfig
 from specviz.drafters import trained as drafters
+from specviz.drafters.config import KINDS, DrafterConfig, DrafterError
 from specviz.engines.speculative import SpeculativeEngine
 from specviz.engines.tree import TreeEngine
+from specviz.errors import ConfigError
 
+# The shipped methods, in registry order. A method added later comes after them and needs no change here: the
+# checks below pin these seven and derive everything else from the registry.
 ORDER = ("ar", "vanilla", "pld", "eagle", "medusa", "layerskip", "draft")
 
 
+def shipped(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The shipped methods among `names`, in their order."""
+    return tuple(n for n in names if n in ORDER)
+
+
 def test_registry_order_and_fields():
-    assert tuple(methods.METHODS) == ORDER == methods.names()
+    assert methods.names()[:len(ORDER)] == ORDER and tuple(methods.METHODS) == methods.names()
     for name, s in methods.METHODS.items():
         assert s.name == name and s.label and s.description and "\n" not in s.description
         assert s.family in ("baseline", "draft model", "lookup", "trained")
@@ -39,22 +48,27 @@ def test_derived_name_lists_match_the_registry():
     from specviz.core import profile
     from specviz.ui import logic
 
-    assert config.METHODS == ORDER
-    assert config.TRAINED_METHODS == ("eagle", "medusa", "layerskip", "draft") == drafters.KINDS
-    assert config.CHAIN_METHODS == ("vanilla", "pld", "eagle", "medusa", "layerskip", "draft")
-    assert config.CHECK_METHODS == ("vanilla", "pld", "eagle", "medusa", "draft")
-    assert config.LOOKUP_METHODS == ("eagle", "medusa")
-    assert drafters.SMALL_KINDS == ("eagle", "medusa", "layerskip")
-    assert check.CHECKED_TRAINED == ("eagle", "medusa", "draft")
-    assert profile.COST_METHODS == ("vanilla", "eagle", "medusa", "layerskip", "draft")
-    assert logic.SPEC_METHODS == methods.SPECULATIVE == ORDER[1:]
-    assert hardware.CPU_LOOKUPS == (("eagle", hardware.CPU_LOOKUP), ("medusa", hardware.CPU_LOOKUP))
-    assert hardware.CPU_RETRIEVES == (("eagle", hardware.CPU_RETRIEVE), ("medusa", hardware.CPU_RETRIEVE))
+    names = methods.names
+    assert methods.TRAINED_METHODS == names(lambda s: s.trained) == KINDS
+    assert methods.CHAIN_METHODS == names(lambda s: s.chain)
+    assert methods.CHECK_METHODS == names(lambda s: s.checkable)
+    assert logic.SPEC_METHODS == methods.SPECULATIVE == names(lambda s: s.speculative)
+    assert shipped(methods.TRAINED_METHODS) == ("eagle", "medusa", "layerskip", "draft")
+    assert shipped(methods.CHAIN_METHODS) == ("vanilla", "pld", "eagle", "medusa", "layerskip", "draft")
+    assert shipped(methods.CHECK_METHODS) == ("vanilla", "pld", "eagle", "medusa", "draft")
+    assert shipped(methods.SPECULATIVE) == ORDER[1:]
+    assert shipped(names(lambda s: "lookup" in s.grafts)) == ("eagle", "medusa")
+    assert shipped(drafters.SMALL_KINDS) == ("eagle", "medusa", "layerskip")
+    assert shipped(check.CHECKED_TRAINED) == ("eagle", "medusa", "draft")
+    assert shipped(profile.COST_METHODS) == ("vanilla", "eagle", "medusa", "layerskip", "draft")
+    assert shipped(tuple(m for m, _ in hardware.CPU_LOOKUPS)) == ("eagle", "medusa")
+    assert {n for _, n in hardware.CPU_LOOKUPS} == {hardware.CPU_LOOKUP}
+    assert {n for _, n in hardware.CPU_RETRIEVES} == {hardware.CPU_RETRIEVE}
     assert [m for m in ORDER if methods.spec(m).uses_draft_model] == ["vanilla"]
     assert [m for m in ORDER if methods.spec(m).tree] == ["eagle", "medusa"]
 
 
-@pytest.mark.parametrize("name", ORDER)
+@pytest.mark.parametrize("name", methods.names())
 def test_every_name_builds_a_config(name):
     cfg = DecodeConfig(method=name)
     assert cfg.method == name and methods.spec(name) is methods.METHODS[name]
@@ -65,14 +79,15 @@ def test_unknown_name_is_one_line(bad):
     with pytest.raises(ConfigError) as spec_error:
         methods.spec(bad)
     message = str(spec_error.value)
-    assert message == f"method={bad!r} is unknown: use one of ar, vanilla, pld, eagle, medusa, layerskip, draft"
+    assert message == f"method={bad!r} is unknown: use one of {', '.join(methods.names())}"
+    assert message.startswith(f"method={bad!r} is unknown: use one of ar, vanilla, pld, eagle, medusa, layerskip")
     if isinstance(bad, str):
         with pytest.raises(ConfigError) as config_error:
             DecodeConfig(method=bad)
         assert str(config_error.value) == message  # the same line as DecodeConfig's
 
 
-@pytest.mark.parametrize("name", ORDER)
+@pytest.mark.parametrize("name", methods.names())
 @pytest.mark.parametrize("branch", ["lookup", "retrieve"])
 def test_grafts_only_where_the_spec_says(name, branch):
     if branch in methods.spec(name).grafts:
@@ -83,11 +98,14 @@ def test_grafts_only_where_the_spec_says(name, branch):
             DecodeConfig(method=name, **{branch: 4})
 
 
-def test_dotted_paths_resolve():
+def test_dotted_paths_resolve_in_their_defining_modules():
+    """Each "module:attribute" names the module that defines the attribute, not one that merely imports it."""
     for s in methods.METHODS.values():
         for path in (s.engine, s.drafter, s.module, s.loss):
             if path:
-                assert callable(methods.load(path)), path
+                target = methods.load(path)
+                assert callable(target), path
+                assert target.__module__ == path.partition(":")[0], f"{path}: defined in {target.__module__}"
 
 
 def test_registry_and_config_are_torch_free():
@@ -121,12 +139,12 @@ def test_trained_engines_follow_the_registry(tmp_path, tiny_target, kind, extra)
 
 
 def test_describe_names_each_layout(tiny_target):
-    cfg = lambda kind, **extra: drafters.DrafterConfig.for_target(kind, "t", tiny_target.model.config, **extra)  # noqa: E731
+    cfg = lambda kind, **extra: DrafterConfig.for_target(kind, "t", tiny_target.model.config, **extra)  # noqa: E731
     assert drafters.describe(cfg("eagle")) == "EAGLE, one decoder layer, full vocabulary"
     eagle3 = drafters.describe(cfg("eagle", feature_layers=[1, 2]))
     assert eagle3.startswith("EAGLE-3, one decoder layer over the target's hidden states after layers [1, 2]")
     assert drafters.describe(cfg("medusa", medusa_heads=3)) == "Medusa, 3 heads, full vocabulary"
     assert drafters.describe(cfg("layerskip", exit_layer=1)).startswith("LayerSkip: the target's first 1 layers")
     assert drafters.describe(cfg("draft", draft_layers=[0])).startswith("a distilled draft model of 1 decoder layers")
-    with pytest.raises(drafters.DrafterError, match="drafter kind 'x' is unknown: use one of eagle, medusa"):
+    with pytest.raises(DrafterError, match="drafter kind 'x' is unknown: use one of eagle, medusa"):
         drafters.build_module(cfg("x"))

@@ -85,18 +85,20 @@ def test_fully_accepted_chain_ends_in_the_bonus_token_on_the_same_line():
 
 
 # a real tree (as a Medusa engine would yield it): two roots; the first has two children, one of which is kept
-TREE = StepEvent(5, (
+TREE = StepEvent(step=5, drafts=(
     D(1, "A", V.ACCEPTED, 0.6, 0.7, None, -1, 0),
     D(2, "B", V.DISCARDED, 0.3, None, None, -1, 0),
     D(3, "C", V.ACCEPTED, 0.5, 0.6, None, 0, 1),
     D(4, "D", V.DISCARDED, 0.2, None, None, 0, 1),
     D(5, "E", V.REJECTED, 0.4, 0.2, None, 2, 2),
-), (E(1, "A", V.ACCEPTED), E(3, "C", V.ACCEPTED), E(6, "F", V.RESAMPLED)), 0.01, 0.02, 3, 1, 3)
+), emitted=(E(1, "A", V.ACCEPTED), E(3, "C", V.ACCEPTED), E(6, "F", V.RESAMPLED)),
+    draft_s=0.01, verify_s=0.02, draft_forwards=3, target_forwards=1, gamma=3)
 
 
 def test_accept_histogram_of_a_tree_runs_to_its_depth_not_its_node_count():
     # as the tree engine writes them: γ is the node count
-    wide = StepEvent(0, tuple(D(10 + i, "x", V.DISCARDED, 0.1, None, None, -1, 0) for i in range(12)), (), gamma=12)
+    wide = StepEvent(step=0, drafts=tuple(D(10 + i, "x", V.DISCARDED, 0.1, None, None, -1, 0) for i in range(12)),
+                     emitted=(), gamma=12)
     tree = dataclasses.replace(TREE, gamma=len(TREE.drafts))
     assert plots.accepted_length_counts([tree]) == [0, 0, 1, 0]  # 5 nodes, depth 3: kept A and C
     assert plots.accepted_length_counts([wide]) == [1, 0]  # 12 siblings: a step keeps at most one of them
@@ -122,9 +124,10 @@ def test_real_tree_draws_every_branch_and_highlights_one_path():
 def test_a_wide_tree_keeps_its_labels_apart():
     """Eight refused siblings (Medusa's depth-1 candidates): labels sit beside smaller nodes, and the target's own
     token hangs below the tree instead of on top of a sibling."""
-    wide = StepEvent(1, tuple(D(10 + i, f"t{i}", V.REJECTED if i == 0 else V.DISCARDED, 0.1, 0.0 if i == 0 else None,
-                                None, -1, 0, head=0, rank=i) for i in range(8)),
-                     (E(99, "x", V.RESAMPLED),), 0.01, 0.02, 1, 1, 1)
+    wide = StepEvent(step=1, drafts=tuple(D(10 + i, f"t{i}", V.REJECTED if i == 0 else V.DISCARDED, 0.1,
+                                            0.0 if i == 0 else None, None, -1, 0, head=0, rank=i) for i in range(8)),
+                     emitted=(E(99, "x", V.RESAMPLED),), draft_s=0.01, verify_s=0.02, draft_forwards=1,
+                     target_forwards=1, gamma=1)
     fig = plots.tree_figure(wide)
     markers = [t for t in fig.data if t.name in ("rejected", "discarded", "resampled")]
     assert {t.textposition for t in markers} == {"middle right"} and {t.marker.size for t in markers} == {11}
@@ -152,11 +155,12 @@ def test_prompt_lookup_nodes_hang_on_dashed_edges_and_say_so():
     their own, and their hover names the lookup; a tree without them draws no such trace."""
     from specviz.events import LOOKUP_HEAD
 
-    grafted = StepEvent(2, (
+    grafted = StepEvent(step=2, drafts=(
         D(1, "A", V.REJECTED, 0.6, 0.1, None, -1, 0),
         D(7, "X", V.ACCEPTED, 1.0, 0.9, None, -1, 0, head=LOOKUP_HEAD, rank=1),
         D(8, "Y", V.REJECTED, 1.0, 0.2, None, 1, 1, head=LOOKUP_HEAD),
-    ), (E(7, "X", V.ACCEPTED), E(9, "Z", V.RESAMPLED)), 0.01, 0.02, 1, 1, 3)
+    ), emitted=(E(7, "X", V.ACCEPTED), E(9, "Z", V.RESAMPLED)),
+        draft_s=0.01, verify_s=0.02, draft_forwards=1, target_forwards=1, gamma=3)
     fig = plots.tree_figure(grafted)
     lookup = next(t for t in fig.data if t.name == "prompt lookup")
     assert lookup.line.dash == "dash" and len(segments(lookup)) == 1  # X -> Y; X itself is on the accepted path
@@ -171,12 +175,13 @@ def test_datastore_nodes_hang_on_dotted_edges_and_say_so():
     hover that names the datastore."""
     from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD
 
-    grafted = StepEvent(2, (
+    grafted = StepEvent(step=2, drafts=(
         D(1, "A", V.ACCEPTED, 0.6, 0.9, None, -1, 0),
         D(7, "X", V.REJECTED, 1.0, 0.1, None, 0, 1, head=LOOKUP_HEAD),
         D(8, "Y", V.REJECTED, 1.0, 0.2, None, 0, 1, head=RETRIEVAL_HEAD, rank=1),
         D(5, "W", V.DISCARDED, 1.0, None, None, 2, 2, head=RETRIEVAL_HEAD),
-    ), (E(1, "A", V.ACCEPTED), E(9, "Z", V.RESAMPLED)), 0.01, 0.02, 1, 1, 4)
+    ), emitted=(E(1, "A", V.ACCEPTED), E(9, "Z", V.RESAMPLED)),
+        draft_s=0.01, verify_s=0.02, draft_forwards=1, target_forwards=1, gamma=4)
     fig = plots.tree_figure(grafted)
     names = [t.name for t in fig.data]
     datastore = next(t for t in fig.data if t.name == "datastore")

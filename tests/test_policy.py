@@ -1,7 +1,8 @@
 """Public mode: allow-listed models only, no local paths, caps on prompt, tokens and γ."""
 import pytest
 
-from specviz.config import ConfigError, DecodeConfig
+from specviz.config import DecodeConfig
+from specviz.errors import ConfigError
 from specviz.policy import Policy
 
 

@@ -15,7 +15,8 @@ from specviz.events import StepEvent
 from specviz.events import Verdict as V
 from specviz.ui import controls, lesson, logic
 
-SAME = [StepEvent(0, (), (E(11, "The", V.ACCEPTED, 0.9), E(12, " sky", V.BONUS, 0.7)))]  # AR's "The sky" in one step
+# AR's "The sky" in one step
+SAME = [StepEvent(step=0, drafts=(), emitted=(E(11, "The", V.ACCEPTED, 0.9), E(12, " sky", V.BONUS, 0.7)))]
 
 
 def test_greedy_identical_texts_say_so_and_show_both_one_above_the_other():

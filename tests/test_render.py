@@ -11,22 +11,24 @@ from specviz.events import Verdict as V
 from specviz.ui import render
 
 # step 0: four drafts, two kept, the third refused (the fourth never judged), the target resamples " looks"
-PARTIAL = StepEvent(0, (
+PARTIAL = StepEvent(step=0, drafts=(
     D(11, "The", V.ACCEPTED, 0.9, 0.95, 1.0, -1, 0),
     D(12, " sky", V.ACCEPTED, 0.8, 0.7, 0.875, 0, 1),
     D(13, " is", V.REJECTED, 0.6, 0.1, 0.1667, 1, 2),
     D(14, " red", V.DISCARDED, 0.5, None, None, 2, 3),
-), (E(11, "The", V.ACCEPTED, 0.95), E(12, " sky", V.ACCEPTED, 0.7), E(15, " looks", V.RESAMPLED, 0.5)),
-    0.01, 0.02, 4, 1, 4)
+), emitted=(E(11, "The", V.ACCEPTED, 0.95), E(12, " sky", V.ACCEPTED, 0.7), E(15, " looks", V.RESAMPLED, 0.5)),
+    draft_s=0.01, verify_s=0.02, draft_forwards=4, target_forwards=1, gamma=4)
 # step 1: both drafts kept, plus the target's bonus token
-FULL = StepEvent(1, (
+FULL = StepEvent(step=1, drafts=(
     D(16, " blue", V.ACCEPTED, 0.7, 0.9, 1.0, -1, 0),
     D(17, "\n", V.ACCEPTED, 0.6, 0.8, 1.0, 0, 1),
-), (E(16, " blue", V.ACCEPTED, 0.9), E(17, "\n", V.ACCEPTED, 0.8), E(18, "<b>", V.BONUS, 0.4)),
-    0.005, 0.02, 2, 1, 2, "length")
+), emitted=(E(16, " blue", V.ACCEPTED, 0.9), E(17, "\n", V.ACCEPTED, 0.8), E(18, "<b>", V.BONUS, 0.4)),
+    draft_s=0.005, verify_s=0.02, draft_forwards=2, target_forwards=1, gamma=2, finish_reason="length")
 # prompt lookup found nothing: no drafts, the target's own token
-NO_DRAFT = StepEvent(2, (), (E(19, "!", V.PLAIN, 0.3),), 0.0, 0.02, 0, 1, 0)
-AR = [StepEvent(i, (), (E(t, s, V.PLAIN, 0.5),), 0.0, 0.02, 0, 1, 0)
+NO_DRAFT = StepEvent(step=2, drafts=(), emitted=(E(19, "!", V.PLAIN, 0.3),), draft_s=0.0, verify_s=0.02,
+                     draft_forwards=0, target_forwards=1, gamma=0)
+AR = [StepEvent(step=i, drafts=(), emitted=(E(t, s, V.PLAIN, 0.5),), draft_s=0.0, verify_s=0.02, draft_forwards=0,
+                target_forwards=1, gamma=0)
       for i, (t, s) in enumerate([(11, "The"), (12, " sky")])]
 
 
@@ -86,15 +88,15 @@ def test_ansi_without_colour_is_the_committed_text():
 
 # a tree step: "The sky" kept on the path; two children of the path's end refused (the drafter's first guess " is",
 # then the lookup's " was"); two nodes on another branch never judged; the target writes " looks"
-TREE = StepEvent(3, (
+TREE = StepEvent(step=3, drafts=(
     D(11, "The", V.ACCEPTED, 0.9, 0.95, None, -1, 0),
     D(21, "A", V.DISCARDED, 0.05, None, None, -1, 0, rank=1),
     D(12, " sky", V.ACCEPTED, 0.8, 0.7, None, 0, 1),
     D(22, " cat", V.DISCARDED, 0.3, None, None, 1, 1),
     D(13, " is", V.REJECTED, 0.6, 0.1, None, 2, 2),
     D(23, " was", V.REJECTED, 0.2, 0.05, None, 2, 2, head=-1),
-), (E(11, "The", V.ACCEPTED, 0.95), E(12, " sky", V.ACCEPTED, 0.7), E(15, " looks", V.RESAMPLED, 0.5)),
-    0.01, 0.02, 1, 1, 6)
+), emitted=(E(11, "The", V.ACCEPTED, 0.95), E(12, " sky", V.ACCEPTED, 0.7), E(15, " looks", V.RESAMPLED, 0.5)),
+    draft_s=0.01, verify_s=0.02, draft_forwards=1, target_forwards=1, gamma=6)
 
 
 class _Reader(HTMLParser):
@@ -154,7 +156,8 @@ def test_a_pane_without_its_hidden_drafts_reads_as_the_committed_text():
 
 
 def test_a_refused_newline_breaks_no_line():
-    e = StepEvent(0, (D(30, "\n", V.REJECTED, 0.5, 0.1, None, -1, 0),), (E(31, "!", V.RESAMPLED, 0.6),))
+    e = StepEvent(step=0, drafts=(D(30, "\n", V.REJECTED, 0.5, 0.1, None, -1, 0),),
+                  emitted=(E(31, "!", V.RESAMPLED, 0.6),))
     out = render.to_html(render.step_spans(e))
     assert "↵<br>" not in out and "↵" in out
     assert "↵<br>" in render.to_html(render.spans([FULL]))  # a committed one still does

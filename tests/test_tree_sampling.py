@@ -208,7 +208,8 @@ def test_two_token_control_is_caught(monkeypatch):
 def tree_engine(target, kind: str):
     from tiny import random_drafter
 
-    from specviz.engines.tree import eagle_tree_engine, medusa_engine
+    from specviz.engines.eagle import eagle_tree_engine
+    from specviz.engines.medusa import medusa_engine
 
     extra = {"medusa_heads": 3} if kind == "medusa" else {}
     d = random_drafter(target, kind, torch.arange(0, 64, 2), **extra)
@@ -260,7 +261,7 @@ def test_tree_engine_samples_the_target(tiny_target, kind):
     """The check's fidelity test on a tree engine: the first token of its first tree step over seeds, against
     the target's distribution (after the prefill's most likely token)."""
     from specviz.check.measure import sampling_fidelity
-    from specviz.check.run import CheckOptions
+    from specviz.check.options import CheckOptions
 
     options = CheckOptions(samples=100, temperature=1.0, max_new_tokens=8, synthetic_samples=0)
     fid = sampling_fidelity(tree_engine(tiny_target, kind), tiny_target, [(1, PROMPT)], options, lambda done: None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from specviz.drafters import trained as drafters
+from specviz.drafters.config import DrafterConfig
 from specviz.models import loader as models
 
 
@@ -46,7 +47,7 @@ def tiny_model(seed: int = 0, vocab: int = 64, layers: int = 2, eos: int = 63,
 
 def random_drafter(target: models.LoadedModel, kind: str, vocab_ids=None, seed: int = 1, **extra) -> drafters.Drafter:
     """A trained drafter of `kind` for `target` with random weights, on the target's device and dtype."""
-    cfg = drafters.DrafterConfig.for_target(kind, target.name, target.model.config,
+    cfg = DrafterConfig.for_target(kind, target.name, target.model.config,
                                             0 if vocab_ids is None else len(vocab_ids), **extra)
     torch.manual_seed(seed)
     module = drafters.build_module(cfg)

@@ -13,7 +13,8 @@ from specviz import engines, metrics, paths  # noqa: E402
 from specviz.cli.bench import read_prompts  # noqa: E402
 from specviz.config import DecodeConfig  # noqa: E402
 from specviz.drafters import trained as drafters  # noqa: E402
-from specviz.engines.tree import eagle_tree_engine, medusa_engine  # noqa: E402
+from specviz.engines.eagle import eagle_tree_engine  # noqa: E402
+from specviz.engines.medusa import medusa_engine  # noqa: E402
 from specviz.models import kernels  # noqa: E402
 from specviz.models import loader as models  # noqa: E402
 

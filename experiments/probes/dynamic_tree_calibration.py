@@ -31,7 +31,8 @@ from specviz.core.cache import CachedLM  # noqa: E402
 from specviz.core.profile import SIZES, verify_profile  # noqa: E402
 from specviz.core.trees import best_nodes  # noqa: E402
 from specviz.drafters import trained as drafters  # noqa: E402
-from specviz.engines.tree import EagleProposer, MedusaProposer  # noqa: E402
+from specviz.engines.eagle import EagleProposer  # noqa: E402
+from specviz.engines.medusa import MedusaProposer  # noqa: E402
 from specviz.models import loader as models  # noqa: E402
 from specviz.paths import DRAFTERS, PROFILES  # noqa: E402
 

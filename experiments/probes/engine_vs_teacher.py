@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, s
 from specviz import engines, paths  # noqa: E402
 from specviz.config import DecodeConfig  # noqa: E402
 from specviz.drafters import trained as drafters  # noqa: E402
-from specviz.engines.tree import eagle_tree_engine  # noqa: E402
+from specviz.engines.eagle import eagle_tree_engine  # noqa: E402
 from specviz.models import loader as models  # noqa: E402
 
 target = models.get()  # the default target in this device's default dtype (on a CPU what `bench` loads)

@@ -19,8 +19,9 @@ from specviz import engines, metrics, prompts  # noqa: E402
 from specviz.config import DecodeConfig  # noqa: E402
 from specviz.core.sampling import draw_siblings, warp  # noqa: E402
 from specviz.core.trees import Tree  # noqa: E402
+from specviz.engines.eagle import EagleProposer  # noqa: E402
 from specviz.engines.speculative import SpeculativeEngine  # noqa: E402
-from specviz.engines.tree import EagleProposer, TreeEngine, TreeProposal  # noqa: E402
+from specviz.engines.tree import TreeEngine, TreeProposal  # noqa: E402
 from specviz.models import loader as models  # noqa: E402
 
 QUESTIONS = Path(__file__).resolve().parents[3] / "shared" / "data" / "spec_bench" / "question.jsonl"

@@ -5,27 +5,25 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
 from specviz import methods, metrics
 from specviz.check import stats
+from specviz.check.options import CheckOptions
 from specviz.config import GAMMA_MAX, DecodeConfig
 from specviz.core.cache import CachedLM, Traced
 from specviz.core.lookup import RepeatSplit
 from specviz.core.profile import verify_profile
 from specviz.core.sampling import warp
 from specviz.drafters import trained as drafters
-from specviz.engines import SpeculativeEngine
+from specviz.engines.features import FeatureReader
+from specviz.engines.speculative import SpeculativeEngine
 from specviz.engines.tree import TreeEngine
 from specviz.events import StepEvent
 from specviz.metrics import CostProfile
 from specviz.models.loader import LoadedModel
-
-if TYPE_CHECKING:
-    from specviz.check.run import CheckOptions
-
 
 # ── 2. correct? ─────────────────────────────────────────────────────────────────────────────────────
 
@@ -67,7 +65,8 @@ class PromptResult:
         return d
 
 
-def _top2_gap(target: LoadedModel, ids: list[int]) -> float:
+def top2_gap(target: LoadedModel, ids: list[int]) -> float:
+    """The target's top-1 minus top-2 logit after `ids`: how close a greedy flip there was to a tie."""
     logits = CachedLM.of(target).logits(ids)[0, :target.vocab_size]  # (V,)
     top = torch.topk(logits, 2).values
     return float(top[0] - top[1])
@@ -90,14 +89,16 @@ def verify_logit_diff(target: LoadedModel, prompt_ids: list[int], committed: lis
     return max(diffs, default=0.0), len(diffs)
 
 
-def _divergence(target: LoadedModel, prompt_ids: list[int], ar: list[int], spec: list[int],
-                near_tie: float) -> Optional[Divergence]:
+def divergence(target: LoadedModel, prompt_ids: list[int], ar: list[int], spec: list[int],
+               near_tie: float) -> Optional[Divergence]:
+    """Where the speculative greedy output first differs from AR's, with its context and the target's top-2 gap
+    there; None when they are identical."""
     i = metrics.first_divergence(ar, spec)
     if i is None:
         return None
     before = ar[max(0, i - CONTEXT_TOKENS):i]
     tok = lambda ids: ids[i] if i < len(ids) else None  # noqa: E731
-    gap = _top2_gap(target, prompt_ids + ar[:i])
+    gap = top2_gap(target, prompt_ids + ar[:i])
     return Divergence(i, "".join(target.text_of(t) for t in before),
                       target.text_of(tok(ar)) if tok(ar) is not None else None,
                       target.text_of(tok(spec)) if tok(spec) is not None else None,
@@ -125,8 +126,8 @@ class Fidelity:
         return d
 
 
-def _first_drafted_step(engine: SpeculativeEngine | TreeEngine, ids: list[int], cfg: DecodeConfig,
-                        given: Optional[int]) -> Optional[StepEvent]:
+def first_drafted_step(engine: SpeculativeEngine | TreeEngine, ids: list[int], cfg: DecodeConfig,
+                       given: Optional[int]) -> Optional[StepEvent]:
     """The first step that can draft: the first step, or (given a token) the second when the first step
     emitted exactly `given`; None when it emitted another token (the sample is not counted)."""
     steps = engine.steps(ids, cfg)
@@ -160,8 +161,8 @@ def sampling_fidelity(engine: SpeculativeEngine | TreeEngine, target: LoadedMode
     cfg = (base or DecodeConfig(method="vanilla")).with_(gamma=options.gamma, temperature=options.temperature,
                                                          max_new_tokens=options.max_new_tokens)
     # a drafter reading the target's features has none before the target's prefill, so it drafts from step 2
-    after_prefill = isinstance(engine, TreeEngine) or bool(
-        getattr(engine.drafter.session(target.vocab_size, target.eos_ids), "needs_features", False))
+    after_prefill = isinstance(engine, TreeEngine) or isinstance(
+        engine.drafter.session(target.vocab_size, target.eos_ids), FeatureReader)
     best = None
     for prompt_id, ids in candidates:  # the prompt whose tested token is most spread shows a skew best
         logits = CachedLM.of(target).logits(ids)[0, :target.vocab_size]  # (V,)
@@ -180,7 +181,7 @@ def sampling_fidelity(engine: SpeculativeEngine | TreeEngine, target: LoadedMode
     counts = torch.zeros(p.shape[0], dtype=torch.float64)
     with_drafts = first_accepted = kept = seed = 0
     while kept < options.samples and seed < 20 * options.samples:
-        event = _first_drafted_step(engine, ids, cfg.with_(seed=seed), given)
+        event = first_drafted_step(engine, ids, cfg.with_(seed=seed), given)
         seed += 1
         if event is None:
             continue

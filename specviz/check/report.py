@@ -33,19 +33,22 @@ min-width:130px} .kpi b{display:block;font-size:1.4em} .kpi span{color:#57606a;f
 """
 
 
-def _f(value, spec: str = ".2f", none: str = "–") -> str:
+def fmt(value, spec: str = ".2f", none: str = "–") -> str:
+    """A figure formatted with `spec`; `none` (a dash) for a missing one."""
     return none if value is None else format(value, spec)
 
 
-def _tok(text: Optional[str]) -> str:
+def token(text: Optional[str]) -> str:
+    """A token's text, escaped and monospaced, its whitespace visible; "(ended)" for an output that had ended."""
     return "<i>(ended)</i>" if text is None else f'<span class="tok">{escape(repr(text)[1:-1])}</span>'
 
 
-def _ok(flag: bool, yes: str = "pass", no: str = "FAIL") -> str:
+def mark(flag: bool, yes: str = "pass", no: str = "FAIL") -> str:
+    """A green `yes` or a red `no`."""
     return f'<span class="pass">{yes}</span>' if flag else f'<span class="fail">{no}</span>'
 
 
-class _Figures:
+class Figures:
     """Plotly figures as HTML fragments; the first carries plotly.js inline, the rest reuse it."""
 
     def __init__(self):
@@ -59,7 +62,8 @@ class _Figures:
         return f"<div>{html}</div>"
 
 
-def _table(header: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
+def table(header: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
+    """An HTML table of ready-made cells; the columns in `numeric` right-aligned with tabular figures."""
     head = "".join(f"<th>{h}</th>" for h in header)
     body = "".join("<tr>" + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>"
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
@@ -68,7 +72,7 @@ def _table(header: list[str], rows: list[list[str]], numeric: set[int] = frozens
 
 def _compatibility(c: dict) -> str:
     if not c["draft_tokenizer"]:
-        return (f"<p>{_ok(True, 'compatible')}: {escape(c['message'])}. Target tokenizer "
+        return (f"<p>{mark(True, 'compatible')}: {escape(c['message'])}. Target tokenizer "
                 f"<code>{escape(c['target_tokenizer_class'])}</code>, {c['target_vocab']} tokens, "
                 f"{c['target_rows']} output rows.</p>")
     rows = [["tokenizer class", escape(c["target_tokenizer_class"]), escape(str(c["draft_tokenizer_class"]))],
@@ -78,9 +82,9 @@ def _compatibility(c: dict) -> str:
         other = c["special_draft"].get(name)
         rows.append([f"{name} token", escape(str(value or "–")),
                      escape(str(other or "–")) + ("" if other == value else ' <span class="fail">≠</span>')])
-    return (f"<p>{_ok(c['ok'], 'compatible', 'refused')}: {escape(c['message'])}.</p>"
-            + _table(["", "target", "draft"], rows)
-            + f"<p class='meta'>shared (token, id) pairs: {c['shared']} ({_f(c['overlap'], '.1%')} of the union); "
+    return (f"<p>{mark(c['ok'], 'compatible', 'refused')}: {escape(c['message'])}.</p>"
+            + table(["", "target", "draft"], rows)
+            + f"<p class='meta'>shared (token, id) pairs: {c['shared']} ({fmt(c['overlap'], '.1%')} of the union); "
               f"same token under another id: {c['same_string_other_id']}.</p>")
 
 
@@ -90,28 +94,28 @@ def _greedy(d: dict) -> str:
         div = r["divergence"]
         if div is None:
             where = "–"
-            status = _ok(True, "identical")
+            status = mark(True, "identical")
         else:
             kind = '<span class="tie">near-tie</span>' if div["near_tie"] else '<span class="fail">bug</span>'
             status = kind
-            where = (f"token {div['index']}: …{_tok(div['context'])} then AR {_tok(div['ar_token'])} vs "
-                     f"speculative {_tok(div['spec_token'])}; top-2 logit gap {div['top2_gap']:.2e}")
+            where = (f"token {div['index']}: …{token(div['context'])} then AR {token(div['ar_token'])} vs "
+                     f"speculative {token(div['spec_token'])}; top-2 logit gap {div['top2_gap']:.2e}")
         cmp = r["comparison"]
         rows.append([escape(str(r["id"])), escape(r["category"]),
                      escape(r["prompt"][:70]) + ("…" if len(r["prompt"]) > 70 else ""), str(len(r["ar_ids"])),
-                     str(len(r["spec_ids"])), status, where, _f(cmp["spec"]["alpha"]), _f(cmp["speedup"]) + "×"])
-    return _table(["id", "category", "prompt", "AR tokens", "spec tokens", "greedy identity", "first divergence",
+                     str(len(r["spec_ids"])), status, where, fmt(cmp["spec"]["alpha"]), fmt(cmp["speedup"]) + "×"])
+    return table(["id", "category", "prompt", "AR tokens", "spec tokens", "greedy identity", "first divergence",
                    "α", "speedup"], rows, {3, 4, 7, 8})
 
 
-def _fidelity(f: dict, fig: _Figures) -> str:
+def _fidelity(f: dict, fig: Figures) -> str:
     fit = f["fit"]
     given = f.get("given")
     what = ("the first emitted token of the engine" if given is None else
             f"the first emitted token of the first drafted step (this drafter's first step is the target's prefill: "
             f"counted over the {f['samples']} of {f.get('seeds')} seeds whose prefill emitted "
             f"<code>{escape(repr(given))}</code>, the target's most likely first token)")
-    text = (f"<p>{_ok(f['passed'])}: {what} over seeds 0…{max(f['samples'], f.get('seeds') or 0) - 1} at "
+    text = (f"<p>{mark(f['passed'])}: {what} over seeds 0…{max(f['samples'], f.get('seeds') or 0) - 1} at "
             f"temperature {f['temperature']:g}, against the target's exact distribution "
             f"(prompt <code>{escape(str(f['prompt_id']))}</code>, chosen as the most spread first token: "
             f"entropy {f['prompt_entropy']:.2f} nats). Chi-square {fit['chi2']:.1f} on {fit['dof']} degrees of freedom "
@@ -128,10 +132,10 @@ def _synthetic(cases: list[dict]) -> str:
         return "<p class='meta'>skipped</p>"
     rows = [[escape(c["name"]), str(c["gamma"]), str(c["fit"]["n"]), f"{c['fit']['p_value']:.3g}",
              f"{c['fit']['tv']:.4f} / {c['fit']['tv_bound']:.4f}",
-             ("must be flagged: " if c["planted_bug"] else "") + _ok(c["ok"], "flagged" if c["planted_bug"] else "pass",
-                                                                     "NOT flagged" if c["planted_bug"] else "FAIL")]
+             ("must be flagged: " if c["planted_bug"] else "")
+             + mark(c["ok"], "flagged" if c["planted_bug"] else "pass", "NOT flagged" if c["planted_bug"] else "FAIL")]
             for c in cases]
-    return (_table(["case", "γ", "draws", "p-value", "TV / bound", "result"], rows, {1, 2, 3, 4})
+    return (table(["case", "γ", "draws", "p-value", "TV / bound", "result"], rows, {1, 2, 3, 4})
             + "<p class='note'>Monte-Carlo of <code>sampling.verify_chain</code> on random p and q over 12 tokens: the "
               "first emitted token must follow p whatever q is. The control drafts argmax q while reporting q, a known "
               "bug; it must be flagged, which shows the test has the power to catch it.</p>")
@@ -175,7 +179,7 @@ def gamma_figure(p: dict) -> Optional[go.Figure]:
             f2.add_trace(go.Scatter(x=[g], y=[p["speedup"]], mode="markers", name="measured",
                                     marker=dict(color=ORANGE, size=12, symbol="diamond")))
         f2.add_hline(y=1, line=dict(color=RED, width=1))
-        f2.update_layout(title=f"Predicted speedup vs γ at α={_f(p['alpha'])}, c={_f(p['cost_ratio'], '.3f')}",
+        f2.update_layout(title=f"Predicted speedup vs γ at α={fmt(p['alpha'])}, c={fmt(p['cost_ratio'], '.3f')}",
                          xaxis_title="γ (drafted tokens per step)", yaxis_title="speedup over AR")
         return f2
     return None
@@ -211,16 +215,16 @@ def batch_figure(p: dict) -> Optional[go.Figure]:
     return None
 
 
-def _payoff(p: dict, options: dict, fig: _Figures) -> str:
+def _payoff(p: dict, options: dict, fig: Figures) -> str:
     g = round(p["gamma_mean"]) if p["gamma_mean"] else None
-    kpis = [("α acceptance rate", _f(p["alpha"])), ("τ tokens / target forward", _f(p["tau"])),
-            ("c cost ratio", _f(p["cost_ratio"], ".3f")),
-            ("measured speedup over specviz's AR (median over prompts)", _f(p["speedup"]) + "×"),
-            (f"Leviathan prediction (γ={g})", _f(p["predicted_speedup"]) + "×"),
+    kpis = [("α acceptance rate", fmt(p["alpha"])), ("τ tokens / target forward", fmt(p["tau"])),
+            ("c cost ratio", fmt(p["cost_ratio"], ".3f")),
+            ("measured speedup over specviz's AR (median over prompts)", fmt(p["speedup"]) + "×"),
+            (f"Leviathan prediction (γ={g})", fmt(p["predicted_speedup"]) + "×"),
             ("best γ (Leviathan)",
-             f"{p['best_gamma']} → {_f(p['best_gamma_speedup'])}×" if p["best_gamma"] else "–"),
+             f"{p['best_gamma']} → {fmt(p['best_gamma_speedup'])}×" if p["best_gamma"] else "–"),
             ("best γ (with this device's verify cost)",
-             f"{p['best_gamma_hw']} → {_f(p['best_gamma_hw_speedup'])}×" if p["best_gamma_hw"] else "–")]
+             f"{p['best_gamma_hw']} → {fmt(p['best_gamma_hw_speedup'])}×" if p["best_gamma_hw"] else "–")]
     out = ['<div class="kpis">' + "".join(f'<div class="kpi"><b>{v}</b><span>{escape(k)}</span></div>' for k, v in kpis)
            + "</div>"]
     spread = [c["speedup"] for c in p["by_category"] if c["speedup"] is not None]
@@ -230,7 +234,7 @@ def _payoff(p: dict, options: dict, fig: _Figures) -> str:
                    "steadier.</p>")
     out.append(f"<p class='meta'>AR {p['ar_tok_per_s']:.1f} tok/s, speculative {p['spec_tok_per_s']:.1f} tok/s "
                f"(greedy, {options['max_new_tokens']} new tokens per prompt, compute seconds); speedup over all tokens "
-               f"{_f(p['speedup_total'])}×. "
+               f"{fmt(p['speedup_total'])}×. "
                f"c is measured {escape(p['cost_ratio_basis'])}. τ counts the resampled/bonus token (AR has τ = 1), "
                "as Spec-Bench, EAGLE and vLLM do.</p>")
     if p.get("first_draft"):
@@ -240,25 +244,25 @@ def _payoff(p: dict, options: dict, fig: _Figures) -> str:
     if p.get("draft_vocab"):
         out.append(f"<p class='meta'>Its {escape(vocab_sentence(p['draft_vocab']))}. Here: AR's answers to these "
                    "prompts.</p>")
-    out.append("<h3>By category</h3>" + _table(
+    out.append("<h3>By category</h3>" + table(
         ["category", "prompts", "tokens", "α", "τ", "speedup"],
-        [[escape(c["name"]), str(c["prompts"]), str(c["new_tokens"]), _f(c["alpha"]), _f(c["tau"]),
-          _f(c["speedup"]) + "×"] for c in p["by_category"]], {1, 2, 3, 4, 5}))
+        [[escape(c["name"]), str(c["prompts"]), str(c["new_tokens"]), fmt(c["alpha"]), fmt(c["tau"]),
+          fmt(c["speedup"]) + "×"] for c in p["by_category"]], {1, 2, 3, 4, 5}))
     figs = [fig(f) for f in (alpha_position_figure(p), gamma_figure(p), profile_figure(p), batch_figure(p)) if f]
     prof = p["profile"]
     out.append('<div class="grid">' + "".join(figs) + "</div>")
     if prof:
         rows = [[str(n), f"{raw * 1000:.1f}", f"{s * 1000:.1f}", f"{s / prof['seconds'][0]:.2f}"]
                 for n, s, raw in zip(prof["tokens"], prof["seconds"], prof["raw_seconds"])]
-        out.append("<h3>Hardware cost profile</h3>" + _table(["tokens per forward", "ms measured (median)", "ms used",
+        out.append("<h3>Hardware cost profile</h3>" + table(["tokens per forward", "ms measured (median)", "ms used",
                                                                "× one token"], rows, {0, 1, 2, 3})
                    + "<p class='note'>One target forward of n new tokens over a KV cache of "
                      f"{prof['context']} tokens, then rolled back. 'Used' takes the running minimum from the right, "
                      "since a forward of fewer tokens cannot cost more: the rest is noise.</p>")
     if p["batch_curve"]:
         rows = [[str(r["batch"]), str(r["verify_tokens"]) + (" (extrapolated)" if r["extrapolated"] else ""),
-                 _f(r["speedup"]) + "×", f"{r['best_gamma']} → {_f(r['best_speedup'])}×"] for r in p["batch_curve"]]
-        out.append("<h3>The batching caveat</h3>" + _table(["batch b", "tokens in the verify forward",
+                 fmt(r["speedup"]) + "×", f"{r['best_gamma']} → {fmt(r['best_speedup'])}×"] for r in p["batch_curve"]]
+        out.append("<h3>The batching caveat</h3>" + table(["batch b", "tokens in the verify forward",
                                                               f"speedup at γ={g}", "best γ"], rows, {0, 1, 2}))
         out.append(
             "<p class='note'>The model: with b sequences decoded together, one AR step is a forward of b tokens, "
@@ -281,7 +285,7 @@ def figures(report: dict) -> dict[str, Optional[go.Figure]]:
 
 def to_html(report: dict) -> str:
     """The whole report as one self-contained HTML page, from CheckReport.to_dict()."""
-    fig = _Figures()
+    fig = Figures()
     env, opts = report["environment"], report["options"]
     ok = report["correct"]
     problems = "".join(f"<li>{escape(p)}</li>" for p in report["problems"])
@@ -297,7 +301,7 @@ def to_html(report: dict) -> str:
         f"<ul>{problems}</ul>" if problems else "",
         "<h2>1 · Compatible?</h2>", _compatibility(report["compatibility"]),
         "<h2>2 · Correct?</h2>",
-        f"<h3>Greedy identity against AR</h3><p>{_ok(g['identical_all'], 'identical on every prompt', 'differs')}: "
+        f"<h3>Greedy identity against AR</h3><p>{mark(g['identical_all'], 'identical on every prompt', 'differs')}: "
         f"each prompt decoded greedily by plain AR and by the speculative engine must give the same tokens in "
         f"{env['dtype']}.{ties} At a divergence the target's top-2 logit gap tells a numerical near-tie from a bug. "
         f"Verification against one-token decoding: the largest |Δlogit| over the {g['judged_positions']} positions "

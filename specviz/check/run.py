@@ -26,31 +26,25 @@ import torch
 
 from specviz import methods, metrics
 from specviz.check import stats
-from specviz.check.measure import (  # noqa: F401  (re-exported: check.PromptResult, check.payoff, ...)
-    CONTEXT_TOKENS,
-    Divergence,
+from specviz.check.measure import (
     Fidelity,
-    GroupStats,
     Payoff,
     PromptResult,
-    _divergence,
-    _first_drafted_step,
-    _top2_gap,
     cost_profile,
+    divergence,
     payoff,
     race_engine,
     sampling_fidelity,
-    speedup_at,
     verify_logit_diff,
 )
-from specviz.config import CHECK_METHODS, ConfigError, DecodeConfig, Gamma, _number, check_prompt
-from specviz.core.cache import CachedLM  # noqa: F401  (re-exported: check.CachedLM)
-from specviz.core.profile import SIZES as PROFILE_SIZES
+from specviz.check.options import CheckOptions
+from specviz.config import DecodeConfig, check_prompt
 from specviz.drafters import trained as drafters
-from specviz.engines import AREngine, SpeculativeEngine
+from specviz.engines.ar import AREngine
 from specviz.engines.pld import PromptLookupDrafter
-from specviz.engines.speculative import Drafter
-from specviz.metrics import CostProfile  # noqa: F401  (re-exported: check.CostProfile)
+from specviz.engines.speculative import Drafter, SpeculativeEngine
+from specviz.errors import ConfigError
+from specviz.methods import CHECK_METHODS
 from specviz.models.loader import COMPRESSED_DRAFTS, LoadedModel, ModelError
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total); called with done=0 when a stage starts
@@ -72,37 +66,6 @@ DEFAULT_PROMPTS = [
         "Correct the spelling in this sentence and repeat it: 'The quick brown fox jumpd over the lazzy dog "
         "and then the quick brown fox ran into the forrest.'")},
 ]
-
-
-@dataclass(frozen=True)
-class CheckOptions:
-    gamma: Gamma = 4                 # drafted tokens per step for every part, or "auto"
-    temperature: float = 1.0         # the sampling-fidelity part (the greedy part always uses 0)
-    samples: int = 400               # seeds 0..samples-1 for the sampling-fidelity part
-    max_new_tokens: int = 64         # per prompt, for the greedy identity and speed runs
-    synthetic_samples: int = 4000    # Monte-Carlo draws per synthetic p/q case
-    profile_sizes: tuple[int, ...] = PROFILE_SIZES  # tokens per target forward (python -m specviz profile's)
-    profile_reps: int = 3            # median of this many timed forwards per size
-    profile_context: int = 128       # tokens already in the KV cache when timing
-    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    near_tie: float = 1e-3           # a greedy flip with a top-2 logit gap below this is numerical, not a bug
-    p_value_min: float = 1e-3        # the fidelity test fails below this chi-square p-value
-
-    def __post_init__(self) -> None:
-        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass normalisation)
-        cfg = DecodeConfig(gamma=self.gamma, temperature=self.temperature, max_new_tokens=self.max_new_tokens)
-        set_("gamma", cfg.gamma)
-        set_("temperature", cfg.temperature)
-        set_("max_new_tokens", cfg.max_new_tokens)
-        if cfg.temperature <= 0:
-            raise ConfigError("temperature=0 is out of range for the sampling check: use a number > 0 "
-                              "(greedy is always checked)")
-        set_("samples", _number("samples", self.samples, int))
-        if not 20 <= self.samples <= 100_000:
-            raise ConfigError(f"samples={self.samples} is out of range: use 20..100000")
-        set_("synthetic_samples", _number("synthetic_samples", self.synthetic_samples, int))
-        if not 0 <= self.synthetic_samples <= 1_000_000:
-            raise ConfigError(f"synthetic_samples={self.synthetic_samples} is out of range: use 0 (skip)..1000000")
 
 
 # ── 1. compatible? ──────────────────────────────────────────────────────────────────────────────────
@@ -330,7 +293,7 @@ def run_check(target: LoadedModel, drafter: Drafter, draft: Optional[LoadedModel
             spec_events.append(spec.cycle(run).event)
         ar_ids = [t.token_id for e in ar_events for t in e.emitted]
         spec_ids = [t.token_id for e in spec_events for t in e.emitted]
-        div = _divergence(target, ids, ar_ids, spec_ids, options.near_tie)
+        div = divergence(target, ids, ar_ids, spec_ids, options.near_tie)
         logit_diff, judged = verify_logit_diff(target, ids, spec_ids, run.target.trace)
         results.append(PromptResult(row.get("id", k + 1), str(row.get("category", "-")), row["prompt"], len(ids),
                                     target.decode(ar_ids), ar_ids, spec_ids, div is None, div,

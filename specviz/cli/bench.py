@@ -11,7 +11,8 @@ from pathlib import Path
 from specviz import hardware, prompts
 from specviz import methods as registry
 from specviz.cli.common import DEFAULT_RACE, InputError, config_of, draft_for, load_target, method_spec, tune
-from specviz.config import ConfigError, DecodeConfig, parse_gamma
+from specviz.config import DecodeConfig, parse_gamma
+from specviz.errors import ConfigError
 
 
 def _bench_methods(specs: list[str], args) -> dict[str, tuple[str, str | None, dict, str | None]]:

@@ -5,17 +5,10 @@ import argparse
 import sys
 
 from specviz import methods as registry
-from specviz.config import (
-    DEFAULT_TARGET,
-    GAMMA_MAX,
-    METHODS,
-    TRAINED_METHODS,
-    TREE_NODES_MAX,
-    TREE_TOPK_MAX,
-    ConfigError,
-    DecodeConfig,
-)
+from specviz.config import DEFAULT_TARGET, GAMMA_MAX, TREE_NODES_MAX, TREE_TOPK_MAX, DecodeConfig
+from specviz.errors import ConfigError
 from specviz.hardware import GPU_DRAFT, GPU_TARGET
+from specviz.methods import METHODS, TRAINED_METHODS
 
 DEFAULTS = DecodeConfig()
 

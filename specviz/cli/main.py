@@ -24,7 +24,9 @@ from specviz.cli.common import (
     tune,
 )
 from specviz.cli.serving import cmd_probe, cmd_watch, serving_parsers
-from specviz.config import CHECK_METHODS, DEFAULT_TARGET, GAMMA_MAX, METHODS, TRAINED_METHODS, ConfigError
+from specviz.config import DEFAULT_TARGET, GAMMA_MAX
+from specviz.errors import ConfigError
+from specviz.methods import CHECK_METHODS, METHODS, TRAINED_METHODS
 from specviz.train.distill import CHUNK_SIZE as DISTILL_CHUNK
 from specviz.train.distill import DEFAULT_BATCH as DISTILL_BATCH
 from specviz.train.loop import DRAFT_VOCAB, PRECISIONS, TREE_HELD_OUT, TrainOptions
@@ -389,7 +391,7 @@ def cmd_train(args) -> int:
 
 def cmd_tree(args) -> int:
     """A trained Medusa or EAGLE drafter's tree re-chosen from measurement (train.retree)."""
-    from specviz.drafters import trained as drafters
+    from specviz.drafters.config import DrafterError
     from specviz.train import loop as train
 
     held = int_arg("held-out", args.held_out, 1, 10**6)
@@ -400,7 +402,7 @@ def cmd_tree(args) -> int:
     try:
         train.retree(Path(args.drafter), args.data, held, args.write, log=lambda line: print(line, flush=True),
                      profile=Path(args.profile) if args.profile else None)
-    except drafters.DrafterError as exc:
+    except DrafterError as exc:
         raise InputError(str(exc)) from None
     return 0
 

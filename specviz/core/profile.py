@@ -88,7 +88,7 @@ def drafter_costs(target: LoadedModel, methods=COST_METHODS, draft: Optional[str
     """drafter_cost for every method that has a drafter for this target (the shipped ones, the int8 copy),
     against one timed AR run."""
     from specviz import engines
-    from specviz.config import ConfigError
+    from specviz.errors import ConfigError
     from specviz.models.loader import ModelError
 
     ids = target.encode_prompt(COST_PROMPT)

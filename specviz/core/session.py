@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from specviz import engines, methods
-from specviz.config import TRAINED_METHODS, ConfigError, DecodeConfig, check_prompt
+from specviz.config import DecodeConfig, check_prompt
 from specviz.core.race import Tick, race
+from specviz.errors import ConfigError
 from specviz.events import StepEvent
+from specviz.methods import TRAINED_METHODS
 from specviz.models import loader as models
 from specviz.policy import Policy
 

@@ -22,23 +22,8 @@ import torch
 from torch import nn
 
 from specviz import methods
-from specviz.drafters.config import KINDS, DrafterConfig, DrafterError  # noqa: F401  (re-exported: drafters.KINDS, ...)
-from specviz.drafters.modules import (  # noqa: F401  (re-exported: methods' module paths, drafters.DraftLM, ...)
-    MLP,
-    Attention,
-    DecoderLayer,
-    DraftLM,
-    Eagle,
-    Eagle3,
-    Eagle3Layer,
-    ExitAdapter,
-    Medusa,
-    ResBlock,
-    RMSNorm,
-    load_into,
-    rotary,
-    rotate,
-)
+from specviz.drafters.config import KINDS, DrafterConfig, DrafterError
+from specviz.drafters.modules import Eagle, Eagle3, load_into
 from specviz.models import fused, kernels
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from specviz import methods
-from specviz.config import DEFAULT_DRAFT, ConfigError, DecodeConfig
+from specviz.config import DEFAULT_DRAFT, DecodeConfig
 from specviz.engines.ar import AREngine
 from specviz.engines.base import Engine, generate
 from specviz.engines.speculative import SpeculativeEngine
+from specviz.errors import ConfigError
 from specviz.models.loader import LoadedModel
 from specviz.paths import DRAFTERS
 

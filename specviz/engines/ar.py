@@ -1,4 +1,9 @@
-"""Plain autoregressive decoding: the baseline, one token per target forward."""
+"""Plain autoregressive (AR) decoding: the baseline every speedup is measured against.
+
+Each step runs one target forward over the tokens its cache has not seen and picks the next token from the warped
+distribution (argmax when greedy). Every emitted token is `plain`: nothing is drafted, so nothing is accepted,
+rejected or discarded, and τ (tokens per target forward) is 1 by construction.
+"""
 from __future__ import annotations
 
 from typing import Iterator
@@ -32,7 +37,8 @@ class AREngine:
             emitted, finish = commit([(token, Verdict.PLAIN, float(p_next[token]))], len(tokens) - len(prompt_ids),
                                      cfg, self.target.eos_ids, self.target.text_of)
             tokens.append(token)
-            yield StepEvent(step, (), tuple(emitted), 0.0, t1 - t0, 0, 1, 0, finish)
+            yield StepEvent(step=step, drafts=(), emitted=tuple(emitted), draft_s=0.0, verify_s=t1 - t0,
+                            draft_forwards=0, target_forwards=1, gamma=0, finish_reason=finish)
             if finish:
                 return
             step += 1

@@ -1,4 +1,12 @@
-"""A separate draft model (or a compressed copy of the target) drafting a chain autoregressively."""
+"""A separate draft model drafting a chain autoregressively: the setting of Leviathan et al. 2023, "Fast Inference
+from Transformers via Speculative Decoding", and Chen et al. 2023, "Accelerating Large Language Model Decoding with
+Speculative Sampling".
+
+The draft is a smaller model sharing the target's tokenizer (method "vanilla": by default an int8 copy of the target),
+or a few decoder layers distilled from the target over its embeddings and LM head (method "draft":
+drafters.modules.DraftLM). Either draws γ tokens one by one from its own warped distribution q over its own KV cache;
+the chain loop (speculative.py) verifies them and defines the verdicts and τ.
+"""
 from __future__ import annotations
 
 import torch

@@ -1,11 +1,21 @@
-"""EAGLE chain drafting: a one-layer drafter that extrapolates the target's features, token by token.
+"""EAGLE: Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty" (ICML 2024); EAGLE-2:
+Li et al. 2024, "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees" (EMNLP 2024); EAGLE-3: Li et
+al. 2025, "EAGLE-3: Scaling up Inference Acceleration of Large Language Models via Training-Time Test".
 
-The drafter's input at position i is (the target's feature at i, the token at i + 1); its output is the
-feature at i + 1, which the target's (compressed) LM head turns into the next draft token. EAGLE-3 reads the
-target's hidden states from three layers, fused by its `fc` (Eagle3.lift); its output is read through its own
-norm (Eagle3.readout). After each
-verification the target's true features of the accepted positions replace the drafter's own guesses,
-so only true features are ever kept in the drafter's one-layer KV cache.
+A one-layer drafter extrapolates the target's features (features.py), token by token. Its input at position i is
+(the target's feature at i, the token at i + 1); its output is its guess of the feature at i + 1, which the target's
+(compressed) LM head turns into the next draft token, and which is fed back for the token after. EAGLE-3 reads the
+target's hidden states after three layers, fused by its `fc` (Eagle3.lift), and reads its output through its own
+norm (Eagle3.readout). After each verification the target's true features of the kept positions replace the
+drafter's own guesses, so only true features are ever kept in the drafter's one-layer KV cache (`EagleSession`).
+
+It drafts a tree (`EagleProposer`, verified by tree.py: the tree loop, which defines the verdicts): the stored shape
+(EAGLE's static tree), or grown each step from the drafter's confidence (EAGLE-2: the top-k children of the k most
+probable nodes of each level, then the N nodes of highest path probability). As a chain (the step-through view, the
+drafter check, or a drafter with no stored tree) it is verified by the chain loop (speculative.py).
+
+Terms: γ caps the tree's depth (the chain's length); τ is tokens committed per target forward; a node's path
+probability is the product of the drafter's warped probabilities along its path.
 """
 from __future__ import annotations
 
@@ -17,10 +27,18 @@ from specviz.config import DecodeConfig
 from specviz.core.sampling import warp
 from specviz.core.trees import Tree, best_nodes, subtree
 from specviz.drafters.trained import Drafter
+from specviz.engines.features import FeatureHistory
 from specviz.engines.speculative import Proposal, SpeculativeEngine, stop_drafting
+from specviz.engines.tree import TreeEngine, TreeProposal
+from specviz.models.loader import LoadedModel
+
+# A default static tree for 2 CPU cores; trained drafters store their own, chosen from measured accuracies per depth.
+EAGLE_CHOICES = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0), (0, 0, 0, 0, 0)]
 
 
 class EagleDrafter:
+    """EAGLE as a chain drafter (speculative.Drafter)."""
+
     def __init__(self, drafter: Drafter, name: str):
         self.drafter, self.name = drafter, name
 
@@ -28,30 +46,10 @@ class EagleDrafter:
         return EagleSession(self.drafter, vocab_size, eos_ids)
 
 
-class FeatureHistory:
-    """A chain drafter session that reads the target's features: the chain loop hands it the features
-    (`drafter.features`: final-norm hidden states, or EAGLE-3's fused ones) of every position the target fed,
-    and rolls them back with the rejected drafts."""
-    needs_features = True
-
-    def __init__(self, drafter: Drafter, vocab_size: int, eos_ids: frozenset[int]):
-        self.d, self.vocab_size, self.eos_ids = drafter, vocab_size, eos_ids
-        self.features = drafter.features
-        self.feats = torch.empty(0, drafter.feature_size)  # (n, f) the target's features of positions 0..n-1
-
-    def observe(self, hidden: torch.Tensor) -> None:
-        """The target's features of the positions its last forward fed (they follow the ones held)."""
-        self.feats = torch.cat([self.feats.to(hidden.dtype), hidden])
-
-    def rollback(self, n_valid: int) -> None:
-        self.feats = self.feats[:n_valid]
-
-    def nothing(self) -> Proposal:
-        """No drafts: the first step is the target's prefill (no features yet)."""
-        return Proposal([], torch.empty(0, self.vocab_size), 0)
-
-
 class EagleSession(FeatureHistory):
+    """EAGLE's per-run state, chain or tree (a features.FeatureReader): the target's features and the drafter layer's
+    KV cache over the pairs (true feature, next token) fed so far."""
+
     def __init__(self, drafter: Drafter, vocab_size: int, eos_ids: frozenset[int]):
         super().__init__(drafter, vocab_size, eos_ids)
         self.kv = None       # the drafter layer's (keys, values) for pairs fed with true features
@@ -154,7 +152,7 @@ class EagleSession(FeatureHistory):
     def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, generator: torch.Generator) -> Proposal:
         feat = self.context_feature(tokens) if gamma > 0 else None
         if feat is None:  # the first step is the target's prefill
-            return self.nothing()
+            return Proposal.empty(self.vocab_size)
         module, embed = self.d.module, self.d.embed
         device = self.d.head_weight.device
         kv, pos = self.kv, self.kv_len
@@ -181,11 +179,64 @@ class GrownTree:
     forwards: int            # drafter calls: the context's and one per level grown
 
 
-def build(target, drafter: Drafter, chain: bool = False, name: str = ""):
+class EagleProposer:
+    """EAGLE's tree (tree.TreeProposer): grown level by level, each node attending to the true context and its own
+    ancestors, each node's children read from its predicted feature; EAGLE-2's dynamic tree (cfg.tree "dynamic")
+    keeps the nodes of highest path probability (EagleSession.grow_tree)."""
+
+    def __init__(self, drafter: Drafter):
+        self.d = drafter
+
+    def start(self, vocab_size: int, eos_ids: frozenset[int]) -> EagleSession:
+        return EagleSession(self.d, vocab_size, eos_ids)
+
+    @torch.inference_mode()
+    def propose(self, state: EagleSession, tokens: list[int], tree: Tree, cfg: DecodeConfig, room: int,
+                generator: torch.Generator) -> TreeProposal | None:
+        feat = state.context_feature(tokens)  # greedy or sampling: the top-ranked tree (point masses when sampling)
+        if feat is None:
+            return None
+        if cfg.tree == "dynamic":  # EAGLE-2: a tree grown from the drafter's confidence
+            grown = state.grow_tree(feat, cfg, min(cfg.tree_depth, room))
+            return TreeProposal(grown.tree, grown.node_tokens, grown.q_nodes, None, grown.forwards)
+        tree = Tree.from_choices([p for p in tree.paths if len(p) <= room])
+        node_feat: dict[int, torch.Tensor] = {-1: feat}  # the predicted feature each node's children come from
+        small: list[int] = [0] * tree.size
+        q_nodes: list[float] = [0.0] * tree.size
+        fed: list[int] = []  # tree nodes whose pairs are in `kv`, in order
+        kv, forwards = state.kv, 0
+        ancestry = tree.ancestry()
+        for depth in range(1, max(tree.depths) + 1):
+            level = [i for i in range(tree.size) if tree.depths[i] == depth]
+            for parent in sorted({tree.parents[i] for i in level}):
+                probs = warp(self.d.logits(node_feat[parent]).float().cpu(), cfg)  # (N,)
+                kids = [i for i in level if tree.parents[i] == parent]
+                top = torch.topk(probs, 1 + max(tree.ranks[i] for i in kids))
+                for i in kids:
+                    small[i], q_nodes[i] = int(top.indices[tree.ranks[i]]), float(top.values[tree.ranks[i]])
+            grow = [i for i in level if tree.children(i)]  # nodes whose children are proposed next
+            if not grow:
+                break
+            ids = self.d.to_target_ids(torch.tensor([small[i] for i in grow]))
+            inputs = torch.stack([node_feat[tree.parents[i]] for i in grow])
+            visible = ancestry[grow][:, fed + grow]  # each node sees the true context, its ancestors and itself
+            out, kv = state.feed_nodes(kv, inputs, ids, visible, depth)
+            forwards += 1
+            for row, i in enumerate(grow):
+                node_feat[i] = out[row]
+            fed += grow
+        node_tokens = [int(t) for t in self.d.to_target_ids(torch.tensor(small)).tolist()]
+        return TreeProposal(tree, node_tokens, q_nodes, None, forwards + 1)
+
+
+def eagle_tree_engine(target: LoadedModel, drafter: Drafter, choices=None) -> TreeEngine:
+    """EAGLE's tree engine: `choices`, else the drafter's stored tree, else EAGLE_CHOICES."""
+    return TreeEngine("eagle", target, EagleProposer(drafter), choices or drafter.cfg.tree or EAGLE_CHOICES)
+
+
+def build(target: LoadedModel, drafter: Drafter, chain: bool = False, name: str = ""):
     """EAGLE's engine (methods.MethodSpec.engine): its tree when the drafter's config names one, else (and with
     chain=True, the step-through) a chain."""
     if drafter.cfg.tree and not chain:
-        from specviz.engines.tree import eagle_tree_engine
-
         return eagle_tree_engine(target, drafter)
     return SpeculativeEngine("eagle", target, EagleDrafter(drafter, name))

@@ -1,11 +1,16 @@
-"""Self-speculative decoding with layer skipping: the target's own first L layers plus a trained exit
-adapter draft; the remaining layers verify.
+"""LayerSkip: Elhoushi et al. 2024, "LayerSkip: Enabling Early Exit Inference and Self-Speculative Decoding"
+(ACL 2024). Self-speculative decoding: the target's own first L layers plus a trained exit adapter
+(drafters.modules.ExitAdapter) draft; the remaining layers verify.
 
 One KV cache serves both, as in LayerSkip: drafting a token runs it through layers 0..L-1 (their keys and
 values land in the target's cache), and verification runs only layers L..N-1 over the hidden states the
 drafting already computed; only the last draft token still needs the first L layers. A rejection crops
 every layer back to the accepted prefix. The stock transformers decoder layers are called one by one with
 explicit positions and masks; no modeling code is forked.
+
+The drafts form a chain, verified by the chain loop (speculative.py), which defines the verdicts (accepted, rejected,
+discarded, resampled, bonus); γ is the number of tokens the early exit drafts per step, τ the tokens committed per
+target forward.
 """
 from __future__ import annotations
 
@@ -115,7 +120,7 @@ class LayerSkipSession:
             if stop_drafting(token, confidence, self.eos_ids, cfg):
                 break
         if not drafted:
-            return Proposal([], torch.empty(0, self.d.cfg.vocab_size), 0)
+            return Proposal.empty(self.d.cfg.vocab_size)
         return Proposal(drafted, torch.stack(qs), len(drafted))
 
     def rollback(self, n_valid: int) -> None:
@@ -131,8 +136,9 @@ class LayerSkipEngine(SpeculativeEngine):
     def start(self, prompt_ids: list[int], cfg: DecodeConfig) -> RunState:
         lm = SplitLM(self.target.model, self.target.device, self.drafter.cfg.exit_layer, self.target.pad_one_row,
                      self.target.fused)
-        return RunState(cfg, lm, LayerSkipSession(lm, self.drafter, self.target.eos_ids),
-                        torch.Generator().manual_seed(cfg.seed), len(prompt_ids), list(prompt_ids), cfg.initial_gamma())
+        return RunState(cfg=cfg, target=lm, drafts=LayerSkipSession(lm, self.drafter, self.target.eos_ids),
+                        generator=torch.Generator().manual_seed(cfg.seed), prompt_len=len(prompt_ids),
+                        tokens=list(prompt_ids), gamma=cfg.initial_gamma())
 
 
 def build(target: LoadedModel, drafter: Drafter, chain: bool = False, name: str = "") -> LayerSkipEngine:

@@ -1,4 +1,12 @@
-"""Prompt lookup decoding: draft the tokens that followed the latest n-gram's last occurrence. No model."""
+"""Prompt lookup decoding: Saxena 2023, "Prompt Lookup Decoding" (github.com/apoorvumang/prompt-lookup-decoding).
+
+No model drafts: the drafts are the tokens that followed the last occurrence, earlier in the context, of the
+context's latest n-gram (the longest of pld_ngram_max..pld_ngram_min tokens that occurs; core.lookup). They are
+exact copies, not draws, so their q is one-hot: sampling accepts a copied token with probability p_target(token)
+and otherwise resamples from the target's residual. The chain loop (speculative.py) verifies them and defines the
+verdicts; γ is the most tokens copied per step, τ the tokens committed per target forward. A lookup counts as one
+draft "forward", so its cost ratio c is measured like any drafter's.
+"""
 from __future__ import annotations
 
 import torch

@@ -36,7 +36,7 @@ from typing import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, write_to_textfile
 
-from specviz.config import ConfigError
+from specviz.errors import ConfigError
 from specviz.events import StepEvent, Verdict
 
 PREFIX = "specviz:"

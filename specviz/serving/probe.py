@@ -313,8 +313,8 @@ def to_html(d: dict) -> str:
     """The probe as one self-contained page, in check's report family (its CSS, tables, KPIs and α_i figure)."""
     from specviz.check import report
 
-    fig = report._Figures()
-    f = report._f
+    fig = report.Figures()
+    f = report.fmt
     kpis = []
     for mode, g in d["by_mode"].items():
         kpis += [(f"{mode}: draft acceptance", f(g["acceptance_rate"])), (f"{mode}: τ per drafted step", f(g["tau"])),
@@ -335,7 +335,7 @@ def to_html(d: dict) -> str:
             "tokens come from each response where the engine reports them (llama.cpp's timings, SGLang's "
             "meta_info), else from the /metrics deltas around the request.</p>",
             "<h2>By category</h2>",
-            report._table(["mode", "category", "requests", "tokens", "draft acceptance", "τ", "tokens / forward",
+            report.table(["mode", "category", "requests", "tokens", "draft acceptance", "τ", "tokens / forward",
                            "tok/s"],
                           [[c["mode"], escape(str(c["name"])), str(c["requests"]), str(c["tokens"]),
                             f(c["acceptance_rate"]), f(c["tau"]), f(c["tokens_per_forward"]), f(c["tok_per_s"], ".1f")]
@@ -355,21 +355,21 @@ def to_html(d: dict) -> str:
                 continue
             dv = r.get("divergence")
             if r["error"]:
-                status, where = report._ok(False, "", "no answer"), escape(r["error"])
+                status, where = report.mark(False, "", "no answer"), escape(r["error"])
             elif dv is None:
-                status, where = report._ok(True, "identical"), "–"
+                status, where = report.mark(True, "identical"), "–"
             else:
                 status = '<span class="tie">near-tie</span>' if r["near_tie"] else '<span class="fail">differs</span>'
-                where = (f"character {dv['index']}: …{report._tok(dv['context'])} then speculative "
-                         f"{report._tok(dv['spec'])} vs reference {report._tok(dv['reference'])}; reference top-2 "
+                where = (f"character {dv['index']}: …{report.token(dv['context'])} then speculative "
+                         f"{report.token(dv['spec'])} vs reference {report.token(dv['reference'])}; reference top-2 "
                          f"log-prob gap {f(dv['top2_gap'], '.2e')}")
             rows.append([escape(str(r["id"])), escape(str(r["category"])), escape(r["prompt"][:70]), status, where])
-        body.append(report._table(["id", "category", "prompt", "greedy identity", "first divergence"], rows))
+        body.append(report.table(["id", "category", "prompt", "greedy identity", "first divergence"], rows))
     rows = [[escape(str(r["id"])), escape(str(r["category"])), r["mode"], str(r.get("completion_tokens") or "–"),
              f(r.get("acceptance_rate")), f(r.get("tau")), f(r.get("tokens_per_forward")),
              f(r.get("tok_per_s"), ".1f"), escape(str(r.get("source") or "–")), escape(r["error"] or "")]
             for r in d["requests"] if r["mode"] != "reference"]
-    body += ["<h2>Requests</h2>", report._table(["id", "category", "mode", "tokens", "draft acceptance", "τ",
+    body += ["<h2>Requests</h2>", report.table(["id", "category", "mode", "tokens", "draft acceptance", "τ",
                                                   "tokens / forward", "tok/s", "figures from", "error"], rows,
                                                  {3, 4, 5, 6, 7})]
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>specviz probe: "

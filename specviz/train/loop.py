@@ -25,6 +25,8 @@ import torch
 from specviz import methods, metrics
 from specviz.config import DEFAULT_TARGET
 from specviz.drafters import trained as drafters
+from specviz.drafters.config import DrafterConfig, DrafterError
+from specviz.drafters.modules import load_into
 from specviz.paths import ASSETS
 from specviz.train import distill, templates
 from specviz.train.features import Batches, autocast, exit_features_for, features_for
@@ -180,10 +182,10 @@ def exits_early(spec: methods.MethodSpec) -> bool:
 def check_layer_options(opts: TrainOptions, spec: methods.MethodSpec, n_layers: int) -> None:
     """The layer indices the options name exist in the target (an --init drafter brings its own)."""
     if exits_early(spec) and not opts.init and not 1 <= opts.exit_layer < n_layers:
-        raise drafters.DrafterError(f"exit-layer={opts.exit_layer} is out of range for {opts.target}: use "
+        raise DrafterError(f"exit-layer={opts.exit_layer} is out of range for {opts.target}: use "
                                     f"1..{n_layers - 1}")
     if "draft_layers" in spec.layout and not opts.init and not all(0 <= i < n_layers for i in opts.draft_layers):
-        raise drafters.DrafterError(f"draft-layers={','.join(map(str, opts.draft_layers))} is out of range for "
+        raise DrafterError(f"draft-layers={','.join(map(str, opts.draft_layers))} is out of range for "
                                     f"{opts.target}: use indices 0..{n_layers - 1}")
 
 
@@ -208,7 +210,7 @@ def stage_features(examples: list[dict], target, out: Path, prefix: str, log, la
 
 
 def build_drafter(opts: TrainOptions, spec: methods.MethodSpec, init, target, seqs: list[list[int]], layers: tuple,
-                  log) -> tuple[torch.nn.Module, drafters.DrafterConfig, torch.Tensor | None]:
+                  log) -> tuple[torch.nn.Module, DrafterConfig, torch.Tensor | None]:
     """The module to train, its config and its draft vocabulary: an --init drafter goes on learning in its own
     layout, over its own vocabulary (or a re-chosen one); a new one gets the kind's layout from the options."""
     if init:
@@ -218,7 +220,7 @@ def build_drafter(opts: TrainOptions, spec: methods.MethodSpec, init, target, se
         if opts.draft_vocab is not None and opts.draft_vocab != cfg.draft_vocab:
             vocab_ids = rechoose_vocab(cfg, opts, seqs, target.vocab_size, log)
         module = drafters.build_module(cfg, target.model)
-        drafters.load_into(module, state, str(opts.init))
+        load_into(module, state, str(opts.init))
         module.train()
         log(f"init: {opts.init} ({drafters.describe(cfg)})")
         return module, cfg, vocab_ids
@@ -227,7 +229,7 @@ def build_drafter(opts: TrainOptions, spec: methods.MethodSpec, init, target, se
     given = {"medusa_heads": opts.medusa_heads, "exit_layer": opts.exit_layer,
              "draft_layers": list(opts.draft_layers), "feature_layers": list(layers)}
     extra = {k: given[k] for k in spec.layout}
-    cfg = drafters.DrafterConfig.for_target(opts.kind, opts.target, target.model.config, n_vocab, **extra)
+    cfg = DrafterConfig.for_target(opts.kind, opts.target, target.model.config, n_vocab, **extra)
     module = drafters.build_module(cfg, target.model).train()
     if layers:  # EAGLE-3 reads its output through its own norm and the target's head: start from the target's norm
         module.norm.weight.data.copy_(target.model.get_decoder().norm.weight.data)
@@ -357,7 +359,7 @@ def training_record(opts: TrainOptions, train_ex: list[dict], seqs: list[list[in
             "torch": torch.__version__}
 
 
-def choose_drafter_tree(spec: methods.MethodSpec, cfg: drafters.DrafterConfig, opts: TrainOptions, run: Run,
+def choose_drafter_tree(spec: methods.MethodSpec, cfg: DrafterConfig, opts: TrainOptions, run: Run,
                         held: HeldOut, log) -> None:
     """The candidate tree of a tree drafter, from its measured held-out accuracy: Medusa's per head, EAGLE's per
     draft depth (choose_tree_for_cost / choose_eagle_tree); chain drafters have none."""
@@ -373,7 +375,7 @@ def choose_drafter_tree(spec: methods.MethodSpec, cfg: drafters.DrafterConfig, o
         choose_eagle_tree(cfg, run.module, run.head, run.embed, held.batch, opts.target, log)
 
 
-def save_datastore(final: Path, cfg: drafters.DrafterConfig, examples: list[dict], log) -> None:
+def save_datastore(final: Path, cfg: DrafterConfig, examples: list[dict], log) -> None:
     """A user's own data: the target's answers in it become the drafter's datastore (the +ret branch)."""
     from specviz.core import retrieval
 
@@ -384,26 +386,26 @@ def save_datastore(final: Path, cfg: drafters.DrafterConfig, examples: list[dict
     log(f"datastore: {final / retrieval.DATASTORE_FILE} ({len(store)} answer tokens; --retrieve drafts from it)")
 
 
-def init_from(opts: TrainOptions, target) -> tuple[drafters.DrafterConfig, dict]:
+def init_from(opts: TrainOptions, target) -> tuple[DrafterConfig, dict]:
     """The layout and weights of the drafter that `--init` names: a folder this project trained (any kind), or a
     published Medusa-1 / EAGLE-1 / EAGLE-3 checkpoint, of the kind being trained and for this target."""
     cfg, state = drafters.read_layout(Path(opts.init), target)
     if cfg.kind != opts.kind:
-        raise drafters.DrafterError(f"init={str(opts.init)!r} is a {cfg.kind} drafter: train {cfg.kind} from it, "
+        raise DrafterError(f"init={str(opts.init)!r} is a {cfg.kind} drafter: train {cfg.kind} from it, "
                                     f"or give a {opts.kind} drafter")
     if cfg.hidden_size != target.model.config.hidden_size or cfg.vocab_size != target.vocab_size:
-        raise drafters.DrafterError(f"init={str(opts.init)!r} was trained for {cfg.target} (hidden {cfg.hidden_size}, "
+        raise DrafterError(f"init={str(opts.init)!r} was trained for {cfg.target} (hidden {cfg.hidden_size}, "
                                     f"vocab {cfg.vocab_size}), not {opts.target}")
     cfg.training = {}
     return cfg, state
 
 
-def rechoose_vocab(cfg: drafters.DrafterConfig, opts: TrainOptions, seqs, vocab_size: int, log) -> torch.Tensor | None:
+def rechoose_vocab(cfg: DrafterConfig, opts: TrainOptions, seqs, vocab_size: int, log) -> torch.Tensor | None:
     """An --init drafter given another --draft-vocab: the N tokens most frequent in the new training data. Its
     weights stay valid, since it reads its output through the target's own LM head rows (one per token), so only
     the rows it reads change; a published drafter with an LM head of its own cannot change vocabulary."""
     if cfg.own_lm_head or cfg.own_lm_heads:
-        raise drafters.DrafterError(f"init={str(opts.init)!r} has its own LM head over "
+        raise DrafterError(f"init={str(opts.init)!r} has its own LM head over "
                                     f"{cfg.draft_vocab or cfg.vocab_size} tokens, so draft-vocab={opts.draft_vocab} "
                                     "cannot apply: leave --draft-vocab out")
     log(f"draft vocabulary: {cfg.draft_vocab or 'full'} -> {opts.draft_vocab or 'full'} "
@@ -436,11 +438,11 @@ def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OU
     folder = Path(folder)
     raw = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else None
     if raw is None or "kind" not in raw:
-        raise drafters.DrafterError(f"{str(folder)!r} is not a drafter trained here (no config.json with a kind)")
+        raise DrafterError(f"{str(folder)!r} is not a drafter trained here (no config.json with a kind)")
     kind = raw["kind"]
     spec = methods.METHODS.get(kind)
     if spec is None or not spec.tree_from:
-        raise drafters.DrafterError(f"drafter {str(folder)!r} is a {kind} drafter: only Medusa's and EAGLE's trees "
+        raise DrafterError(f"drafter {str(folder)!r} is a {kind} drafter: only Medusa's and EAGLE's trees "
                                     "are re-chosen (the others draft a chain)")
     profile_for(raw["target"], profile)  # a bad profile file is reported before the features are computed
     from specviz.models import loader as models
@@ -451,7 +453,7 @@ def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OU
         examples += distill.read_chunks(f) if Path(f).is_dir() else distill.read_examples(f)
     held_out = distill.split(examples)[1][:held]
     if not held_out:
-        raise drafters.DrafterError("no held-out examples in the data: give more (every 20th example is held out)")
+        raise DrafterError("no held-out examples in the data: give more (every 20th example is held out)")
     by_heads = spec.tree_from == "heads"  # Medusa: rank accuracy per head; EAGLE: per draft depth
     key = "head_rank_accuracy_held_out" if by_heads else "depth_rank_accuracy_held_out"
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():  # the features are a map of a file in tmp
@@ -465,7 +467,7 @@ def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OU
             cfg, state = drafters.read_layout(folder, target)
             vocab_ids = state.pop("vocab_ids", None)
             module = drafters.build_module(cfg)
-            drafters.load_into(module, state, str(folder))
+            load_into(module, state, str(folder))
             weight = target.model.get_output_embeddings().weight.detach().float()
             bf16 = mixed_bf16("auto")
             feats, seqs = features_for(held_out, target, Path(tmp) / "features.f16", log, tuple(cfg.feature_layers),
@@ -527,7 +529,7 @@ def measure(folder: Path, target, held_out: list[dict], log, max_new_tokens: int
     return out
 
 
-def card(cfg: drafters.DrafterConfig, opts: TrainOptions) -> str:
+def card(cfg: DrafterConfig, opts: TrainOptions) -> str:
     t = cfg.training
     lines = [f"# {cfg.kind} drafter for {cfg.target}", "", drafters.describe(cfg) + ".", "",
              f"Reproduce: `python -m specviz train {cfg.kind} --out {opts.out} --steps {opts.steps}"

@@ -10,6 +10,7 @@ import torch
 from specviz import methods, metrics
 from specviz.config import DEFAULT_TARGET
 from specviz.drafters import trained as drafters
+from specviz.drafters.config import DrafterError
 from specviz.paths import ASSETS, PROFILES
 from specviz.train.losses import eagle_depth_accuracy
 
@@ -28,10 +29,10 @@ def profile_for(target_name: str, path: Path | None = None) -> tuple[metrics.Cos
         d = json.loads(Path(path).read_text())
         profile = metrics.CostProfile(**d["profile"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise drafters.DrafterError(f"profile {str(path)!r} is not a verify profile written by `python -m specviz "
+        raise DrafterError(f"profile {str(path)!r} is not a verify profile written by `python -m specviz "
                                     f"profile --json` ({type(exc).__name__}: {exc})") from None
     if d.get("target", target_name) != target_name:
-        raise drafters.DrafterError(f"profile {str(path)!r} was measured on target {d['target']!r}, "
+        raise DrafterError(f"profile {str(path)!r} was measured on target {d['target']!r}, "
                                     f"not on the drafter's target {target_name!r}")
     return profile, {c["method"]: c.get("c") for c in d.get("costs", [])}
 

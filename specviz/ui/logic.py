@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Optional, TypeVar
 
 from specviz import methods
-from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, ConfigError, DecodeConfig
+from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, DecodeConfig
+from specviz.errors import ConfigError
 from specviz.events import StepEvent
 from specviz.metrics import Comparison, compare
 from specviz.ui import lesson, plots, render

@@ -14,8 +14,10 @@ from typing import Optional
 import gradio as gr
 
 from specviz import hardware, methods, zerogpu
-from specviz.check.run import CHECK_METHODS, CHECKED_TRAINED
-from specviz.config import CHAIN_METHODS, DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX, ConfigError
+from specviz.check.run import CHECKED_TRAINED
+from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX
+from specviz.errors import ConfigError
+from specviz.methods import CHAIN_METHODS, CHECK_METHODS
 from specviz.policy import Policy
 from specviz.ui import controls, plots, render, roofline
 from specviz.ui.logic import make_config, status_html, user_message
@@ -103,7 +105,7 @@ def verdict_html(message: str, kind: str) -> str:
 def check_options(gamma, temperature, samples, max_new_tokens):
     """Form values -> CheckOptions, lighter than the CLI's in the parts a user does not choose here
     (a CPU Space should answer in about a minute)."""
-    from specviz.check.run import CheckOptions
+    from specviz.check.options import CheckOptions
 
     return CheckOptions(gamma=gamma, temperature=temperature, samples=samples, max_new_tokens=max_new_tokens,
                         synthetic_samples=2000, profile_reps=3)
@@ -116,7 +118,7 @@ def run_check_ui(target: str = DEFAULT_TARGET, method: str = "vanilla", draft: s
     and the JSON and HTML reports as files. A bad value or model is a one-line message in the verdict box."""
     from specviz.check import report
     from specviz.check import run as check
-    from specviz.config import DecodeConfig, _number
+    from specviz.config import DecodeConfig, number
     from specviz.models import loader as models
 
     empty = (None,) * 4 + (None, None)
@@ -128,7 +130,7 @@ def run_check_ui(target: str = DEFAULT_TARGET, method: str = "vanilla", draft: s
             raise ConfigError(f"method={method!r} cannot be checked: use {', '.join(CHECK_METHODS)}")
         options = check_options(gamma, temperature, samples, max_new_tokens)
         policy.check_config(DecodeConfig(gamma=options.gamma, max_new_tokens=options.max_new_tokens))
-        n = _number("prompts", prompts, int)
+        n = number("prompts", prompts, int)
         if not 1 <= n <= len(check.DEFAULT_PROMPTS):
             raise ConfigError(f"prompts={n} is out of range: use 1..{len(check.DEFAULT_PROMPTS)}")
         policy.check_model(target, "target")

@@ -11,7 +11,7 @@ from typing import Optional
 
 import gradio as gr
 
-from specviz.config import ConfigError
+from specviz.errors import ConfigError
 from specviz.policy import Policy
 from specviz.serving import access
 from specviz.serving.metrics import ServerError, Watch, metrics_url, no_speculation, scrape

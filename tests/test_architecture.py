@@ -1,0 +1,229 @@
+"""The code's shape, checked from its source (no model, nothing imported): imports point one way (no cycle between
+the modules of specviz/), nothing is re-exported behind `noqa: F401`, and no module reaches for another module's
+underscored name. Each test names every offence it finds, with its file and line."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "specviz"
+
+
+def module_name(path: Path) -> str:
+    """specviz/engines/tree.py -> specviz.engines.tree; specviz/engines/__init__.py -> specviz.engines."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_files() -> dict[str, Path]:
+    """Every module of specviz/ by its dotted name."""
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def checked_files() -> list[Path]:
+    """The product's source: specviz/ and app.py."""
+    return [*package_files().values(), ROOT / "app.py"]
+
+
+def resolve(node: ast.ImportFrom, importer: str, is_package: bool) -> str:
+    """The absolute module a `from ... import` statement reads from (relative imports resolved)."""
+    if not node.level:
+        return node.module or ""
+    base = importer.split(".")
+    base = base if is_package else base[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(path: Path, known: set[str]) -> list[tuple[str, int]]:
+    """(module, line) for every specviz module `path` imports anywhere in its body: at the top, inside functions,
+    under `if TYPE_CHECKING:` alike. `from package import name` counts as importing package.name when that is a
+    module, else as importing the package."""
+    name = module_name(path) if path.is_relative_to(PACKAGE) else path.stem
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names if a.name in known]
+        elif isinstance(node, ast.ImportFrom):
+            source = resolve(node, name, path.name == "__init__.py")
+            for a in node.names:
+                if f"{source}.{a.name}" in known:
+                    out.append((f"{source}.{a.name}", node.lineno))
+                elif source in known:
+                    out.append((source, node.lineno))
+    return out
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    """module -> {module it imports: the first line that does}."""
+    files = package_files()
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in files.items():
+        edges: dict[str, int] = {}
+        for target, line in imports(path, set(files)):
+            if target != name:
+                edges.setdefault(target, line)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One cycle (a closed path of imports, its first module repeated at the end) through each strongly connected
+    component of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return [closed_path(graph, set(c), c[0]) for c in components]
+
+
+def closed_path(graph: dict[str, dict[str, int]], members: set[str], start: str) -> list[str]:
+    """The shortest path of imports from `start` back to itself inside one component (breadth first)."""
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v]):
+                if w not in members:
+                    continue
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(previous[path[-1]])
+                    return [start, *reversed(path[:-1]), start]
+                if w not in previous:
+                    previous[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    return [start]
+
+
+def describe(path: list[str], graph: dict[str, dict[str, int]]) -> str:
+    return " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(path, path[1:])) + f" -> {path[-1]}"
+
+
+def test_no_import_cycle():
+    graph = import_graph()
+    found = [describe(c, graph) for c in cycles(graph)]
+    assert not found, "import cycles in specviz/ (lazy and TYPE_CHECKING imports count):\n" + "\n".join(found)
+
+
+def test_the_cycle_finder_finds_one():
+    """The walk sees a planted cycle, so an empty answer above means none."""
+    graph = {"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3}, "d": {"a": 4}}
+    assert cycles(graph) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b": 1}, "b": {}}) == []
+
+
+REEXPORT = re.compile(r"noqa:[^#]*\bF401\b")
+
+
+def test_no_reexport_behind_noqa():
+    found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in checked_files()
+             for i, line in enumerate(p.read_text().splitlines(), 1) if REEXPORT.search(line)]
+    assert not found, ("unused imports kept with noqa: F401 (re-exports): import from the defining module instead:\n"
+                       + "\n".join(found))
+
+
+def test_the_noqa_pattern_sees_every_spelling():
+    for line in ("import x  # noqa: F401", "import x  # noqa:F401", "import x  # noqa: E402, F401  (why)"):
+        assert REEXPORT.search(line), line
+    assert not REEXPORT.search("import x  # noqa: E402")
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_reaches(source: str, own: str, is_package: bool, label: str, known: set[str]) -> list[str]:
+    """Every `from specviz.x import _name` and `specviz.x._name` (through any alias of a specviz module) in `source`,
+    the text of module `own`, that names another module's underscored name."""
+    tree = ast.parse(source, label)
+    aliases: dict[str, str] = {}  # local name -> the specviz module it is bound to
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in known:
+                    aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            module = resolve(node, own, is_package)
+            if module.split(".")[0] != "specviz":
+                continue
+            for a in node.names:
+                if f"{module}.{a.name}" in known:
+                    aliases[a.asname or a.name] = f"{module}.{a.name}"
+                elif private(a.name) and module != own:
+                    found.append(f"{label}:{node.lineno}: from {module} import {a.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            chain, value = [], node.value
+            while isinstance(value, ast.Attribute):
+                chain.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in aliases:
+                module = ".".join([aliases[value.id], *reversed(chain)])
+                if module in known and module != own:
+                    found.append(f"{label}:{node.lineno}: {module}.{node.attr}")
+    return found
+
+
+def test_no_private_name_across_modules():
+    known = set(package_files())
+    found = [f for p in checked_files()
+             for f in private_reaches(p.read_text(), module_name(p) if p.is_relative_to(PACKAGE) else p.stem,
+                                      p.name == "__init__.py", str(p.relative_to(ROOT)), known)]
+    assert not found, ("underscored names used outside their module: make the helper public (or move it to its "
+                       "users):\n" + "\n".join(found))
+
+
+def test_the_private_name_finder_finds_each_form():
+    known = {"specviz", "specviz.config", "specviz.check", "specviz.check.report", "specviz.engines",
+             "specviz.engines.tree"}
+    planted = """
+from specviz.config import _number, number
+from specviz.check import report
+import specviz.config as C
+from . import tree
+from .tree import _grafted
+
+
+def f():
+    import specviz.check.report
+    return report._table, C._number, specviz.check.report._f, tree._x, report.__name__, _own()
+"""
+    found = private_reaches(planted, "specviz.engines.eagle", False, "x.py", known)
+    assert found == ["x.py:2: from specviz.config import _number", "x.py:6: from specviz.engines.tree import _grafted",
+                     "x.py:11: specviz.check.report._table", "x.py:11: specviz.config._number",
+                     "x.py:11: specviz.check.report._f", "x.py:11: specviz.engines.tree._x"], found
+    assert private_reaches("from specviz.config import _number\nx = _number", "specviz.config", False, "config.py",
+                           known) == []  # its own
