@@ -26,13 +26,13 @@ def simulated_step(rng: random.Random, step: int) -> StepEvent:
               DraftToken(12, "b", verdict[B], 0.2, parent=-1, depth=0, head=0, rank=1),
               DraftToken(13, "c", verdict[A1], 0.4, parent=0, depth=1, head=1, rank=0))
     emitted = tuple(EmittedToken(1, "x", Verdict.ACCEPTED) for _ in path) + (EmittedToken(2, "y", Verdict.BONUS),)
-    return StepEvent(step, drafts, emitted, 0.001, 0.01, 2)
+    return StepEvent(step=step, drafts=drafts, emitted=emitted, draft_s=0.001, verify_s=0.01, draft_forwards=2)
 
 
 def test_the_tree_formula_recovers_the_simulated_expectation():
     rng = random.Random(0)
     n = 6000
-    events = [StepEvent(0, (), (EmittedToken(1, "x", Verdict.PLAIN),), 0.0, 0.02)]
+    events = [StepEvent(step=0, drafts=(), emitted=(EmittedToken(1, "x", Verdict.PLAIN),), verify_s=0.02)]
     events += [simulated_step(rng, i) for i in range(1, n + 1)]
     rates = metrics.node_acceptance(events)
     assert rates[(0, 0, 0)] == pytest.approx(P_A, abs=4 * math.sqrt(P_A * (1 - P_A) / n))
@@ -49,7 +49,7 @@ def test_the_tree_formula_recovers_the_simulated_expectation():
 
 def test_the_tree_prediction_prices_rows_with_the_profile():
     rng = random.Random(1)
-    events = [StepEvent(0, (), (EmittedToken(1, "x", Verdict.PLAIN),), 0.0, 0.02)]
+    events = [StepEvent(step=0, drafts=(), emitted=(EmittedToken(1, "x", Verdict.PLAIN),), verify_s=0.02)]
     events += [simulated_step(rng, i) for i in range(1, 2001)]
     flat = CostProfile("cpu", "bf16", "fused", 128, 1, [1, 4], [0.01, 0.01], [0.01, 0.01])
     steep = CostProfile("cpu", "bf16", "fused", 128, 1, [1, 4], [0.01, 0.02], [0.01, 0.02])

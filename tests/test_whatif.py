@@ -21,7 +21,8 @@ def event(step: int, n_drafts: int, n_kept: int, seconds: float, draft_s: float 
     drafts = tuple(DraftToken(7, "x", Verdict.ACCEPTED if i < n_kept - 1 else Verdict.REJECTED, 0.5)
                    for i in range(n_drafts))
     emitted = tuple(EmittedToken(7, "x", Verdict.ACCEPTED) for _ in range(n_kept))
-    return StepEvent(step, drafts, emitted, draft_s, seconds - draft_s, forwards)
+    return StepEvent(step=step, drafts=drafts, emitted=emitted, draft_s=draft_s, verify_s=seconds - draft_s,
+                     draft_forwards=forwards)
 
 
 PREFILL = event(0, 0, 1, 0.05)
