@@ -1,14 +1,15 @@
-"""What several tabs share, defined once: the device queue, the draft model choices, the tabs' CSS, key-figure cards,
-the verdict box and number formatting. No Gradio here."""
+"""What several tabs share, defined once: the device queue, the draft model and γ choices, the tabs' CSS,
+key-figure cards, the verdict box and number formatting. No Gradio here."""
 from __future__ import annotations
 
 import html
 from typing import Iterable, Optional
 
-from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET
+from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX
 
 DEVICE_QUEUE = "cpu"  # the app's one queue worker for its one device: races, checks and steps never overlap
 DRAFT_CHOICES = [DEFAULT_DRAFT, DEFAULT_TARGET]
+GAMMAS = ["auto"] + [str(g) for g in range(1, GAMMA_MAX + 1)]  # γ's choices: adaptive, or a fixed count
 
 TABS_CSS = """
 .sv-intro { font-size: 16px; color: #333; margin: 0; }
