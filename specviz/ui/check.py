@@ -20,10 +20,10 @@ from specviz.ui.common import (
     DEVICE_QUEUE,
     DRAFT_CHOICES,
     GAMMAS,
-    TABS_CSS,
     cards_html,
     choices_with_default,
     num,
+    tab_intro,
     verdict_html,
 )
 from specviz.ui.logic import user_message
@@ -157,11 +157,10 @@ def check_tab(concurrency_id: str = DEVICE_QUEUE, pair: hardware.Pair = hardware
     from specviz.check.run import DEFAULT_PROMPTS
 
     with gr.Tab("Check a drafter", elem_id="tab-check"):
-        gr.HTML(f"<style>{TABS_CSS}</style><p class='sv-intro'>Is a drafter <b>compatible</b> with the target (same "
-                "vocabulary), is decoding with it <b>exact</b> (greedy output identical to plain decoding; "
-                "sampled first "
-                "tokens follow the target's distribution) and does it <b>pay</b> on this machine (α, τ, cost ratio c, "
-                "speedup against the prediction)? The same check as <code>python -m specviz check</code>.</p>")
+        gr.HTML(tab_intro("Is a drafter <b>compatible</b> with the target (same vocabulary), is decoding with it "
+                          "<b>exact</b> (greedy output identical to plain decoding; sampled first tokens follow the "
+                          "target's distribution) and does it <b>pay</b> on this machine (α, τ, cost ratio c, "
+                          "speedup against the prediction)? The same check as <code>python -m specviz check</code>."))
         with gr.Row():
             target = gr.Dropdown(choices_with_default(pair.target, TARGET_CHOICES), value=pair.target,
                                  label="Target model", allow_custom_value=True, elem_id="check-target")

@@ -29,6 +29,11 @@ TABS_CSS = """
 """
 
 
+def tab_intro(text: str) -> str:
+    """A tab's opening paragraph (HTML), with the tabs' CSS."""
+    return f"<style>{TABS_CSS}</style><p class='sv-intro'>{text}</p>"
+
+
 def choices_with_default(first: str, rest: list[str]) -> list[str]:
     """A dropdown's choices with this machine's default first."""
     return [first] + [c for c in rest if c != first]

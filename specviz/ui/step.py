@@ -14,7 +14,7 @@ from specviz import hardware, methods, zerogpu
 from specviz.config import CHAIN_METHODS, DEFAULT_DRAFT
 from specviz.policy import Policy
 from specviz.ui import controls, plots, render
-from specviz.ui.common import DEVICE_QUEUE, DRAFT_CHOICES, GAMMAS, TABS_CSS, choices_with_default, num
+from specviz.ui.common import DEVICE_QUEUE, DRAFT_CHOICES, GAMMAS, choices_with_default, num, tab_intro
 from specviz.ui.logic import make_config, status_html, user_message
 
 STEP_PROMPT = "Write one sentence about the moon."
@@ -151,6 +151,14 @@ def _start(prompt, method, draft, gamma, temperature, seed, max_new_tokens):
     return teach.start(prompt, cfg, *hardware.default_pair().run_args(method, draft))
 
 
+def _open(session, prompt, method, draft, gamma, temperature, seed, max_new_tokens):
+    """The run to continue: `session` (resumed from its recipe when it crossed a process) or, with none, a fresh one."""
+    from specviz.ui import teach
+
+    return teach.resume(session) if session else _start(prompt, method, draft, gamma, temperature, seed,
+                                                        max_new_tokens)
+
+
 def step_reset(prompt: str = STEP_PROMPT, method: str = "vanilla", draft: str = "", gamma: str = "4",
                temperature: float = 1.0, seed: int = 0, max_new_tokens: int = 32, alpha: float = 0.7, c: float = 0.1,
                session=None):
@@ -168,8 +176,7 @@ def step_next(prompt: str = STEP_PROMPT, method: str = "vanilla", draft: str = "
     from specviz.ui import teach
 
     try:
-        session = teach.resume(session) if session else _start(prompt, method, draft, gamma, temperature, seed,
-                                                               max_new_tokens)
+        session = _open(session, prompt, method, draft, gamma, temperature, seed, max_new_tokens)
         teach.advance(session)
         return step_outputs(session, alpha, c)
     except Exception as exc:
@@ -183,8 +190,7 @@ def step_run(prompt: str = STEP_PROMPT, method: str = "vanilla", draft: str = ""
     from specviz.ui import teach
 
     try:
-        session = teach.resume(session) if session else _start(prompt, method, draft, gamma, temperature, seed,
-                                                               max_new_tokens)
+        session = _open(session, prompt, method, draft, gamma, temperature, seed, max_new_tokens)
         last = 0.0
         while teach.advance(session) is not None:
             if time.perf_counter() - last >= 0.25 and not session.finished:
@@ -210,12 +216,11 @@ def step_method_changed(method):
 def step_tab(concurrency_id: str = DEVICE_QUEUE, pair: hardware.Pair = hardware.EMBEDDED_PAIR) -> None:
     """Build the "Step through" tab (teaching mode) inside the caller's gr.Blocks (default draft: `pair`'s)."""
     with gr.Tab("Step through", elem_id="tab-step"):
-        gr.HTML(f"<style>{TABS_CSS}</style><p class='sv-intro'><b>Teaching mode.</b> One draft/verify cycle per "
-                "click: what the drafter proposed (q), what the target thinks (p), the acceptance test and "
-                "its verdict. "
-                "The same seed gives the same run, token for token, as the Race tab's speculative lane with these "
-                "settings. Medusa and EAGLE verify their tree: each candidate the target judged is a row, in "
-                "order, and when sampling a refused sibling shows the residual the next one is judged against.</p>")
+        gr.HTML(tab_intro("<b>Teaching mode.</b> One draft/verify cycle per click: what the drafter proposed (q), "
+                          "what the target thinks (p), the acceptance test and its verdict. The same seed gives the "
+                          "same run, token for token, as the Race tab's speculative lane with these settings. "
+                          "Medusa and EAGLE verify their tree: each candidate the target judged is a row, in order, "
+                          "and when sampling a refused sibling shows the residual the next one is judged against."))
         with gr.Row(equal_height=False):
             prompt = gr.Textbox(value=STEP_PROMPT, label="Prompt", lines=2, max_lines=4, scale=3, elem_id="step-prompt")
             method = gr.Dropdown(list(CHAIN_METHODS), value="vanilla", label="Drafter", min_width=120,

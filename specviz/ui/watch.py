@@ -16,7 +16,7 @@ from specviz.policy import Policy
 from specviz.serving import access
 from specviz.serving.metrics import ServerError, Watch, metrics_url, no_speculation, scrape
 from specviz.ui import watch_plots
-from specviz.ui.common import TABS_CSS, cards_html, num, verdict_html
+from specviz.ui.common import cards_html, num, tab_intro, verdict_html
 from specviz.ui.logic import status_html, user_message
 
 WATCH_QUEUE = "watch"  # scrapes never wait for a race on the device queue (a watch of this app runs beside one)
@@ -170,12 +170,12 @@ def intro_html() -> str:
     else:
         where = ("Any http(s) URL works here, this app's own included: <code>http://127.0.0.1:7860</code> "
                  "while a race runs.")
-    return (f"<style>{TABS_CSS}</style><p class='sv-intro'>Watch a <b>served</b> drafter: specviz scrapes the "
-            "server's Prometheus <code>/metrics</code> (vLLM, llama.cpp's <code>llama-server --metrics</code>, SGLang "
-            "<code>--enable-metrics</code>, TensorRT-LLM, or specviz's own) and draws, window by window, the draft "
-            "acceptance, τ = 1 + accepted / drafts and the acceptance by draft position, with a verdict: idle, "
-            "collapsed (τ near 1: the output stays correct, so nothing else fails) or healthy. The same as "
-            f"<code>python -m specviz watch URL</code>. {where}</p>")
+    return tab_intro("Watch a <b>served</b> drafter: specviz scrapes the server's Prometheus <code>/metrics</code> "
+                     "(vLLM, llama.cpp's <code>llama-server --metrics</code>, SGLang <code>--enable-metrics</code>, "
+                     "TensorRT-LLM, or specviz's own) and draws, window by window, the draft acceptance, τ = 1 + "
+                     "accepted / drafts and the acceptance by draft position, with a verdict: idle, collapsed (τ near "
+                     "1: the output stays correct, so nothing else fails) or healthy. The same as "
+                     f"<code>python -m specviz watch URL</code>. {where}")
 
 
 def watch_tab() -> None:
