@@ -38,7 +38,7 @@ def test_throttle_never_repeats_the_final_item():
 
 
 def snapshot(ar, spec, cfg=None):
-    snap = logic.Snapshot(cfg or DecodeConfig(method="vanilla"), "int8", phase="done")
+    snap = logic.RaceSnapshot(cfg or DecodeConfig(method="vanilla"), "int8", phase="done")
     for name, events in (("ar", ar), ("spec", spec)):
         lane = snap.lanes[name]
         lane.events = list(events)
@@ -100,7 +100,7 @@ def test_live_views_redraw_plots_about_once_a_second_and_in_full_at_the_end():
     def feed():
         for t, phase in zip(times, phases):
             current[0] = t
-            yield logic.Snapshot(cfg, "int8", phase=phase)
+            yield logic.RaceSnapshot(cfg, "int8", phase=phase)
 
     views = list(logic.live_views(feed(), 0.25, 1.0, now=lambda: current[0]))
     # panes: loading, the first tokens, then every >= 0.25 s (0.1 is skipped), and the final state

@@ -91,7 +91,7 @@ def test_check_tab_produces_a_verdict_and_reports(client, method):
 
 
 def test_check_tab_bad_values_are_one_line(client):
-    from specviz.ui.tabs import run_check_ui
+    from specviz.ui.check import run_check_ui
 
     # values the form's own limits would refuse, straight into the handler
     for kwargs, needle in [({"samples": 5}, "samples=5 is out of range"), ({"prompts": 9}, "prompts=9 is out of range"),

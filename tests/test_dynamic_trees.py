@@ -236,10 +236,10 @@ def test_greedy_identity_real_target(target, spec):
 def test_race_api_takes_the_tree_for_tree_drafters_only(target):
     """The app's /race handler: a dynamic tree on EAGLE (identical to plain decoding, its config says so); on a chain
     drafter the hidden tree fields are ignored, as the form hides them."""
-    import app
+    from specviz.ui.race import race_api
 
-    out = app.race_api("Name three rivers in Europe.", method="eagle", tree="dynamic", tree_nodes=6, max_new_tokens=24)
+    out = race_api("Name three rivers in Europe.", method="eagle", tree="dynamic", tree_nodes=6, max_new_tokens=24)
     assert out["spec_text"] == out["ar_text"] and out["summary"]["identical"] is True
     assert (out["config"]["tree"], out["config"]["tree_nodes"]) == ("dynamic", 6)
-    out = app.race_api("Name three rivers in Europe.", method="pld", tree="dynamic", tree_nodes=6, max_new_tokens=8)
+    out = race_api("Name three rivers in Europe.", method="pld", tree="dynamic", tree_nodes=6, max_new_tokens=8)
     assert out["config"]["tree"] == "static"

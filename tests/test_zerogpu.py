@@ -84,7 +84,7 @@ def test_without_the_variable_nothing_is_wrapped_and_spaces_is_not_imported(stan
 
 
 def test_with_zero_gpu_the_model_handlers_are_wrapped(stand_in):
-    from specviz.ui import tabs as app_tabs
+    from specviz.ui import check as check_tab
 
     stand_in.setenv(zerogpu.ENV, "1")
     assert zerogpu.activate() and "spaces" in sys.modules
@@ -95,9 +95,9 @@ def test_with_zero_gpu_the_model_handlers_are_wrapped(stand_in):
     assert {name: durations[name] for name in MODEL_HANDLERS - {"run_check_ui"}} == dict.fromkeys(
         MODEL_HANDLERS - {"run_check_ui"}, run)
     check = durations["run_check_ui"]  # sized per call, from the handler's own arguments
-    assert check is app_tabs.check_gpu_seconds
+    assert check is check_tab.check_gpu_seconds
     assert check("smollm2-135m", "vanilla", "int8", "4", 1.0, 200, 3, 32, None) == zerogpu.check_duration(3, 200, 32)
-    assert check(samples=10**6, prompts="x") == zerogpu.check_duration(6, app_tabs.CHECK_SAMPLES_MAX, 32)
+    assert check(samples=10**6, prompts="x") == zerogpu.check_duration(6, check_tab.CHECK_SAMPLES_MAX, 32)
     assert sorted(sys.modules["spaces"].CALLS) == sorted((name, durations[name]) for name in MODEL_HANDLERS)
 
 
@@ -135,14 +135,14 @@ def test_a_step_through_session_pickles_as_its_recipe(target):
 
 def test_step_handlers_take_a_session_that_crossed_a_process(target):
     """What ZeroGPU does between clicks: the state comes back pickled; the next step continues the same run."""
-    from specviz.ui import tabs as app_tabs
+    from specviz.ui import step
 
     settings = dict(prompt="Repeat: one two three, one two three.", method="pld", draft="", gamma="4",
                     temperature=1.0, seed=5, max_new_tokens=12, alpha=0.7, c=0.1)
-    live = app_tabs.step_next(**settings, session=app_tabs.step_reset(**settings)[0])[0]
+    live = step.step_next(**settings, session=step.step_reset(**settings)[0])[0]
     travelled = pickle.loads(pickle.dumps(live))
     assert isinstance(travelled, teach.Replay)
-    assert app_tabs.step_theory(travelled, 0.7, 0.1) is not None  # the theory plot reads the recipe's measurements
-    after_travel, after_live = (app_tabs.step_next(**settings, session=s) for s in (travelled, live))
+    assert step.step_theory(travelled, 0.7, 0.1) is not None  # the theory plot reads the recipe's measurements
+    after_travel, after_live = (step.step_next(**settings, session=s) for s in (travelled, live))
     assert "⚠" not in after_travel[1] and after_travel[6]["step"] == after_live[6]["step"] == 2
     assert after_travel[6]["text"] == after_live[6]["text"]

@@ -1,1 +1,2 @@
-"""The Gradio app's pieces: the three tabs, plots, token rendering, the step-through lesson."""
+"""The Gradio app's pieces: one module per tab (race, check, step, watch), what they share (common), the race's
+logic, plots, token rendering and the step-through lesson."""

@@ -1,6 +1,6 @@
 """Controls follow the method: which of a form's fields apply to the chosen method, read from the registry
-(specviz/methods.py), and one line saying why the others are hidden. No Gradio here: app.py and tabs.py turn a
-`Fields` into component updates."""
+(specviz/methods.py), and one line saying why the others are hidden. No Gradio here: the tabs (ui/race.py,
+ui/step.py) turn a `Fields` into component updates."""
 from __future__ import annotations
 
 import html

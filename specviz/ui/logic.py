@@ -18,6 +18,7 @@ from specviz.errors import ConfigError
 from specviz.events import StepEvent
 from specviz.metrics import Comparison, compare
 from specviz.ui import lesson, plots, render
+from specviz.ui.common import card, num
 
 log = logging.getLogger("specviz.app")
 
@@ -116,8 +117,8 @@ class Lane:
 
 
 @dataclass
-class Snapshot:
-    """The state of one race, updated in place as ticks arrive."""
+class RaceSnapshot:
+    """The state of one race, updated in place as ticks arrive (race_stream yields it after each)."""
     cfg: DecodeConfig
     draft: str
     phase: str = "loading"      # loading | running | done
@@ -179,7 +180,7 @@ def user_message(exc: BaseException, public: bool = False) -> str:
 
 
 def race_stream(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT,
-                target: str = DEFAULT_TARGET) -> Iterator[Snapshot]:
+                target: str = DEFAULT_TARGET) -> Iterator[RaceSnapshot]:
     """Yield the snapshot once before loading, after every step of either lane, and once when done.
     Raises ConfigError / ModelError for bad input, RunFailed (logged) for anything unexpected (after the
     first, 'loading' snapshot)."""
@@ -188,7 +189,7 @@ def race_stream(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT,
     from specviz.core.session import prepare  # torch and the engines load on first use, not at import
     from specviz.models.loader import ModelError
 
-    snap = Snapshot(cfg, draft)
+    snap = RaceSnapshot(cfg, draft)
     yield snap
     try:
         prepared = prepare(prompt, cfg, target, draft)
@@ -281,11 +282,7 @@ TAU_LABEL = ("mean accepted length τ, tokens per target forward incl. the bonus
              "as Spec-Bench/EAGLE count it")
 
 
-def _num(value: Optional[float], fmt: str = "{:.2f}", none: str = "–") -> str:
-    return none if value is None else fmt.format(value)
-
-
-def summary_html(snap: Snapshot) -> str:
+def summary_html(snap: RaceSnapshot) -> str:
     """The end-of-run summary: the identity badge, the lesson (both texts, one above the other: lesson.py), then
     speedup beside the Leviathan prediction, α, τ, c."""
     c = snap.comparison
@@ -294,20 +291,18 @@ def summary_html(snap: Snapshot) -> str:
     ar_ev, spec_ev = snap.lanes["ar"].events, snap.lanes["spec"].events
     gamma = snap.cfg.gamma if snap.cfg.adaptive else int(snap.cfg.gamma)
     cards = [
-        ("speedup (measured)", _num(c.speedup, "×{:.2f}"),
+        ("speedup (measured)", num(c.speedup, prefix="×"),
          "over the plain lane beside it (specviz's AR, the same target, the same clock): its seconds per token / "
          "speculative seconds per token"),
-        ("predicted speedup", _num(c.predicted_speedup, "×{:.2f}"),
-         f"Leviathan et al. (2023) at the measured α, γ = {_num(c.mean_gamma, '{:.1f}')}, c"
+        ("predicted speedup", num(c.predicted_speedup, prefix="×"),
+         f"Leviathan et al. (2023) at the measured α, γ = {num(c.mean_gamma, '.1f')}, c"
          + (", and this machine's verify cost T(γ+1)/T(1)" if snap.profiled else "")),
-        ("acceptance rate α", _num(c.spec.alpha), f"{c.spec.accepted} of {c.spec.drafted} drafted tokens kept"),
-        ("τ", _num(c.spec.tau), TAU_LABEL),
-        ("cost ratio c", _num(c.cost_ratio, "{:.3f}"), "seconds of one draft forward / one AR target forward"),
+        ("acceptance rate α", num(c.spec.alpha), f"{c.spec.accepted} of {c.spec.drafted} drafted tokens kept"),
+        ("τ", num(c.spec.tau), TAU_LABEL),
+        ("cost ratio c", num(c.cost_ratio, ".3f"), "seconds of one draft forward / one AR target forward"),
         ("tok/s", f"{c.ar.tok_per_s:.1f} → {c.spec.tok_per_s:.1f}", "plain AR → speculative, engine compute only"),
     ]
-    items = "".join(f'<div class="sv-card" data-metric="{html.escape(k)}"><div class="sv-card-k">{html.escape(k)}</div>'
-                    f'<div class="sv-card-v">{html.escape(v)}</div><div class="sv-card-n">{html.escape(n)}</div></div>'
-                    for k, v, n in cards)
+    items = "".join(card(*c) for c in cards)
     if c.identical is None:
         badge = ('<span class="sv-badge sv-badge-info">sampling (temperature > 0): the texts differ by chance; '
                  'speculative sampling keeps the target\'s distribution</span>')
@@ -339,7 +334,7 @@ def status_html(message: str, kind: str = "info") -> str:
     return f'<div class="sv-status sv-status-{kind}">{html.escape(message)}</div>'
 
 
-def status_of(snap: Snapshot) -> str:
+def status_of(snap: RaceSnapshot) -> str:
     if snap.phase == "loading":
         return status_html("Loading the models and preparing the prompt… (the first run takes ~20 s on CPU)")
     if snap.phase == "running":
@@ -362,14 +357,14 @@ class View:
     accept: object = None
     tree: object = None
     final_events: Optional[list[StepEvent]] = None  # the speculative lane's events, once the race is done
-    final: Optional[Snapshot] = None                 # the finished race itself, for a replay (ui/replay.py)
+    final: Optional[RaceSnapshot] = None             # the finished race itself, for a replay (ui/replay.py)
 
     def as_tuple(self) -> tuple:
         return (self.status, self.pane_ar, self.pane_spec, self.summary, self.alpha, self.speed, self.accept,
                 self.tree)
 
 
-def view_of(snap: Snapshot, with_plots: bool = True) -> View:
+def view_of(snap: RaceSnapshot, with_plots: bool = True) -> View:
     running = snap.phase == "running"
     ar, spec = snap.lanes["ar"], snap.lanes["spec"]
     view = View(
@@ -392,8 +387,8 @@ def view_of(snap: Snapshot, with_plots: bool = True) -> View:
     )
 
 
-def live_views(stream: Iterable[Snapshot], interval: float = UPDATE_INTERVAL_S, plot_interval: float = PLOT_INTERVAL_S,
-               now: Callable[[], float] = time.perf_counter) -> Iterator[View]:
+def live_views(stream: Iterable[RaceSnapshot], interval: float = UPDATE_INTERVAL_S,
+               plot_interval: float = PLOT_INTERVAL_S, now: Callable[[], float] = time.perf_counter) -> Iterator[View]:
     """The UI's stream: panes at most every `interval` s, plots at most every `plot_interval` s, and every
     phase change (loading, first tokens, done) and the final state in full."""
     last_plot = None
@@ -407,7 +402,7 @@ def live_views(stream: Iterable[Snapshot], interval: float = UPDATE_INTERVAL_S, 
 
 def empty_view(method: str = DEFAULTS.method, message: str = "", lookup: int = 0, retrieve: int = 0) -> View:
     ar, spec = empty_panes(method, lookup, retrieve)
-    return View(status_html(message) if message else "", ar, spec, summary_html(Snapshot(DEFAULTS, DEFAULT_DRAFT)),
-                plots.alpha_figure([]), plots.speed_figure({"ar": [], "spec": []}, {"ar": "plain AR",
-                                                                                     "spec": "speculative"}),
+    return View(status_html(message) if message else "", ar, spec,
+                summary_html(RaceSnapshot(DEFAULTS, DEFAULT_DRAFT)), plots.alpha_figure([]),
+                plots.speed_figure({"ar": [], "spec": []}, {"ar": "plain AR", "spec": "speculative"}),
                 plots.accept_figure([]), plots.tree_figure(None))

@@ -8,12 +8,13 @@ every figure's dict with plotly's checking constructor instead.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Mapping, Optional, Sequence
 
 import plotly.graph_objects as go
 
-from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD, DraftToken, StepEvent, Verdict
+from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD, DraftToken, EmittedToken, StepEvent, Verdict
 from specviz.metrics import summarize
 from specviz.ui.render import COLOURS
 
@@ -45,7 +46,7 @@ def _template() -> dict:
     return pio.templates["plotly_white"].to_plotly_json()
 
 
-def _figure(data: list[dict], title: str, note: Optional[str] = None, **layout) -> go.Figure:
+def figure(data: list[dict], title: str, note: Optional[str] = None, **layout) -> go.Figure:
     """Wrap trace and layout dicts in a Figure with the shared look (unvalidated: see the module note)."""
     base = {
         "template": _template(),
@@ -86,7 +87,7 @@ def alpha_figure(events: Sequence[StepEvent], window: int = ROLLING_WINDOW) -> g
          "line": {"color": ROLLING, "width": 2.5, "dash": "dot"},
          "hovertemplate": "step %{x}<br>rolling α = %{y:.2f}<extra></extra>"},
     ]
-    return _figure(
+    return figure(
         data, "Acceptance rate α per step", None if judged_total else "no drafted tokens judged yet",
         xaxis={"title": {"text": "step (target forward)"}, "rangemode": "tozero"},
         yaxis={"title": {"text": "acceptance rate α"}, "range": [-0.03, 1.03]})
@@ -109,7 +110,7 @@ def speed_figure(lanes: Mapping[str, Sequence[StepEvent]], labels: Optional[Mapp
             "line": {"color": LANE_COLOURS.get(lane, ROLLING), "width": 4 if i else 3,
                      "dash": "solid" if i else "dash"},
             "hovertemplate": "%{y} tokens after %{x:.2f} s<extra>" + label + "</extra>"})
-    return _figure(data, "Tokens over compute time (slope = tok/s)",
+    return figure(data, "Tokens over compute time (slope = tok/s)",
                    # inside the plot's bottom-right corner, below both lines (they rise from the origin and the
                    # slower one ends at the right edge): above the plot two long lane names wrap into the title
                    legend={"orientation": "v", "yanchor": "bottom", "y": 0.02, "xanchor": "right", "x": 0.99,
@@ -149,7 +150,7 @@ def accept_figure(events: Sequence[StepEvent]) -> go.Figure:
                "xanchor": "center", "yanchor": "bottom", "font": {"size": 16}}
               for text, x in (("accepted drafts per step", 0.215), ("per-position acceptance α_i", 0.785))]
     tau = f" · τ = {summary.tau:.2f}" if events else ""
-    return _figure(
+    return figure(
         data, "Accepted length" + tau, None if counts else "no drafts yet", showlegend=False,
         annotations=titles, margin={"l": 64, "r": 20, "t": 84, "b": 56},
         xaxis={"domain": [0.0, 0.43], "title": {"text": "drafts kept"}, "dtick": 1, "anchor": "y"},
@@ -236,6 +237,93 @@ def _hover(d: DraftToken, path_p: Optional[float] = None) -> str:
     return "<br>".join(parts)
 
 
+@dataclass(frozen=True)
+class TreeGeometry:
+    """Where tree_figure draws one step: the context (root) at x = 0, each drafted node at x = depth + 1 and its
+    tree_layout y, the accepted path, and the target's own token (`final`) hanging off the path's end at `final_xy`
+    (None when the step ends on an accepted draft)."""
+    drafts: list[DraftToken]
+    ys: list[float]
+    root_y: float
+    path: list[int]
+    final: Optional[EmittedToken]
+    final_xy: Optional[tuple[float, float]]
+
+    @classmethod
+    def of(cls, event: StepEvent) -> TreeGeometry:
+        drafts = list(event.drafts)
+        ys = tree_layout(drafts)
+        tops = [ys[i] for i, d in enumerate(drafts) if d.parent == -1]
+        geometry = cls(drafts, ys, sum(tops) / len(tops) if tops else 0.0, accepted_path(drafts), None, None)
+        last = event.emitted[-1] if event.emitted else None
+        if last is None or last.verdict is Verdict.ACCEPTED:
+            return geometry
+        tail = geometry.tail
+        x, y = geometry.pos(tail)
+        blocked = any(d.parent == tail and abs(geometry.pos(i)[1] - y) < 0.6 for i, d in enumerate(drafts)
+                      if i not in geometry.path)  # a refused sibling sits there: hang the target's token below the tree
+        return replace(geometry, final=last, final_xy=(x + 1.0, (max(ys) + 1.0) if blocked else y))
+
+    @property
+    def tail(self) -> int:
+        """The accepted path's last node (-1: the root)."""
+        return self.path[-1] if self.path else -1
+
+    def pos(self, i: int) -> tuple[float, float]:
+        return (0.0, self.root_y) if i < 0 else (float(self.drafts[i].depth + 1), self.ys[i])
+
+
+def _tree_edges(g: TreeGeometry) -> list[dict]:
+    """The edges: those not taken (thin grey), those of branches grafted from prompt lookup / the datastore (thin,
+    dashed or dotted), then the accepted path down to the target's own token (thick green)."""
+    on_path = set(g.path)
+    other = [(g.pos(d.parent), g.pos(i)) for i, d in enumerate(g.drafts)
+             if i not in on_path and d.head not in GRAFT_SOURCES]
+    grafted = {head: _segments([(g.pos(d.parent), g.pos(i)) for i, d in enumerate(g.drafts)
+                                if i not in on_path and d.head == head]) for head in GRAFT_SOURCES}
+    chain = [-1] + g.path
+    taken = [(g.pos(a), g.pos(b)) for a, b in zip(chain, chain[1:])]
+    if g.final_xy is not None:
+        taken.append((g.pos(g.tail), g.final_xy))
+    ox, oy = _segments(other)
+    px, py = _segments(taken)
+    return [
+        {"type": "scatter", "x": ox, "y": oy, "mode": "lines", "name": "not taken", "hoverinfo": "skip",
+         "showlegend": False, "line": {"color": EDGE, "width": 2}},
+        *({"type": "scatter", "x": x, "y": y, "mode": "lines", "name": GRAFT_SOURCES[head][1], "hoverinfo": "skip",
+           "line": {"color": EDGE, "width": 2, "dash": GRAFT_SOURCES[head][2]}}
+          for head, (x, y) in grafted.items() if x),  # branches grafted from prompt lookup / the datastore
+        {"type": "scatter", "x": px, "y": py, "mode": "lines", "name": "accepted path", "hoverinfo": "skip",
+         "line": {"color": COLOURS[Verdict.ACCEPTED], "width": 7}},
+    ]
+
+
+def _tree_nodes(g: TreeGeometry) -> list[dict]:
+    """One marker trace per verdict present, in Verdict's order: the drafted nodes and the target's own token."""
+    nodes: dict[Verdict, list[tuple[float, float, str, str]]] = {}
+    for i, (d, path_p) in enumerate(zip(g.drafts, path_probabilities(g.drafts))):
+        nodes.setdefault(d.verdict, []).append((*g.pos(i), _label(d.text), _hover(d, path_p)))
+    if g.final is not None:
+        hover = f"{g.final.verdict.value}: the target's own token"
+        if g.final.p_target is not None:
+            hover += f"<br>p_target={g.final.p_target:.3f}"
+        nodes.setdefault(g.final.verdict, []).append((*g.final_xy, _label(g.final.text), hover))
+    crowded = len(set(g.ys)) > 4  # many siblings: smaller nodes, labels beside them instead of stacked above
+    traces = []
+    for verdict in Verdict:
+        if verdict not in nodes:
+            continue
+        nx, ny, text, hover = (list(v) for v in zip(*nodes[verdict]))
+        colour = COLOURS[verdict] if verdict is not Verdict.PLAIN else "#000000"
+        traces.append({"type": "scatter", "x": nx, "y": ny, "mode": "markers+text", "text": text,
+                       "textposition": "middle right" if crowded else "top center",
+                       "textfont": {"size": 12 if crowded else 16, "color": colour},
+                       "name": verdict.value, "hovertext": hover, "hoverinfo": "text",
+                       "marker": {"size": 11 if crowded else 18, "color": colour, "symbol": SYMBOLS[verdict],
+                                  "line": {"width": 2, "color": colour}}})
+    return traces
+
+
 def tree_figure(event: Optional[StepEvent]) -> go.Figure:
     """The candidate tree of one step: the context as the root at x = 0, each drafted node at x = depth + 1
     (a chain is a one-branch tree), and the target's own token (resampled / bonus / plain) hanging off the
@@ -248,77 +336,20 @@ def tree_figure(event: Optional[StepEvent]) -> go.Figure:
                       "range": [-0.5, 2.5]},
             "yaxis": {"visible": False, "range": [0.6, -0.8]}}
     if event is None:
-        return _figure([root], "Candidate tree of the latest step", "no step yet", **axes)
-    drafts = list(event.drafts)
-    ys = tree_layout(drafts)
-    tops = [ys[i] for i, d in enumerate(drafts) if d.parent == -1]
-    root_y = sum(tops) / len(tops) if tops else 0.0
-    root["y"] = [root_y]
-
-    def pos(i: int) -> tuple[float, float]:
-        return (0.0, root_y) if i < 0 else (float(drafts[i].depth + 1), ys[i])
-
-    path = accepted_path(drafts)
-    tail = path[-1] if path else -1
-    last = event.emitted[-1] if event.emitted else None
-    final = last if last is not None and last.verdict is not Verdict.ACCEPTED else None
-    final_xy = None
-    if final is not None:
-        x = pos(tail)[0] + 1.0
-        blocked = any(d.parent == tail and abs(pos(i)[1] - pos(tail)[1]) < 0.6 for i, d in enumerate(drafts)
-                      if i not in path)  # a refused sibling sits there: hang the target's token below the tree
-        final_xy = (x, (max(ys) + 1.0) if blocked else pos(tail)[1])
-
-    on_path = set(path)
-    other = [(pos(d.parent), pos(i)) for i, d in enumerate(drafts) if i not in on_path and d.head not in GRAFT_SOURCES]
-    grafted = {head: _segments([(pos(d.parent), pos(i)) for i, d in enumerate(drafts)
-                                if i not in on_path and d.head == head]) for head in GRAFT_SOURCES}
-    chain = [-1] + path
-    taken = [(pos(a), pos(b)) for a, b in zip(chain, chain[1:])]
-    if final_xy is not None:
-        taken.append((pos(tail), final_xy))
-    ox, oy = _segments(other)
-    px, py = _segments(taken)
-    data = [
-        {"type": "scatter", "x": ox, "y": oy, "mode": "lines", "name": "not taken", "hoverinfo": "skip",
-         "showlegend": False, "line": {"color": EDGE, "width": 2}},
-        *({"type": "scatter", "x": x, "y": y, "mode": "lines", "name": GRAFT_SOURCES[head][1], "hoverinfo": "skip",
-           "line": {"color": EDGE, "width": 2, "dash": GRAFT_SOURCES[head][2]}}
-          for head, (x, y) in grafted.items() if x),  # branches grafted from prompt lookup / the datastore
-        {"type": "scatter", "x": px, "y": py, "mode": "lines", "name": "accepted path", "hoverinfo": "skip",
-         "line": {"color": COLOURS[Verdict.ACCEPTED], "width": 7}},
-        root,
-    ]
-    nodes: dict[Verdict, list[tuple[float, float, str, str]]] = {}
-    for i, (d, path_p) in enumerate(zip(drafts, path_probabilities(drafts))):
-        nodes.setdefault(d.verdict, []).append((*pos(i), _label(d.text), _hover(d, path_p)))
-    if final is not None:
-        hover = f"{final.verdict.value}: the target's own token"
-        if final.p_target is not None:
-            hover += f"<br>p_target={final.p_target:.3f}"
-        nodes.setdefault(final.verdict, []).append((*final_xy, _label(final.text), hover))
-    crowded = len(set(ys)) > 4  # many siblings: smaller nodes, labels beside them instead of stacked above
-    for verdict in Verdict:
-        if verdict not in nodes:
-            continue
-        nx, ny, text, hover = (list(v) for v in zip(*nodes[verdict]))
-        colour = COLOURS[verdict] if verdict is not Verdict.PLAIN else "#000000"
-        data.append({"type": "scatter", "x": nx, "y": ny, "mode": "markers+text", "text": text,
-                     "textposition": "middle right" if crowded else "top center",
-                     "textfont": {"size": 12 if crowded else 16, "color": colour},
-                     "name": verdict.value, "hovertext": hover, "hoverinfo": "text",
-                     "marker": {"size": 11 if crowded else 18, "color": colour, "symbol": SYMBOLS[verdict],
-                                "line": {"width": 2, "color": colour}}})
-    all_x = [0.0] + [pos(i)[0] for i in range(len(drafts))] + ([final_xy[0]] if final_xy else [])
-    all_y = [root_y] + ys + ([final_xy[1]] if final_xy else [])
+        return figure([root], "Candidate tree of the latest step", "no step yet", **axes)
+    g = TreeGeometry.of(event)
+    root["y"] = [g.root_y]
+    data = [*_tree_edges(g), root, *_tree_nodes(g)]
+    all_x = [0.0] + [g.pos(i)[0] for i in range(len(g.drafts))] + ([g.final_xy[0]] if g.final_xy else [])
+    all_y = [g.root_y] + g.ys + ([g.final_xy[1]] if g.final_xy else [])
     axes["xaxis"]["range"] = [-0.5, max(all_x) + 0.6]
     axes["yaxis"]["range"] = [max(all_y) + 0.6, min(all_y) - 0.8]  # reversed: the first branch on top
-    title = f"Candidate tree of step {event.step + 1}: kept {event.n_accepted} of {len(drafts)} drafts"
+    title = f"Candidate tree of step {event.step + 1}: kept {event.n_accepted} of {len(g.drafts)} drafts"
     # the legend goes under the axis title: a tree with every verdict and a lookup branch has too many entries to
     # share the title's line
-    return _figure(data, title, legend={"orientation": "h", "yanchor": "top", "y": -0.3, "xanchor": "left", "x": 0.0,
-                                        "font": {"size": 15}},
-                   margin={"l": 64, "r": 20, "t": 60, "b": 110}, height=HEIGHT + 50, **axes)
+    return figure(data, title, legend={"orientation": "h", "yanchor": "top", "y": -0.3, "xanchor": "left", "x": 0.0,
+                                       "font": {"size": 15}},
+                  margin={"l": 64, "r": 20, "t": 60, "b": 110}, height=HEIGHT + 50, **axes)
 
 
 # --- teaching mode (specviz/teach.py's CycleView as a dict) ---------------------------------------------
@@ -354,7 +385,7 @@ def cycle_figure(view: Optional[dict]) -> go.Figure:
     chosen token's label is marked ▶ (a cue beside colour)."""
     axes = {"xaxis": {"visible": False}, "yaxis": {"visible": False}}
     if not view:
-        return _figure([], "Draft and verify, one cycle at a time", "press Reset, then Next step", height=430, **axes)
+        return figure([], "Draft and verify, one cycle at a time", "press Reset, then Next step", height=430, **axes)
     panels = [p for p in view["positions"] if p["bars"]]
     n = max(1, len(panels))
     gap = 0.05
@@ -392,7 +423,7 @@ def cycle_figure(view: Optional[dict]) -> go.Figure:
                        "font": {"size": 14}, "align": "center"})
     kept = f"kept {view['n_accepted']} of {sum(p['kind'] == 'draft' for p in view['positions'])} drafted"
     title = f"Step {view['step'] + 1} ({'greedy' if view['greedy'] else 'sampling'}, γ = {view['gamma']}): {kept}"
-    return _figure(data, title, None if panels else "nothing drafted this step", height=430, barmode="group",
+    return figure(data, title, None if panels else "nothing drafted this step", height=430, barmode="group",
                    bargap=0.25, annotations=titles, margin={"l": 20, "r": 20, "t": 118, "b": 30},
                    legend={"orientation": "h", "yanchor": "top", "y": -0.06, "xanchor": "center", "x": 0.5,
                            "font": {"size": 15}},
@@ -443,7 +474,7 @@ def theory_figure(alpha: float, c: float, measured: Optional[dict] = None, gamma
                "xanchor": "left", "yanchor": "bottom", "font": {"size": 15}}
               for text, y in (("E[tokens per forward] = (1 − α^(γ+1)) / (1 − α)", 1.0),
                               ("predicted speedup S = E / (γc + 1)", 0.42))]
-    return _figure(data, "Theory: Leviathan et al. (2023)", height=600, annotations=titles,
+    return figure(data, "Theory: Leviathan et al. (2023)", height=600, annotations=titles,
                    margin={"l": 56, "r": 16, "t": 84, "b": 40},
                    legend={"orientation": "h", "yanchor": "top", "y": -0.16, "xanchor": "left", "x": 0.0,
                            "font": {"size": 14}},

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Mapping, Sequence
 
 from specviz.events import StepEvent
-from specviz.ui.logic import Lane, Snapshot, View, status_html, view_of
+from specviz.ui.logic import Lane, RaceSnapshot, View, status_html, view_of
 
 PACES = {"0.25×": 0.25, "0.5×": 0.5, "1×": 1.0}  # the replay's choices: a step narrated, then the real speed
 DEFAULT_PACE = "0.5×"
@@ -39,7 +39,7 @@ def timeline(lanes: Mapping[str, Sequence[StepEvent]]) -> list[Tick]:
     return sorted(ticks, key=lambda t: t.at)
 
 
-def duration(final: Snapshot) -> float:
+def duration(final: RaceSnapshot) -> float:
     """Seconds of recorded compute a replay at 1× takes: the slower lane's."""
     return max((t.at for t in timeline({k: v.events for k, v in final.lanes.items()})), default=0.0)
 
@@ -52,12 +52,12 @@ def pace_of(choice) -> float:
     return value
 
 
-def replay_stream(final: Snapshot, pace: float, frame: float = FRAME_S, sleep: Callable[[float], None] = time.sleep,
-                  now: Callable[[], float] = time.perf_counter) -> Iterator[Snapshot]:
+def replay_stream(final: RaceSnapshot, pace: float, frame: float = FRAME_S, sleep: Callable[[float], None] = time.sleep,
+                  now: Callable[[], float] = time.perf_counter) -> Iterator[RaceSnapshot]:
     """Snapshots of the recorded race `final` as its compute clock runs at `pace`× real time: one at the start,
     then at most one a `frame` while events arrive, and the finished race (comparison included) at the end."""
-    snap = Snapshot(final.cfg, final.draft, phase="running", lanes={"ar": Lane(), "spec": Lane()},
-                    decode=final.decode, hardware=final.hardware, profiled=final.profiled)
+    snap = RaceSnapshot(final.cfg, final.draft, phase="running", lanes={"ar": Lane(), "spec": Lane()},
+                        decode=final.decode, hardware=final.hardware, profiled=final.profiled)
     ticks = timeline({k: v.events for k, v in final.lanes.items()})
     start = last = now()
     yield snap
@@ -87,7 +87,7 @@ def replay_stream(final: Snapshot, pace: float, frame: float = FRAME_S, sleep: C
     yield snap
 
 
-def replay_views(final: Snapshot, pace: float, frame: float = FRAME_S, plot_interval: float = PLOT_INTERVAL_S,
+def replay_views(final: RaceSnapshot, pace: float, frame: float = FRAME_S, plot_interval: float = PLOT_INTERVAL_S,
                  sleep: Callable[[float], None] = time.sleep, now: Callable[[], float] = time.perf_counter
                  ) -> Iterator[View]:
     """The UI's stream for a replay: what the live race showed (logic.view_of), with a status that says it is a

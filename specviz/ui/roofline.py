@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from specviz.config import DEFAULT_TARGET
 from specviz.core.roofline import Roofline
-from specviz.ui.plots import CUMULATIVE, ROLLING, _figure
+from specviz.ui.plots import CUMULATIVE, ROLLING, figure
 
 SIZES = (1, 2, 4, 8, 16, 32)  # tokens per forward the panel measures
 REPS = 3
@@ -32,7 +32,7 @@ def roofline_figure(r: Roofline) -> go.Figure:
     ]
     title = (f"AR {r.ar_tok_s:.0f} tok/s of a {r.roofline_tok_s:.0f} tok/s ceiling "
              f"({r.ar_share:.0%} of {r.bandwidth_gb_s:.0f} GB/s)")
-    return _figure(data, title, xaxis={"title": {"text": "tokens per target forward (k)"}, "type": "category"},
+    return figure(data, title, xaxis={"title": {"text": "tokens per target forward (k)"}, "type": "category"},
                    yaxis={"title": {"text": "ms per forward"}, "rangemode": "tozero"})
 
 

@@ -16,10 +16,10 @@ from specviz.policy import Policy
 from specviz.serving import access
 from specviz.serving.metrics import ServerError, Watch, metrics_url, no_speculation, scrape
 from specviz.ui import watch_plots
+from specviz.ui.common import cards_html, num, tab_intro, verdict_html
 from specviz.ui.logic import status_html, user_message
-from specviz.ui.tabs import TABS_CSS, _card, verdict_html
 
-CONCURRENCY_ID = "watch"  # scrapes never wait for a race on the device queue (a watch of this app runs beside one)
+WATCH_QUEUE = "watch"  # scrapes never wait for a race on the device queue (a watch of this app runs beside one)
 INTERVAL_DEFAULT = 2.0    # seconds between two scrapes
 INTERVAL_MIN, INTERVAL_MAX = 1.0, 60.0
 JSON_WINDOWS = 120        # the data view shows the last this many windows (the plots show them all)
@@ -59,25 +59,25 @@ def verdict_kind(verdict: str) -> str:
     return "idle" if verdict.startswith("idle") else "bad" if verdict.startswith("collapsed") else "ok"
 
 
-def cards_html(s: dict) -> str:
-    f = lambda v, spec=".2f": "–" if v is None else format(v, spec)  # noqa: E731
+def watch_cards_html(s: dict) -> str:
+    """The watch's key figures as cards, from Watch.summary()."""
     gamma = f"γ = {s['gamma']} ({s['gamma_from']})" if s["gamma"] else "γ unknown"
     cards = [
         ("engine", s["engine"], f"{gamma}; {s['windows']} windows over {s['seconds']:.0f} s"),
-        ("τ", f(s["tau"]), "1 + accepted / drafts: tokens per drafted step, the bonus token included"),
-        ("draft acceptance", f(s["acceptance_rate"]), f"{s['accepted_tokens']:.0f} of {s['draft_tokens']:.0f} "
-                                                      f"drafted tokens kept, {s['drafts']:.0f} drafts"),
-        ("drafted tok/s", f(s["draft_tokens_per_s"], ".1f"), "over the watch"),
-        ("accepted tok/s", f(s["accepted_tokens_per_s"], ".1f"), "over the watch"),
-        ("requests running", f(s["requests_running"], ".1f"), "mean over the watch"),
-        ("predicted speedup", f(s["predicted_speedup"]) + "×" if s["predicted_speedup"] else "–",
+        ("τ", num(s["tau"]), "1 + accepted / drafts: tokens per drafted step, the bonus token included"),
+        ("draft acceptance", num(s["acceptance_rate"]), f"{s['accepted_tokens']:.0f} of {s['draft_tokens']:.0f} "
+                                                        f"drafted tokens kept, {s['drafts']:.0f} drafts"),
+        ("drafted tok/s", num(s["draft_tokens_per_s"], ".1f"), "over the watch"),
+        ("accepted tok/s", num(s["accepted_tokens_per_s"], ".1f"), "over the watch"),
+        ("requests running", num(s["requests_running"], ".1f"), "mean over the watch"),
+        ("predicted speedup", num(s["predicted_speedup"]) + "×" if s["predicted_speedup"] else "–",
          f"Leviathan et al. at this acceptance and γ, with the draft's cost c = {s['cost_ratio']:g}"
          + (" (an upper bound)" if not s["cost_ratio"] else "")),
     ]
     if s["resets"] or s["failed_scrapes"]:
         cards.append(("restarts / failed scrapes", f"{s['resets']} / {len(s['failed_scrapes'])}",
                       "counters reset (a window then counts from zero) / scrapes that failed; the watch went on"))
-    return '<div class="sv-summary"><div class="sv-cards">' + "".join(_card(*c) for c in cards) + "</div></div>"
+    return cards_html(cards)
 
 
 def figures(state: Optional[WatchState]) -> tuple:
@@ -101,7 +101,7 @@ def data_of(state: WatchState) -> dict:
 def view(state: WatchState, message: str, kind: str = "info") -> tuple:
     """(status, verdict, figures, 4 plots, data) for the watch as it stands."""
     s = state.watch.summary()
-    return (status_html(message, kind), verdict_html(s["verdict"], verdict_kind(s["verdict"])), cards_html(s),
+    return (status_html(message, kind), verdict_html(s["verdict"], verdict_kind(s["verdict"])), watch_cards_html(s),
             *figures(state), data_of(state))
 
 
@@ -170,12 +170,12 @@ def intro_html() -> str:
     else:
         where = ("Any http(s) URL works here, this app's own included: <code>http://127.0.0.1:7860</code> "
                  "while a race runs.")
-    return (f"<style>{TABS_CSS}</style><p class='sv-intro'>Watch a <b>served</b> drafter: specviz scrapes the "
-            "server's Prometheus <code>/metrics</code> (vLLM, llama.cpp's <code>llama-server --metrics</code>, SGLang "
-            "<code>--enable-metrics</code>, TensorRT-LLM, or specviz's own) and draws, window by window, the draft "
-            "acceptance, τ = 1 + accepted / drafts and the acceptance by draft position, with a verdict: idle, "
-            "collapsed (τ near 1: the output stays correct, so nothing else fails) or healthy. The same as "
-            f"<code>python -m specviz watch URL</code>. {where}</p>")
+    return tab_intro("Watch a <b>served</b> drafter: specviz scrapes the server's Prometheus <code>/metrics</code> "
+                     "(vLLM, llama.cpp's <code>llama-server --metrics</code>, SGLang <code>--enable-metrics</code>, "
+                     "TensorRT-LLM, or specviz's own) and draws, window by window, the draft acceptance, τ = 1 + "
+                     "accepted / drafts and the acceptance by draft position, with a verdict: idle, collapsed (τ near "
+                     "1: the output stays correct, so nothing else fails) or healthy. The same as "
+                     f"<code>python -m specviz watch URL</code>. {where}")
 
 
 def watch_tab() -> None:
@@ -206,7 +206,7 @@ def watch_tab() -> None:
         timer = gr.Timer(INTERVAL_DEFAULT, active=False)
 
         shown = [status, verdict, cards, plot_acceptance, plot_tau, plot_position, plot_rate, data]
-        common = dict(concurrency_limit=8, concurrency_id=CONCURRENCY_ID, show_progress="hidden")
+        common = dict(concurrency_limit=8, concurrency_id=WATCH_QUEUE, show_progress="hidden")
         start.click(watch_start, inputs=[url, interval, state], outputs=[state, timer, *shown], api_name="watch_start",
                     **common)
         url.submit(watch_start, inputs=[url, interval, state], outputs=[state, timer, *shown],

@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 import plotly.graph_objects as go
 
 from specviz.events import Verdict
-from specviz.ui.plots import CUMULATIVE, ROLLING, _figure
+from specviz.ui.plots import CUMULATIVE, ROLLING, figure
 from specviz.ui.render import COLOURS
 
 
@@ -35,7 +35,7 @@ def watch_acceptance_figure(series: Sequence, t0: float) -> go.Figure:
          "mode": "markers", "marker": {"color": COLOURS[Verdict.REJECTED], "size": 14, "symbol": "x"},
          "hovertemplate": "%{x:.0f} s: counters reset<extra></extra>"},
     ]
-    return _figure(data, "Draft acceptance (accepted / drafted tokens)",
+    return figure(data, "Draft acceptance (accepted / drafted tokens)",
                    None if any(w.acceptance_rate is not None for w in series) else "no drafts seen yet",
                    xaxis={"title": {"text": "seconds since the watch started"}, "rangemode": "tozero"},
                    yaxis={"title": {"text": "draft acceptance"}, "range": [-0.03, 1.03]})
@@ -56,7 +56,7 @@ def watch_tau_figure(series: Sequence, t0: float, collapse_tau: float) -> go.Fig
     notes = [{"text": f"collapsed below τ = {collapse_tau:g}", "showarrow": False, "xref": "paper", "x": 0.99,
               "xanchor": "right", "y": collapse_tau, "yanchor": "bottom", "font": {"size": 14,
                                                                                    "color": COLOURS[Verdict.REJECTED]}}]
-    return _figure(data, "τ: tokens per drafted step", None if any(t is not None for t in taus)
+    return figure(data, "τ: tokens per drafted step", None if any(t is not None for t in taus)
                    else "no drafts seen yet", shapes=lines, annotations=notes, showlegend=False,
                    xaxis={"title": {"text": "seconds since the watch started"}, "rangemode": "tozero"},
                    yaxis={"title": {"text": "τ"}, "range": [0.9, top + 0.1]})
@@ -74,7 +74,7 @@ def watch_position_figure(per_position: Sequence[float], conditional: Sequence[O
          "mode": "markers", "marker": {"color": COLOURS[Verdict.RESAMPLED], "size": 14, "symbol": "diamond"},
          "hovertemplate": "position %{x}: α_i = %{y:.2f}<extra></extra>"},
     ]
-    return _figure(data, "Acceptance by draft position", None if xs else "the server exports no per-position counter",
+    return figure(data, "Acceptance by draft position", None if xs else "the server exports no per-position counter",
                    xaxis={"title": {"text": "draft position i"}, "dtick": 1},
                    yaxis={"title": {"text": "acceptance"}, "range": [0, 1.03]})
 
@@ -97,7 +97,7 @@ def watch_rate_figure(series: Sequence, t0: float) -> go.Figure:
          "mode": "lines", "yaxis": "y2", "line": {"color": "#000000", "width": 1.5, "shape": "hv"},
          "hovertemplate": "%{x:.0f} s: %{y:.1f} requests running<extra></extra>"},
     ]
-    return _figure(data, "Drafted and accepted tokens per second", None if series else "waiting for a second scrape",
+    return figure(data, "Drafted and accepted tokens per second", None if series else "waiting for a second scrape",
                    margin={"l": 64, "r": 64, "t": 60, "b": 56},
                    xaxis={"title": {"text": "seconds since the watch started"}, "rangemode": "tozero"},
                    yaxis={"title": {"text": "tokens / s"}, "rangemode": "tozero"},

@@ -1,0 +1,60 @@
+"""What several tabs share, defined once: the device queue, the draft model and γ choices, the tabs' CSS,
+key-figure cards, the verdict box and number formatting. No Gradio here."""
+from __future__ import annotations
+
+import html
+from typing import Iterable, Optional
+
+from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX
+
+DEVICE_QUEUE = "cpu"  # the app's one queue worker for its one device: races, checks and steps never overlap
+DRAFT_CHOICES = [DEFAULT_DRAFT, DEFAULT_TARGET]
+GAMMAS = ["auto"] + [str(g) for g in range(1, GAMMA_MAX + 1)]  # γ's choices: adaptive, or a fixed count
+
+TABS_CSS = """
+.sv-intro { font-size: 16px; color: #333; margin: 0; }
+.sv-verdict { font-size: 21px; font-weight: 700; padding: 12px 16px; border-radius: 10px; }
+.sv-verdict-ok { background: #e0f3ec; color: #00573f; border: 2px solid #009E73; }
+.sv-verdict-bad { background: #fdeee6; color: #8a3300; border: 2px solid #D55E00; }
+.sv-verdict-idle { background: #f2f6fa; color: #123; border: 1px solid #d0d0d0; font-weight: 500; font-size: 17px; }
+.sv-table { border-collapse: collapse; font-size: 17px; margin: 4px 0; font-variant-numeric: tabular-nums; }
+.sv-table th, .sv-table td { border-bottom: 1px solid #e2e2e2; padding: 5px 12px; text-align: left; }
+.sv-table th { color: #444; font-weight: 600; background: #fafafa; }
+.sv-table td.num { text-align: right; font-family: ui-monospace, 'DejaVu Sans Mono', monospace; }
+.sv-table .sv-tok { font-family: ui-monospace, 'DejaVu Sans Mono', monospace; font-size: 17px; }
+.sv-rule { font-size: 16px; color: #333; margin: 6px 0 2px 0; }
+.sv-steptext { font-family: ui-monospace, 'DejaVu Sans Mono', monospace; font-size: 18px; line-height: 1.75;
+  white-space: pre-wrap; word-break: break-word; border: 1px solid #d0d0d0; border-radius: 10px; padding: 10px 14px;
+  background: #fff; min-height: 60px; max-height: 220px; overflow-y: auto; }
+"""
+
+
+def tab_intro(text: str) -> str:
+    """A tab's opening paragraph (HTML), with the tabs' CSS."""
+    return f"<style>{TABS_CSS}</style><p class='sv-intro'>{text}</p>"
+
+
+def choices_with_default(first: str, rest: list[str]) -> list[str]:
+    """A dropdown's choices with this machine's default first."""
+    return [first] + [c for c in rest if c != first]
+
+
+def num(value: Optional[float], spec: str = ".2f", prefix: str = "") -> str:
+    """A figure as the tabs print it: `prefix` and `value` in format `spec`, or – when there is none."""
+    return "–" if value is None else prefix + format(value, spec)
+
+
+def card(key: str, value: str, note: str = "") -> str:
+    """One key figure: its name, its value and a note saying what it counts (data-metric: the name)."""
+    return (f'<div class="sv-card" data-metric="{html.escape(key)}"><div class="sv-card-k">{html.escape(key)}</div>'
+            f'<div class="sv-card-v">{html.escape(value)}</div><div class="sv-card-n">{html.escape(note)}</div></div>')
+
+
+def cards_html(cards: Iterable[tuple[str, str, str]]) -> str:
+    """Key figures as a row of cards, alone in a summary box."""
+    return '<div class="sv-summary"><div class="sv-cards">' + "".join(card(*c) for c in cards) + "</div></div>"
+
+
+def verdict_html(message: str, kind: str) -> str:
+    """The verdict box: kind ok (green), bad (orange) or idle (grey)."""
+    return f'<div class="sv-verdict sv-verdict-{kind}">{html.escape(message)}</div>'
