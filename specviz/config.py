@@ -46,7 +46,7 @@ class DecodeConfig:
     # branch of the tree (0 = off); greedy or sampling (a point-mass candidate: docs/exactness.md)
     lookup: int = 0
     # likewise up to this many nodes retrieved from the datastore of the target's own answers: a chain where the
-    # answers agree, a fork where they split (specviz/retrieval.py; 0 = off)
+    # answers agree, a fork where they split (specviz/core/retrieval.py; 0 = off)
     retrieve: int = 0
     # tree drafters (eagle, medusa): "static" verifies the drafter's stored tree; "dynamic" grows one each step from
     # the drafter's own confidence (EAGLE-2): tree_topk children for each of the tree_topk most probable nodes of a

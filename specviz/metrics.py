@@ -92,7 +92,7 @@ def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
 @dataclass(frozen=True)
 class CostProfile:
     """Median seconds of one target forward of n new tokens over a KV cache of `context` tokens, as the
-    engines run it (python -m specviz profile; specviz/profile.py measures it)."""
+    engines run it (python -m specviz profile; specviz/core/profile.py measures it)."""
     device: str
     dtype: str
     attention: str

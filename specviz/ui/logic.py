@@ -127,7 +127,7 @@ class RaceSnapshot:
     decode: Optional[Callable[[list[int]], str]] = None
     started: float = field(default_factory=time.perf_counter)
     hardware: str = ""          # hardware.describe(): the device and dtype the lanes ran on
-    profiled: bool = False      # the prediction used the target's measured verify profile (specviz/profile.py)
+    profiled: bool = False      # the prediction used the target's measured verify profile (specviz/core/profile.py)
 
     def title(self, lane: str) -> str:
         return LANE_TITLES[lane].format(method=method_label(self.cfg.method, self.cfg.lookup, self.cfg.retrieve))

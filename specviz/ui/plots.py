@@ -352,7 +352,7 @@ def tree_figure(event: Optional[StepEvent]) -> go.Figure:
                   margin={"l": 64, "r": 20, "t": 60, "b": 110}, height=HEIGHT + 50, **axes)
 
 
-# --- teaching mode (specviz/teach.py's CycleView as a dict) ---------------------------------------------
+# --- teaching mode (specviz/ui/teach.py's CycleView as a dict) ---------------------------------------------
 
 Q_DRAFT = "#CC79A7"   # the drafter's colour (its lane's)
 P_TARGET = "#0072B2"  # the target's
