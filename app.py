@@ -64,6 +64,9 @@ def warm_up(on_zero_gpu: bool = False) -> None:
         prof = profile.profile_of(target)  # the verify profile the summary's prediction reads
         print("specviz: verify cost T(k)/T(1): " + ", ".join(f"k={k} {prof.ratio(k):.2f}" for k in (2, 5, 8, 17)),
               flush=True)
+        why = hardware.adopt(target)  # the default race, chosen from this machine's T(k) and step costs
+        if why:
+            print(f"specviz: {why}", flush=True)
     print(f"specviz: models ready on {hardware.describe(target.device, target.dtype)} "
           f"({target.guarantee} verification)",
           flush=True)

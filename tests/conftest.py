@@ -62,7 +62,9 @@ def serving(demo, **launch):
 def app_url(target):  # `target` loads the real model once; the app reuses it through models.get's cache
     """The app launched in-process on a free port."""
     import app
+    from specviz import hardware
 
+    hardware.adopt(target)  # as app.warm_up does: the default race chosen from this machine's T(k)
     with serving(app.build_ui(), **app.launch_options()) as url:  # with its /metrics route
         yield url
 

@@ -20,9 +20,10 @@ class Fields:
     reasons: tuple[str, ...] = ()  # one clause per hidden field
     tree: bool = False             # the tree's shape (static or dynamic) and a dynamic tree's size: only on a tree
 
-    def note_html(self, elem_id: str = "method-note") -> str:
-        """The one line under the form: why the hidden fields are hidden (empty when none is)."""
-        text = " · ".join(self.reasons)
+    def note_html(self, elem_id: str = "method-note", why: str = "") -> str:
+        """The one line under the form: why the hidden fields are hidden, and `why` the defaults are what they are
+        (the default race chosen on this machine; empty when there is nothing to say)."""
+        text = " · ".join(self.reasons + ((why[0].upper() + why[1:],) if why else ()))
         return f'<div class="sv-method-note" id="{elem_id}">{html.escape(text)}</div>' if text else ""
 
 

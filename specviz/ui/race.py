@@ -170,7 +170,13 @@ def method_changed(method):
     return (gr.Dropdown(visible=fields.draft),
             gr.Dropdown(value=gamma, visible=fields.gamma, label=gamma_label(fields), info=GAMMA_INFO),
             gr.Dropdown(value=lookup, visible=fields.lookup), gr.Dropdown(value=retrieve, visible=fields.retrieve),
-            fields.note_html(), gr.Radio(visible=fields.tree), gr.Dropdown(visible=fields.tree))
+            fields.note_html(why=default_why(method)), gr.Radio(visible=fields.tree), gr.Dropdown(visible=fields.tree))
+
+
+def default_why(method) -> str:
+    """How the default race was chosen on this machine, under the form while its method is picked."""
+    pair = hardware.default_pair()
+    return pair.why if str(method) == pair.method else ""
 
 
 GAMMA_INFO = "follows the method: its fastest γ measured here"
@@ -293,7 +299,7 @@ def method_fields(pair: hardware.Pair, fields: controls.Fields) -> dict:
                                  info="the nodes of highest path probability verified",
                                  visible=fields.tree, elem_id="tree-nodes")
     return dict(method=method, draft=draft, gamma=gamma, lookup=lookup, retrieve=retrieve, tree=tree,
-                tree_nodes=tree_nodes, method_note=gr.HTML(fields.note_html()))
+                tree_nodes=tree_nodes, method_note=gr.HTML(fields.note_html(why=pair.why)))
 
 
 def run_controls() -> dict:
