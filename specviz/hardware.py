@@ -172,14 +172,15 @@ def default_pair(device: Optional[object] = None) -> Pair:
 def adopt(target) -> Optional[str]:
     """Measure this machine for a loaded target (its verify profile T(k) and the step costs of each lane family,
     a few seconds, once) and make the race chosen from them (specviz/tuning.py) this process's default: the one line
-    saying which and why, or None where the target ships no race grid (the GPU pair, a target of your own) and the
-    pair's defaults stay."""
+    saying which and why, or None where the target ships no race grid (the GPU pair, a target of your own) or runs in
+    another dtype than the app's, and the pair's defaults stay."""
     from specviz import tuning
+    from specviz.models import loader as models
 
     kind = target.device.type
     pair = default_pair(target.device)
-    if target.name != pair.target:
-        return None
+    if target.name != pair.target or target.dtype != models.default_dtype(target.device):
+        return None  # the grid prices the app's configuration: another target or dtype keeps the pair's defaults
     choice = tuning.default_race(target)
     if choice is None:
         return None
