@@ -16,7 +16,7 @@ from specviz import methods
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, DecodeConfig
 from specviz.errors import ConfigError
 from specviz.events import StepEvent
-from specviz.metrics import Comparison, compare
+from specviz.metrics import CHAIN_FORMULA, TREE_FORMULA, Comparison, compare
 from specviz.ui import lesson, plots, render
 from specviz.ui.common import card, num
 
@@ -284,7 +284,7 @@ TAU_LABEL = ("mean accepted length τ, tokens per target forward incl. the bonus
 
 def summary_html(snap: RaceSnapshot) -> str:
     """The end-of-run summary: the identity badge, the lesson (both texts, one above the other: lesson.py), then
-    speedup beside the Leviathan prediction, α, τ, c."""
+    speedup beside the prediction (a tree's per-node formula, or Leviathan's for a chain: prediction_note), α, τ, c."""
     c = snap.comparison
     if c is None:
         return '<div class="sv-summary sv-summary-empty">The summary appears when both lanes have finished.</div>'
@@ -294,9 +294,7 @@ def summary_html(snap: RaceSnapshot) -> str:
         ("speedup (measured)", num(c.speedup, prefix="×"),
          "over the plain lane beside it (specviz's AR, the same target, the same clock): its seconds per token / "
          "speculative seconds per token"),
-        ("predicted speedup", num(c.predicted_speedup, prefix="×"),
-         f"Leviathan et al. (2023) at the measured α, γ = {num(c.mean_gamma, '.1f')}, c"
-         + (", and this machine's verify cost T(γ+1)/T(1)" if snap.profiled else "")),
+        ("predicted speedup", num(c.predicted_speedup, prefix="×"), prediction_note(c, snap.profiled)),
         ("acceptance rate α", num(c.spec.alpha), f"{c.spec.accepted} of {c.spec.drafted} drafted tokens kept"),
         ("τ", num(c.spec.tau), TAU_LABEL),
         ("cost ratio c", num(c.cost_ratio, ".3f"), "seconds of one draft forward / one AR target forward"),
@@ -323,6 +321,18 @@ def summary_html(snap: RaceSnapshot) -> str:
     texts = lesson.lesson_html(ar_ev, spec_ev, snap.cfg.greedy, snap.title("ar"), snap.title("spec"))
     return (f'<div class="sv-summary"><div class="sv-badges">{badge}</div>{texts}'
             f'<div class="sv-cards">{items}</div><div class="sv-settings">{html.escape(settings)}</div></div>')
+
+
+def prediction_note(c: Comparison, profiled: bool) -> str:
+    """Which formula the predicted speedup used: a tree's per-node acceptance, or Leviathan's for a chain."""
+    if c.prediction_formula == TREE_FORMULA:
+        return ("formula: tree, per-node acceptance: E[tokens a step] from how often each kind of node was kept "
+                "given its parent, over rows verified" + (" priced by this machine's verify cost T(rows)/T(1)"
+                                                          if profiled else "") + " and drafting at c")
+    if c.prediction_formula == CHAIN_FORMULA:
+        return (f"formula: Leviathan et al. (2023), chain, at the measured α, γ = {num(c.mean_gamma, '.1f')}, c"
+                + (", and this machine's verify cost T(γ+1)/T(1)" if profiled else ""))
+    return "no prediction: nothing was drafted"
 
 
 def _token_at(events: list[StepEvent], i: Optional[int]) -> Optional[str]:
