@@ -393,8 +393,15 @@ def view_of(snap: RaceSnapshot, with_plots: bool = True) -> View:
         speed=plots.speed_figure({"ar": ar.events, "spec": spec.events},
                                  {"ar": "plain AR", "spec": f"speculative ({short_label(snap.cfg)})"}),
         accept=plots.accept_figure(spec.events),
-        tree=plots.tree_figure(spec.events[-1] if spec.events else None),
+        tree=plots.tree_figure(tree_event(spec.events, snap.phase == "done")),
     )
+
+
+def tree_event(events: list[StepEvent], done: bool) -> Optional[StepEvent]:
+    """The step the tree panel draws: the latest while the race runs, the longest accepted path once it is done."""
+    if not events:
+        return None
+    return events[plots.longest_path_step(events)] if done else events[-1]
 
 
 def live_views(stream: Iterable[RaceSnapshot], interval: float = UPDATE_INTERVAL_S,

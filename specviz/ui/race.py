@@ -91,7 +91,8 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
             yield (*(gr.skip() if v is None else v for v in view.as_tuple()),
                    start[0] if events is None else events,
                    gr.skip() if events is None else gr.Slider(minimum=1, maximum=max(2, len(events)),
-                                                              value=max(1, len(events)), step=1, interactive=True),
+                                                              value=plots.longest_path_step(events) + 1, step=1,
+                                                              interactive=True),
                    start[1] if view.final is None else view.final,
                    start[2] if view.final is None else gr.Button(interactive=True))
     except Exception as exc:
