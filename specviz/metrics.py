@@ -3,6 +3,7 @@ per target forward (the resampled/bonus token included; AR has τ = 1); tok/s = 
 compute seconds; c = seconds of one draft forward / seconds of one AR target forward. No torch here."""
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Optional
 
@@ -179,6 +180,20 @@ def drafts_tree(method: str, spec_events: Iterable[StepEvent]) -> bool:
                for e in spec_events for i, d in enumerate(e.drafts))
 
 
+def step_overhead(ar_events: list[StepEvent], spec_events: list[StepEvent], profile: Optional[CostProfile]) -> float:
+    """A speculative step's seconds outside its target forward and its drafting (the verdicts, grafting, the cache), in
+    AR steps: the median over its decode steps of its seconds less drafting, less T(rows)/T(1) (rows: a full step each
+    without a profile), never below 0. specviz/whatif.py's Recorded.bookkeeping measures the same."""
+    ar = ar_events[1:]
+    ar_tokens = sum(len(e.emitted) for e in ar)
+    ar_step = sum(e.seconds for e in ar) / ar_tokens if ar_tokens else 0.0
+    steps = spec_events[1:]
+    if not ar_step or not steps:
+        return 0.0
+    verify = profile.ratio if profile else float
+    return max(0.0, statistics.median((e.seconds - e.draft_s) / ar_step - verify(1 + len(e.drafts)) for e in steps))
+
+
 def compare(ar_events: list[StepEvent], spec_events: list[StepEvent], method: str, greedy: bool,
             profile: Optional[CostProfile] = None) -> Comparison:
     ar = summarize("ar", ar_events)
@@ -195,7 +210,9 @@ def compare(ar_events: list[StepEvent], spec_events: list[StepEvent], method: st
     predicted, formula = None, None
     if drafts_tree(method, spec_events):
         tree = tree_prediction(spec_events, c or 0.0, profile)  # c None: no drafter forwards to price
-        predicted, formula = (tree.speedup, TREE_FORMULA) if tree else (None, None)
+        if tree:
+            b = step_overhead(ar_events, spec_events, profile)
+            predicted, formula = tree.tokens_per_step / (tree.cost_per_step + b), TREE_FORMULA
     elif spec.alpha is not None and c is not None and mean_gamma:
         g = round(mean_gamma)
         predicted = profiled_speedup(spec.alpha, g, c, profile) if profile else predicted_speedup(spec.alpha, g, c)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -91,3 +92,17 @@ def test_compare_predicts_a_tree_race_from_its_nodes_and_a_chain_with_leviathan(
         snap.lanes["ar"].events, snap.lanes["spec"].events = ar, events
         snap.comparison = metrics.compare(ar, events, method, True)
         assert words in logic.summary_html(snap)
+
+
+def test_a_tree_races_prediction_prices_the_steps_bookkeeping():
+    rng = random.Random(3)
+    ar = [StepEvent(step=i, drafts=(), emitted=(EmittedToken(1, "x", Verdict.PLAIN),), verify_s=0.01)
+          for i in range(0, 200)]
+    steps = [simulated_step(rng, i) for i in range(1, 200)]
+    flat = CostProfile("cpu", "bf16", "fused", 128, 1, [1, 4], [0.01, 0.01], [0.01, 0.01])
+    slow = [ar[0]] + [replace(e, verify_s=0.015) for e in steps]  # half a step more than the forward, every step
+    assert metrics.step_overhead(ar, slow, flat) == pytest.approx(0.5)
+    cmp = metrics.compare(ar, slow, "medusa", True, flat)
+    tree = metrics.tree_prediction(slow, cmp.cost_ratio, flat)
+    assert cmp.predicted_speedup == pytest.approx(tree.tokens_per_step / (tree.cost_per_step + 0.5))
+    assert metrics.step_overhead(ar, [ar[0]] + steps, flat) == 0.0  # the forward alone: nothing on top
