@@ -67,10 +67,17 @@ A cheap *drafter* guesses the next γ tokens; the target then checks all γ gues
 - **Acceptance rate α:** the share of drafted tokens the target kept. **τ:** tokens produced per target forward,
   counting the target's own extra token (plain decoding has τ = 1). **Cost ratio c:** the time of one draft
   forward relative to one target forward.
-- **Prediction:** Leviathan et al. (2023) predict the speedup (1 − α^(γ+1)) / ((1 − α)(γc + 1)); the summary shows
-  it beside the measured one. With temperature 0 (greedy) the speculative text must be *identical* to plain
-  decoding — the badge checks that, token by token. With sampling, the texts differ by chance but the
-  speculative output follows exactly the target's distribution.
+- **Prediction:** for a chain, Leviathan et al. (2023) predict the speedup (1 − α^(γ+1)) / ((1 − α)(γc + 1)); for a
+  tree, the expected tokens a step follow from how often each kind of node (its depth, rank and branch) was kept given
+  its parent, over the step's rows at this machine's verify cost T(rows)/T(1), its drafting and bookkeeping. The
+  summary shows it beside the measured one and says which formula it used.
+- **What if:** the panel under the summary re-times this race's exact drafts on other hardware: this machine's
+  measured verify profile (it reproduces the measured speedup), a profile measured elsewhere that you load
+  (`python -m specviz profile --json FILE`), and the roofline bound of named devices from their spec sheets, with
+  the k up to which verifying k rows costs about one step on each.
+- **Identity:** with temperature 0 (greedy) the speculative text must be *identical* to plain decoding — the badge
+  checks that, token by token. With sampling, the texts differ by chance but the speculative output follows exactly
+  the target's distribution.
 """
 
 
@@ -122,8 +129,8 @@ def race_api(prompt: str = DEFAULT_PROMPT, method: str = "", draft: str = "",
              seed: int = DEFAULTS.seed, lookup: str = "", retrieve: str = "", tree: str = DEFAULTS.tree,
              tree_nodes: int = DEFAULTS.tree_nodes) -> dict:
     """Race plain AR against a speculative method on one prompt; returns both texts, the summary
-    (metrics.Comparison.to_dict(): speedup, α, τ, cost ratio c, the Leviathan prediction, identity) and the
-    hardware. An empty method is this machine's default race (the app's), an empty γ the method's fastest γ measured
+    (metrics.Comparison.to_dict(): speedup, α, τ, cost ratio c, the prediction and its formula, identity), the
+    hardware and what_if (the race re-timed on this machine and each device's roofline bound: logic.what_if_result). An empty method is this machine's default race (the app's), an empty γ the method's fastest γ measured
     on this machine (hardware.Pair.gamma_for), an empty draft its default draft (int8 on CPU, SmolLM2-135M beside the 1.7B on a GPU),
     an empty lookup (retrieve) the length of prompt lookup's (the datastore's) branch on a tree drafter's tree measured
     fastest here (0 for the others). tree: a tree drafter's static tree or a dynamic one of tree_nodes nodes."""  # noqa: E501
