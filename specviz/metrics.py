@@ -3,9 +3,12 @@ per target forward (the resampled/bonus token included; AR has τ = 1); tok/s = 
 compute seconds; c = seconds of one draft forward / seconds of one AR target forward. No torch here."""
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Optional
 
+from specviz import methods
+from specviz.errors import ConfigError
 from specviz.events import StepEvent, Verdict
 
 
@@ -141,10 +144,12 @@ class Comparison:
     speedup: Optional[float]            # AR seconds / method seconds (same tokens)
     cost_ratio: Optional[float]
     mean_gamma: Optional[float]
-    predicted_speedup: Optional[float]  # Leviathan prediction at the measured α, mean γ and c (and T(γ+1)/T(1)
-                                        # from the verify profile when there is one)
+    predicted_speedup: Optional[float]  # chains: Leviathan's prediction at the measured α, mean γ and c (and
+                                        # T(γ+1)/T(1) from the verify profile when there is one); trees:
+                                        # tree_prediction, from the measured acceptance of each kind of node
     identical: Optional[bool]           # greedy: token ids equal; None when sampling
     first_divergence: Optional[int]     # index of the first differing token, if any
+    prediction_formula: Optional[str] = None  # TREE_FORMULA | CHAIN_FORMULA (None: no prediction)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -160,6 +165,35 @@ def first_divergence(a: list[int], b: list[int]) -> Optional[int]:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+TREE_FORMULA = "tree: per-node acceptance"
+CHAIN_FORMULA = "Leviathan (chain)"
+
+
+def drafts_tree(method: str, spec_events: Iterable[StepEvent]) -> bool:
+    """The race drafted trees: the method's registry entry says so (methods.MethodSpec.tree); for a name the registry
+    does not know, its steps hold a node off the chain of positions or a grafted branch (a head < 0)."""
+    try:
+        return methods.spec(method).tree
+    except ConfigError:  # a name the registry does not know: its events decide
+        pass
+    return any(d.head < 0 or d.depth != i or (d.parent >= 0 and d.parent != i - 1)
+               for e in spec_events for i, d in enumerate(e.drafts))
+
+
+def step_overhead(ar_events: list[StepEvent], spec_events: list[StepEvent], profile: Optional[CostProfile]) -> float:
+    """A speculative step's seconds outside its target forward and its drafting (the verdicts, grafting, the cache), in
+    AR steps: the median over its decode steps of its seconds less drafting, less T(rows)/T(1) (rows: a full step each
+    without a profile), never below 0. specviz/whatif.py's Recorded.bookkeeping measures the same."""
+    ar = ar_events[1:]
+    ar_tokens = sum(len(e.emitted) for e in ar)
+    ar_step = sum(e.seconds for e in ar) / ar_tokens if ar_tokens else 0.0
+    steps = spec_events[1:]
+    if not ar_step or not steps:
+        return 0.0
+    verify = profile.ratio if profile else float
+    return max(0.0, statistics.median((e.seconds - e.draft_s) / ar_step - verify(1 + len(e.drafts)) for e in steps))
+
+
 def compare(ar_events: list[StepEvent], spec_events: list[StepEvent], method: str, greedy: bool,
             profile: Optional[CostProfile] = None) -> Comparison:
     ar = summarize("ar", ar_events)
@@ -173,13 +207,19 @@ def compare(ar_events: list[StepEvent], spec_events: list[StepEvent], method: st
     c = cost_ratio(spec, ar)
     gammas = [e.gamma for e in spec_events if e.gamma]
     mean_gamma = sum(gammas) / len(gammas) if gammas else None
-    predicted = None
-    if spec.alpha is not None and c is not None and mean_gamma:
+    predicted, formula = None, None
+    if drafts_tree(method, spec_events):
+        tree = tree_prediction(spec_events, c or 0.0, profile)  # c None: no drafter forwards to price
+        if tree:
+            b = step_overhead(ar_events, spec_events, profile)
+            predicted, formula = tree.tokens_per_step / (tree.cost_per_step + b), TREE_FORMULA
+    elif spec.alpha is not None and c is not None and mean_gamma:
         g = round(mean_gamma)
         predicted = profiled_speedup(spec.alpha, g, c, profile) if profile else predicted_speedup(spec.alpha, g, c)
+        formula = CHAIN_FORMULA
     div = first_divergence(ar_ids, spec_ids) if greedy else None
     identical = (div is None) if greedy else None
-    return Comparison(ar, spec, speedup, c, mean_gamma, predicted, identical, div)
+    return Comparison(ar, spec, speedup, c, mean_gamma, predicted, identical, div, formula)
 
 
 def vocab_sentence(vocab: dict) -> str:

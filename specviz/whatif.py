@@ -147,10 +147,19 @@ class Recorded:
 
     @classmethod
     def of(cls, spec_events, ar_events) -> "Recorded":
-        ar = steps_of(ar_events)
+        return cls.pooled([(spec_events, ar_events)])
+
+    @classmethod
+    def pooled(cls, runs: Iterable[tuple]) -> "Recorded":
+        """Several prompts' (speculative events, AR events) as one run: every decode step, AR's seconds a token over
+        all of them (what `bench --what-if` re-times: each method's steps pooled over the prompts)."""
+        steps: list[Step] = []
+        ar: list[Step] = []
+        for spec_events, ar_events in runs:
+            steps += steps_of(spec_events)
+            ar += steps_of(ar_events)
         ar_tokens = sum(s.tokens for s in ar) or 1
         ar_step = sum(s.seconds for s in ar) / ar_tokens
-        steps = steps_of(spec_events)
         spec_s = sum(s.seconds for s in steps)
         measured = (sum(s.tokens for s in steps) * ar_step / spec_s) if spec_s else 0.0
         return cls(steps, ar_step, measured)
@@ -205,6 +214,20 @@ def format_table(rows: list[Row], measured: float) -> str:
     return "\n".join(lines)
 
 
+def clock_or_device(value: str, devices: Optional[list[Device]] = None) -> Clock | Device:
+    """A `--what-if` value: a verify profile file (profile_clock, c left to this machine's) or a device's name
+    (device); one-line WhatIfError naming the value and what is accepted."""
+    if Path(value).is_file():
+        return profile_clock(value)
+    try:
+        return device(value, devices)
+    except WhatIfError:
+        devices = load_devices() if devices is None else devices
+        raise WhatIfError(f"--what-if {value!r} is neither a profile file nor a known device: give a file written by "
+                          "`python -m specviz profile --json FILE` or one of "
+                          + ", ".join(repr(d.name) for d in devices) + " (a unique prefix will do)") from None
+
+
 def device(name: str, devices: Optional[list[Device]] = None) -> Device:
     """A named device of assets/devices.json (case-insensitive, a unique prefix will do); one-line WhatIfError."""
     devices = load_devices() if devices is None else devices
@@ -214,3 +237,54 @@ def device(name: str, devices: Optional[list[Device]] = None) -> Device:
         raise WhatIfError(f"device {name!r} is {'ambiguous' if hits else 'unknown'}: use a profile file or one of "
                           + ", ".join(repr(d.name) for d in devices))
     return hits[0]
+
+
+def _weights(obj, skip: set[int], depth: int = 3, seen: Optional[set[int]] = None) -> dict[int, int]:
+    """{data pointer: bytes} of the weights reachable from `obj` (modules' parameters and buffers, and a trained
+    drafter's head_weight), a few attributes deep, those in `skip` left out. Duck-typed: no torch here."""
+    seen = set() if seen is None else seen
+    out: dict[int, int] = {}
+    if obj is None or id(obj) in seen or depth < 0 or isinstance(obj, (str, bytes, int, float, bool)):
+        return out
+    seen.add(id(obj))
+    tensors = []
+    if callable(getattr(obj, "parameters", None)) and callable(getattr(obj, "buffers", None)):
+        tensors = [*obj.parameters(), *obj.buffers()]
+    head = getattr(obj, "head_weight", None)
+    if head is not None and hasattr(head, "data_ptr"):
+        tensors.append(head)
+    for t in tensors:
+        if t.data_ptr() not in skip:
+            out[t.data_ptr()] = t.numel() * t.element_size()
+    if not tensors:  # a plain object (an engine, a drafter): look inside
+        children = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else \
+            getattr(obj, "__dict__", {}).values()
+        for child in children:
+            if not hasattr(child, "data_ptr"):  # loose tensors are caches and states, not weights
+                out.update(_weights(child, skip, depth - 1, seen))
+    return out
+
+
+def target_of(model, engine=None) -> Target:
+    """The roofline's Target of a loaded target's nn.Module and, given the race's speculative engine, its drafter's
+    weights (the modules the engine reaches that are not the target's own: a draft model, a trained drafter and its
+    head rows; none for prompt lookup)."""
+    own = {t.data_ptr(): t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]}
+    macs = sum(t.numel() for t in {t.data_ptr(): t for t in model.parameters()}.values())
+    draft = _weights(engine, set(own)) if engine is not None else {}
+    return Target(sum(own.values()), float(macs), sum(draft.values()))
+
+
+@dataclass(frozen=True)
+class RaceClock:
+    """What a finished race keeps for its what-if panel: its recorded steps, this machine's verify profile, the
+    roofline's view of the target and drafter, and the method (whose drafter cost a loaded profile may hold)."""
+    recorded: Recorded
+    here: CostProfile
+    target: Target
+    method: str
+
+    def rows(self, profiles: Iterable[str | Path] = (), devices: Optional[list[Device]] = None) -> list[Row]:
+        """table() with a clock per profile file (a WhatIfError names the first one that is not a profile)."""
+        clocks = [profile_clock(p, self.method) for p in profiles]
+        return table(self.recorded, self.here, self.target, devices, clocks)

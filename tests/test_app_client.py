@@ -28,6 +28,9 @@ def test_race_endpoint_greedy_matches_plain_decoding(client):
     assert s["ar"]["tau"] == 1.0 and s["spec"]["tau"] >= 1.0
     assert 0.0 <= s["spec"]["alpha"] <= 1.0
     assert s["speedup"] > 0 and s["predicted_speedup"] > 0 and s["cost_ratio"] > 0
+    assert s["prediction_formula"] in ("tree: per-node acceptance", "Leviathan (chain)")
+    what_if = out["what_if"]  # the race re-timed: this machine first, then each device's roofline bound
+    assert what_if["rows"][0]["name"] == "this machine" and len(what_if["rows"]) > 1
     pair = hardware.default_pair()
     # this machine's default race
     assert out["config"]["method"] == pair.method and out["config"]["gamma"] == pair.gamma

@@ -6,6 +6,7 @@ from test_render import AR, FULL, NO_DRAFT, PARTIAL
 
 from specviz.config import DecodeConfig
 from specviz.errors import ConfigError
+from specviz.events import Verdict
 from specviz.metrics import compare
 from specviz.ui import logic
 
@@ -118,3 +119,21 @@ def test_app_examples_file_matches_the_app():
     rows = [json.loads(line) for line in (Path(__file__).parent.parent / "assets/profiles/app-examples.jsonl").open()]
     assert [(r["category"], r["prompt"]) for r in rows] == [(c, p) for c, ps in logic.EXAMPLES.items() for p in ps]
     assert logic.DEFAULT_PROMPT in [r["prompt"] for r in rows]
+
+
+def test_the_tree_panel_opens_on_the_longest_accepted_path_once_the_race_is_done():
+    from dataclasses import replace
+
+    from specviz.ui import plots
+
+    # steps keeping 2, 2 (with more drafts), 1 and 0 drafts: the race's last step drafted nothing
+    one = replace(PARTIAL, drafts=PARTIAL.drafts[:1] + tuple(replace(d, verdict=Verdict.REJECTED)
+                                                             for d in PARTIAL.drafts[1:2]))
+    events = [replace(e, step=i) for i, e in enumerate([FULL, PARTIAL, one, NO_DRAFT])]
+    assert [e.n_accepted for e in events] == [2, 2, 1, 0] and len(PARTIAL.drafts) > len(FULL.drafts)
+    assert plots.longest_path_step(events) == 1 and plots.longest_path_step([]) == 0
+    assert plots.longest_path_step([events[2], events[1], events[1]]) == 1  # a tie: the earliest
+    snap = snapshot(AR, events)
+    assert "Candidate tree of step 2: kept 2 of" in logic.view_of(snap).tree.layout.title.text
+    snap.phase = "running"  # live: the latest step
+    assert "Candidate tree of step 4:" in logic.view_of(snap).tree.layout.title.text

@@ -137,3 +137,37 @@ def test_profile_command(target, tmp_path, capsys):
     assert "| k | MB a forward | floor ms | achieved GB/s |" in text
     assert main(["profile", "--sizes", "0"]) == 2
     assert "sizes=0 is out of range" in capsys.readouterr().err
+
+
+def test_bench_what_if_names_a_bad_value_before_any_model_loads(tmp_path, capsys):
+    txt = tmp_path / "p.txt"
+    txt.write_text("Name a colour.\n")
+    code = main(["bench", "--prompts", str(txt), "--method", "pld", "--what-if", "tpu-v9", "--json",
+                 str(tmp_path / "o.json")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "'tpu-v9' is neither a profile file nor a known device" in err
+    assert "'NVIDIA H100 SXM'" in err
+
+
+def test_bench_what_if_retimes_the_run_on_real_target(target, tmp_path, capsys):
+    from specviz import whatif
+    from specviz.metrics import CostProfile
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": 1, "category": "qa", "prompt": "What is the boiling point of water?"}\n')
+    sizes, seconds = [1, 2, 4, 8, 16], [0.004, 0.004, 0.0041, 0.0042, 0.0045]
+    gpu = tmp_path / "gpu.json"
+    profile = CostProfile("cuda", "bf16", "sdpa", 300, 3, sizes, seconds, seconds)
+    gpu.write_text(json.dumps({"hardware": "a test GPU", "profile": profile.to_dict()}))
+    out = tmp_path / "bench.json"
+    code = main(["bench", "--prompts", str(prompts), "--method", "pld", "--limit", "1", "--max-new-tokens", "16",
+                 "--no-ar-reference", "--what-if", str(gpu), "nvidia t4", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert text.index("| method | prompts") < text.index("what-if: the same drafts re-timed")  # after the measured one
+    assert "| this machine | measured here |" in text and "| a test GPU (gpu.json) | profile gpu.json" in text
+    assert "| NVIDIA T4 | roofline bound" in text
+    rows = json.loads(out.read_text())["what_if"]["pld"]
+    assert [r["name"] for r in rows] == ["this machine", "a test GPU (gpu.json)", "NVIDIA T4"]
+    assert rows[1]["speedup"] > 0 and rows[2]["c"] == 0.0  # prompt lookup reads no weights
+    assert whatif.device("nvidia t4").name == "NVIDIA T4"

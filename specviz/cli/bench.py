@@ -77,6 +77,7 @@ def cmd_bench(args) -> int:
 
     specs = args.method or ["vanilla", "pld"]
     _bench_configs(_bench_methods(specs, args), args)  # a bad entry or setting fails before the model loads
+    what_if_values(args.what_if)  # so does a --what-if value that is neither a profile file nor a device
     prompts = read_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
     counters = Exporter() if args.metrics_file else None  # --metrics-file: vLLM's spec_decode names
     if counters:
@@ -97,12 +98,12 @@ def cmd_bench(args) -> int:
     vocabs = {label: getattr(engine, "draft_vocab_ids", None) for label, engine in built.items()}
     refs = _reference_ars(target) if args.ar_reference else {}
     _warm_up(target, [ar, *built.values(), *refs.values()], base)
-    rows = []
+    rows, runs = [], {label: [] for label in built}  # runs: each method's (events, AR's events) per prompt
     for row in tqdm(prompts, desc="bench", unit="prompt", file=sys.stderr):
         ids = target.encode_prompt(row["prompt"])
         ar_run = engines.generate(ar, ids, base)
         ar_sum = metrics.summarize("ar", ar_run.events)
-        results = _run_methods(ids, built, cfgs, refs, base, counters)
+        results = _run_methods(ids, built, cfgs, refs, base, counters, runs, ar_run.events)
         if draft is not None:
             hf_ids, hf_s = _hf_assisted(target, draft, ids, base)
             results.append(("hf-assisted", hf_ids, hf_s, None, None, None))
@@ -111,11 +112,45 @@ def cmd_bench(args) -> int:
             counters.write(args.metrics_file)
     summary = with_fastest_plain([_summarize_rows(m, [r for r in rows if r["method"] == m])
                                   for m in dict.fromkeys(r["method"] for r in rows)])
+    report = _bench_report(args, target, base, summary, rows)
+    tables = what_if_tables(target, built, methods, runs, args.what_if) if args.what_if else {}
+    report["what_if"] = {label: t["rows"] for label, t in tables.items()} or None
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(_bench_report(args, target, base, summary, rows), indent=1))
+    Path(args.json).write_text(json.dumps(report, indent=1))
     print(format_summary(summary))
+    for label, t in tables.items():
+        print(f"\n{label}: {t['text']}")
     print(f"wrote {args.json}")
     return 0
+
+
+def what_if_values(values: list[str] | None) -> list:
+    """--what-if's values as profile clocks and devices (whatif.clock_or_device): a bad one is one InputError line."""
+    from specviz import whatif
+
+    try:
+        return [whatif.clock_or_device(v) for v in values or []]
+    except whatif.WhatIfError as exc:
+        raise InputError(str(exc)) from None
+
+
+def what_if_tables(target, built: dict, methods: dict, runs: dict, values: list[str]) -> dict:
+    """Each method's steps, pooled over the prompts, re-timed on this machine (its verify profile), on each profile
+    file (with the method's drafter cost where the file has one) and on each named device's roofline bound:
+    {label: {"rows": [...], "text": the table}}."""
+    from specviz import whatif
+    from specviz.core.profile import profile_of
+
+    here = profile_of(target)
+    out = {}
+    for label, engine in built.items():
+        rec = whatif.Recorded.pooled(runs[label])
+        files = [v for v in values if Path(v).is_file()]
+        clocks = [whatif.profile_clock(v, methods[label][0]) for v in files]
+        devices = [whatif.device(v) for v in values if v not in files]
+        rows = whatif.table(rec, here, whatif.target_of(target.model, engine), devices, clocks)
+        out[label] = {"rows": [r.to_dict() for r in rows], "text": whatif.format_table(rows, rec.measured_speedup)}
+    return out
 
 
 def _warm_up(target, engines_: list, base: DecodeConfig) -> None:
@@ -127,9 +162,11 @@ def _warm_up(target, engines_: list, base: DecodeConfig) -> None:
         engines.generate(e, warm_ids, base.with_(max_new_tokens=16, method=e.method))
 
 
-def _run_methods(ids: list[int], built: dict, cfgs: dict, refs: dict, base: DecodeConfig, counters) -> list[tuple]:
+def _run_methods(ids: list[int], built: dict, cfgs: dict, refs: dict, base: DecodeConfig, counters,
+                 runs: dict | None = None, ar_events=None) -> list[tuple]:
     """One prompt through every method, then every stock AR reference: (label, token ids, seconds, α, τ,
-    RepeatSplit) each, α, τ and the split None for the references. The methods' counters go to `counters`."""
+    RepeatSplit) each, α, τ and the split None for the references. The methods' counters go to `counters`, their
+    events beside AR's to `runs` (label -> list)."""
     from specviz import engines, metrics
     from specviz.core.lookup import RepeatSplit
 
@@ -137,6 +174,8 @@ def _run_methods(ids: list[int], built: dict, cfgs: dict, refs: dict, base: Deco
     for m in built:
         run = engines.generate(built[m], ids, cfgs[m])
         s = metrics.summarize(m, run.events)
+        if runs is not None:
+            runs[m].append((run.events, ar_events))
         if counters:
             counters.observe_run(run.events, m)
         results.append((m, run.token_ids, s.seconds, s.alpha, s.tau, RepeatSplit.of(ids, run.events)))

@@ -225,6 +225,11 @@ def bench_parser(sub) -> None:
                    "and the headline falls back to specviz's AR)")
     b.add_argument("--json", required=True, help="output file")
     b.add_argument("--metrics-file", default=None, help=METRICS_FILE_HELP + ", rewritten after every prompt")
+    b.add_argument("--what-if", nargs="+", default=None, metavar="PROFILE_OR_DEVICE",
+                   help="after the measured table, each method's steps (pooled over the prompts) re-timed on this "
+                   "machine's verify profile and on each verify profile file (`python -m specviz profile --json "
+                   "FILE`) or device of assets/devices.json named here (its roofline bound), e.g. --what-if "
+                   "gpu.json 'NVIDIA T4' h100")
     decode_args(b)
 
 

@@ -12,13 +12,13 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Optional, TypeVar
 
-from specviz import methods
+from specviz import methods, whatif
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, DecodeConfig
 from specviz.errors import ConfigError
 from specviz.events import StepEvent
-from specviz.metrics import Comparison, compare
+from specviz.metrics import CHAIN_FORMULA, TREE_FORMULA, Comparison, compare
 from specviz.ui import lesson, plots, render
-from specviz.ui.common import card, num
+from specviz.ui.common import TABS_CSS, card, num
 
 log = logging.getLogger("specviz.app")
 
@@ -128,6 +128,7 @@ class RaceSnapshot:
     started: float = field(default_factory=time.perf_counter)
     hardware: str = ""          # hardware.describe(): the device and dtype the lanes ran on
     profiled: bool = False      # the prediction used the target's measured verify profile (specviz/core/profile.py)
+    what_if: Optional[whatif.RaceClock] = None  # the finished race, ready to be re-timed (the what-if panel)
 
     def title(self, lane: str) -> str:
         return LANE_TITLES[lane].format(method=method_label(self.cfg.method, self.cfg.lookup, self.cfg.retrieve))
@@ -145,6 +146,7 @@ class RaceSnapshot:
             "config": self.cfg.to_dict(),
             "draft": self.draft if methods.spec(self.cfg.method).uses_draft_model else None,
             "hardware": self.hardware,
+            "what_if": what_if_result(self.what_if),
         }
 
 
@@ -220,8 +222,31 @@ def race_stream(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT,
     snap.comparison = compare(snap.lanes["ar"].events, snap.lanes["spec"].events, cfg.method, cfg.greedy,
                               profile_of(prepared.target, measure=False))
     snap.profiled = profile_of(prepared.target, measure=False) is not None
+    snap.what_if = race_clock(prepared, snap)
     snap.phase = "done"
     yield snap
+
+
+def race_clock(prepared, snap: RaceSnapshot) -> Optional[whatif.RaceClock]:
+    """The finished race as the what-if clock needs it: its steps, this machine's verify profile (measured once, as
+    app.warm_up does), the target's and drafter's weights. None (logged) if any of it fails: the race stands."""
+    from specviz.core.profile import profile_of
+
+    try:
+        recorded = whatif.Recorded.of(snap.lanes["spec"].events, snap.lanes["ar"].events)
+        target = whatif.target_of(prepared.target.model, prepared.spec)
+        return whatif.RaceClock(recorded, profile_of(prepared.target), target, snap.cfg.method)
+    except Exception as exc:
+        log.error("the what-if clock failed (%s)", snap.cfg.method, exc_info=exc)
+        return None
+
+
+def what_if_result(clock: Optional[whatif.RaceClock]) -> Optional[dict]:
+    """The /race result's what_if: the decode steps' measured speedup and the re-timed rows (this machine, then each
+    device's roofline bound)."""
+    if clock is None:
+        return None
+    return {"measured_speedup": clock.recorded.measured_speedup, "rows": [r.to_dict() for r in clock.rows()]}
 
 
 def race_result(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT, target: str = DEFAULT_TARGET) -> dict:
@@ -284,7 +309,7 @@ TAU_LABEL = ("mean accepted length τ, tokens per target forward incl. the bonus
 
 def summary_html(snap: RaceSnapshot) -> str:
     """The end-of-run summary: the identity badge, the lesson (both texts, one above the other: lesson.py), then
-    speedup beside the Leviathan prediction, α, τ, c."""
+    speedup beside the prediction (a tree's per-node formula, or Leviathan's for a chain: prediction_note), α, τ, c."""
     c = snap.comparison
     if c is None:
         return '<div class="sv-summary sv-summary-empty">The summary appears when both lanes have finished.</div>'
@@ -294,9 +319,7 @@ def summary_html(snap: RaceSnapshot) -> str:
         ("speedup (measured)", num(c.speedup, prefix="×"),
          "over the plain lane beside it (specviz's AR, the same target, the same clock): its seconds per token / "
          "speculative seconds per token"),
-        ("predicted speedup", num(c.predicted_speedup, prefix="×"),
-         f"Leviathan et al. (2023) at the measured α, γ = {num(c.mean_gamma, '.1f')}, c"
-         + (", and this machine's verify cost T(γ+1)/T(1)" if snap.profiled else "")),
+        ("predicted speedup", num(c.predicted_speedup, prefix="×"), prediction_note(c, snap.profiled)),
         ("acceptance rate α", num(c.spec.alpha), f"{c.spec.accepted} of {c.spec.drafted} drafted tokens kept"),
         ("τ", num(c.spec.tau), TAU_LABEL),
         ("cost ratio c", num(c.cost_ratio, ".3f"), "seconds of one draft forward / one AR target forward"),
@@ -323,6 +346,62 @@ def summary_html(snap: RaceSnapshot) -> str:
     texts = lesson.lesson_html(ar_ev, spec_ev, snap.cfg.greedy, snap.title("ar"), snap.title("spec"))
     return (f'<div class="sv-summary"><div class="sv-badges">{badge}</div>{texts}'
             f'<div class="sv-cards">{items}</div><div class="sv-settings">{html.escape(settings)}</div></div>')
+
+
+def prediction_note(c: Comparison, profiled: bool) -> str:
+    """Which formula the predicted speedup used: a tree's per-node acceptance, or Leviathan's for a chain."""
+    if c.prediction_formula == TREE_FORMULA:
+        return ("formula: tree, per-node acceptance: E[tokens a step] from how often each kind of node was kept "
+                "given its parent, over the step's cost: its rows" + (" at this machine's verify cost T(rows)/T(1)"
+                                                                      if profiled else "")
+                + ", drafting at c and the step's bookkeeping measured here")
+    if c.prediction_formula == CHAIN_FORMULA:
+        return (f"formula: Leviathan et al. (2023), chain, at the measured α, γ = {num(c.mean_gamma, '.1f')}, c"
+                + (", and this machine's verify cost T(γ+1)/T(1)" if profiled else ""))
+    return "no prediction: nothing was drafted"
+
+
+ROOFLINE_NOTE = "roofline bound, not measured; small models on GPUs are launch-bound"
+WHATIF_EMPTY = "The what-if table appears when a race has finished."
+
+
+def what_if_html(snap: Optional[RaceSnapshot], profiles: Iterable[str] = (), error: str = "") -> str:
+    """The what-if panel: this race's exact drafts re-timed on this machine (its measured verify profile: it
+    reproduces the measured speedup), on each loaded profile, and on each device's roofline bound; `error` (one line)
+    above the table, which stays."""
+    err = f'<div class="sv-status sv-status-error" id="whatif-error">⚠ {html.escape(error)}</div>' if error else ""
+    clock = snap.what_if if snap is not None else None
+    if clock is None:
+        return f'<div class="sv-whatif">{err}<p class="sv-rule">{WHATIF_EMPTY}</p></div>'
+    try:
+        rows = clock.rows(profiles)
+    except whatif.WhatIfError as exc:  # a loaded file gone since: the table without the profiles
+        err += f'<div class="sv-status sv-status-error">⚠ {html.escape(str(exc).splitlines()[0])}</div>'
+        rows = clock.rows()
+    rec, measured = clock.recorded, snap.comparison.speedup if snap.comparison else None
+    sources = {d.name: d.source for d in whatif.load_devices()}
+    head = "".join(f"<th>{h}</th>" for h in ("hardware", "clock", "AR tok/s", "race tok/s", "speedup",
+                                                 "verification free up to k rows", "drafter c"))
+    body = "".join(_what_if_row(r, sources.get(r.name, "")) for r in rows)
+    intro = (f"This race's exact drafts ({len(rec.steps)} steps, {sum(s.tokens for s in rec.steps)} tokens) re-timed: "
+             "each step costs T(rows)/T(1) AR steps to verify plus its drafter forwards at c, on this machine's "
+             f"measured verify profile, a profile you load, or a device's spec sheet. Measured here: "
+             f"{num(measured, prefix='×')} (the summary; decode steps alone {num(rec.measured_speedup, prefix='×')}).")
+    return (f'<style>{TABS_CSS}</style><div class="sv-whatif">{err}<p class="sv-rule">{html.escape(intro)}</p>'
+            f'<table class="sv-table" id="whatif-table"><tr>{head}</tr>{body}</table>'
+            f'<p class="sv-rule">Roofline rows: T(k) = max(weights / bandwidth, k × 2 × multiply-adds / peak), '
+            f'the drafter\'s c = its weights / the target\'s; {html.escape(ROOFLINE_NOTE)}, and real decoding reaches '
+            "a fraction of either roof. Sources: assets/devices.json (hover over a device).</p></div>")
+
+
+def _what_if_row(r: whatif.Row, source: str) -> str:
+    kind = "here" if r.source == "measured here" else "profile" if r.source.startswith("profile") else "roofline"
+    clock = ROOFLINE_NOTE if kind == "roofline" else r.source
+    k = f"{r.crossover}" if r.crossover < whatif.K_MAX else f">{whatif.K_MAX}"
+    cells = [html.escape(r.name), html.escape(clock), num(r.ar_tok_s, ".0f"), num(r.tok_s, ".0f"),
+             num(r.speedup, prefix="×"), k, num(r.c, ".3f")]
+    tds = "".join(f'<td{" class=num" if i > 1 else ""}>{c}</td>' for i, c in enumerate(cells))
+    return (f'<tr data-kind="{kind}" data-speedup="{r.speedup:.4f}" title="{html.escape(source)}">{tds}</tr>')
 
 
 def _token_at(events: list[StepEvent], i: Optional[int]) -> Optional[str]:
@@ -383,8 +462,15 @@ def view_of(snap: RaceSnapshot, with_plots: bool = True) -> View:
         speed=plots.speed_figure({"ar": ar.events, "spec": spec.events},
                                  {"ar": "plain AR", "spec": f"speculative ({short_label(snap.cfg)})"}),
         accept=plots.accept_figure(spec.events),
-        tree=plots.tree_figure(spec.events[-1] if spec.events else None),
+        tree=plots.tree_figure(tree_event(spec.events, snap.phase == "done")),
     )
+
+
+def tree_event(events: list[StepEvent], done: bool) -> Optional[StepEvent]:
+    """The step the tree panel draws: the latest while the race runs, the longest accepted path once it is done."""
+    if not events:
+        return None
+    return events[plots.longest_path_step(events)] if done else events[-1]
 
 
 def live_views(stream: Iterable[RaceSnapshot], interval: float = UPDATE_INTERVAL_S,

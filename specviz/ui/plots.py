@@ -324,6 +324,12 @@ def _tree_nodes(g: TreeGeometry) -> list[dict]:
     return traces
 
 
+def longest_path_step(events: list[StepEvent]) -> int:
+    """The index of the step the tree panel opens on after a race: the longest accepted path (then the most drafts,
+    then the earliest), not the race's last step, which often drafted nothing. 0 without events."""
+    return max(range(len(events)), key=lambda i: (events[i].n_accepted, len(events[i].drafts), -i), default=0)
+
+
 def tree_figure(event: Optional[StepEvent]) -> go.Figure:
     """The candidate tree of one step: the context as the root at x = 0, each drafted node at x = depth + 1
     (a chain is a one-branch tree), and the target's own token (resampled / bonus / plain) hanging off the

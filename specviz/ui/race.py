@@ -7,10 +7,11 @@ the last race from its events) and its layout, built as named steps inside the c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import gradio as gr
 
-from specviz import hardware, zerogpu
+from specviz import hardware, whatif, zerogpu
 from specviz.config import GAMMA_MAX, TREE_NODES_MAX, TREE_SHAPES
 from specviz.policy import Policy
 from specviz.serving import export
@@ -29,6 +30,7 @@ from specviz.ui.logic import (
     short_label,
     status_html,
     user_message,
+    what_if_html,
 )
 
 EXPLAINER = """
@@ -65,10 +67,17 @@ A cheap *drafter* guesses the next γ tokens; the target then checks all γ gues
 - **Acceptance rate α:** the share of drafted tokens the target kept. **τ:** tokens produced per target forward,
   counting the target's own extra token (plain decoding has τ = 1). **Cost ratio c:** the time of one draft
   forward relative to one target forward.
-- **Prediction:** Leviathan et al. (2023) predict the speedup (1 − α^(γ+1)) / ((1 − α)(γc + 1)); the summary shows
-  it beside the measured one. With temperature 0 (greedy) the speculative text must be *identical* to plain
-  decoding — the badge checks that, token by token. With sampling, the texts differ by chance but the
-  speculative output follows exactly the target's distribution.
+- **Prediction:** for a chain, Leviathan et al. (2023) predict the speedup (1 − α^(γ+1)) / ((1 − α)(γc + 1)); for a
+  tree, the expected tokens a step follow from how often each kind of node (its depth, rank and branch) was kept given
+  its parent, over the step's rows at this machine's verify cost T(rows)/T(1), its drafting and bookkeeping. The
+  summary shows it beside the measured one and says which formula it used.
+- **What if:** the panel under the summary re-times this race's exact drafts on other hardware: this machine's
+  measured verify profile (it reproduces the measured speedup), a profile measured elsewhere that you load
+  (`python -m specviz profile --json FILE`), and the roofline bound of named devices from their spec sheets, with
+  the k up to which verifying k rows costs about one step on each.
+- **Identity:** with temperature 0 (greedy) the speculative text must be *identical* to plain decoding — the badge
+  checks that, token by token. With sampling, the texts differ by chance but the speculative output follows exactly
+  the target's distribution.
 """
 
 
@@ -91,7 +100,8 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
             yield (*(gr.skip() if v is None else v for v in view.as_tuple()),
                    start[0] if events is None else events,
                    gr.skip() if events is None else gr.Slider(minimum=1, maximum=max(2, len(events)),
-                                                              value=max(1, len(events)), step=1, interactive=True),
+                                                              value=plots.longest_path_step(events) + 1, step=1,
+                                                              interactive=True),
                    start[1] if view.final is None else view.final,
                    start[2] if view.final is None else gr.Button(interactive=True))
     except Exception as exc:
@@ -119,8 +129,8 @@ def race_api(prompt: str = DEFAULT_PROMPT, method: str = "", draft: str = "",
              seed: int = DEFAULTS.seed, lookup: str = "", retrieve: str = "", tree: str = DEFAULTS.tree,
              tree_nodes: int = DEFAULTS.tree_nodes) -> dict:
     """Race plain AR against a speculative method on one prompt; returns both texts, the summary
-    (metrics.Comparison.to_dict(): speedup, α, τ, cost ratio c, the Leviathan prediction, identity) and the
-    hardware. An empty method is this machine's default race (the app's), an empty γ the method's fastest γ measured
+    (metrics.Comparison.to_dict(): speedup, α, τ, cost ratio c, the prediction and its formula, identity), the
+    hardware and what_if (the race re-timed on this machine and each device's roofline bound: logic.what_if_result). An empty method is this machine's default race (the app's), an empty γ the method's fastest γ measured
     on this machine (hardware.Pair.gamma_for), an empty draft its default draft (int8 on CPU, SmolLM2-135M beside the 1.7B on a GPU),
     an empty lookup (retrieve) the length of prompt lookup's (the datastore's) branch on a tree drafter's tree measured
     fastest here (0 for the others). tree: a tree drafter's static tree or a dynamic one of tree_nodes nodes."""  # noqa: E501
@@ -216,6 +226,30 @@ def show_tree(events, step):
         raise gr.Error(user_message(exc, Policy.from_env().public), print_exception=False) from None
 
 
+def what_if_panel(final, profiles, error: str = ""):
+    """The what-if panel after a race: the finished race re-timed on each clock, `error` above it."""
+    try:
+        return what_if_html(final, profiles or [], error)
+    except Exception as exc:  # a tampered state: keep serving
+        return what_if_html(None, error=user_message(exc, Policy.from_env().public))
+
+
+def add_profile(final, file, profiles):
+    """A verify profile file was loaded: a row for it (kept for the next races), or a one-line error naming the file
+    while the table stays as it was."""
+    profiles = list(profiles or [])
+    if not file:
+        return gr.skip(), gr.skip()
+    path = Path(str(file))
+    try:
+        whatif.profile_clock(path, final.cfg.method if final is not None else "")
+    except whatif.WhatIfError as exc:
+        message = str(exc).splitlines()[0].replace(repr(str(path)), repr(path.name))
+        return what_if_panel(final, profiles, message), profiles
+    profiles.append(str(path))
+    return what_if_panel(final, profiles), profiles
+
+
 # ── the layout ──────────────────────────────────────────────────────────────────────────────────────
 
 @dataclass
@@ -257,6 +291,9 @@ class RacePanels:
     plot_accept: gr.Plot
     plot_tree: gr.Plot
     tree_step: gr.Slider
+    what_if: gr.HTML        # the what-if panel: this race re-timed on other hardware
+    what_if_file: gr.File   # a verify profile to add a row for
+    what_if_profiles: gr.State  # the profile files loaded this session
     spec_events: gr.State  # the last finished speculative run's events, for the tree slider
     recording: gr.State    # the last finished race (logic.RaceSnapshot), for the replay
 
@@ -349,6 +386,11 @@ def race_panels(initial: View) -> RacePanels:
         with gr.Column(min_width=340):
             pane_spec = gr.HTML(initial.pane_spec, elem_id="pane-spec", js_on_load=PICK_STEP_JS)
     summary = gr.HTML(initial.summary, elem_id="summary")
+    with gr.Accordion("What if: the same drafts on other hardware", open=False, elem_id="whatif-panel"):
+        what_if = gr.HTML(what_if_html(None), elem_id="whatif")
+        what_if_file = gr.File(label="Add a verify profile measured elsewhere (the JSON of `python -m specviz profile "
+                               "--json FILE` or `make gpu-check`)", file_types=[".json"], type="filepath",
+                               elem_id="whatif-file", height=90)
     with gr.Row():
         plot_speed = gr.Plot(initial.speed, elem_id="plot-speed", show_label=False, min_width=380)
         plot_alpha = gr.Plot(initial.alpha, elem_id="plot-alpha", show_label=False, min_width=380)
@@ -359,7 +401,7 @@ def race_panels(initial: View) -> RacePanels:
             tree_step = gr.Slider(1, 2, value=1, step=1, label="Step shown in the tree (after a run)",
                                   interactive=False, elem_id="tree-step")
     return RacePanels(status, pane_ar, pane_spec, summary, plot_speed, plot_alpha, plot_accept, plot_tree, tree_step,
-                      spec_events=gr.State([]), recording=gr.State(None))
+                      what_if, what_if_file, gr.State([]), spec_events=gr.State([]), recording=gr.State(None))
 
 
 def wire_race(form: RaceForm, panels: RacePanels, concurrency_id: str) -> None:
@@ -370,6 +412,11 @@ def wire_race(form: RaceForm, panels: RacePanels, concurrency_id: str) -> None:
         zerogpu.gpu(run_race, run_seconds), inputs=form.settings(),
         outputs=[*panels.views(), panels.spec_events, panels.tree_step, panels.recording, form.replay],
         concurrency_limit=1, concurrency_id=concurrency_id, api_name="race_stream", show_progress="hidden")
+    run_event.then(what_if_panel, inputs=[panels.recording, panels.what_if_profiles], outputs=[panels.what_if],
+                   api_visibility="private", show_progress="hidden")
+    panels.what_if_file.upload(add_profile, inputs=[panels.recording, panels.what_if_file, panels.what_if_profiles],
+                               outputs=[panels.what_if, panels.what_if_profiles], api_visibility="private",
+                               show_progress="hidden")
     replay_event = form.replay.click(
         run_replay, inputs=[panels.recording, form.pace],  # no model runs: its own queue, beside the device's
         outputs=panels.views(), concurrency_limit=4, concurrency_id="replay", api_visibility="private",
