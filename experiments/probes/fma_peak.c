@@ -1,10 +1,12 @@
 /* A register-only multiply-add throughput probe for experiments/probes/host_bound.py: independent accumulator chains
    (more than latency x pipes, so latency is hidden), no loads or stores in the loop, on `threads` OpenMP threads.
    Compiled with a kernels build's flags (kernels.ISAS); mac_rate returns multiply-adds a second, all threads together:
-   kind 0: 256-bit fp32 FMA (vfmadd231ps ymm, 8 each; the AVX2 build's matmul), kind 1: 512-bit fp32 FMA (16 each;
+   with cpu_clock, each thread's rate over its own CPU time, summed (on a shared host: the rate of the cores while
+   they run this, not the time other work held them). kind 0: 256-bit fp32 FMA (vfmadd231ps ymm, 8 each; the AVX2 build's matmul), kind 1: 512-bit fp32 FMA (16 each;
    the AVX-512F build's), kind 2: vdpbf16ps zmm (32 each; the AVX512-BF16 build's). -1 where the build lacks it. */
 #include <immintrin.h>
 #include <omp.h>
+#include <time.h>
 
 #define CHAINS 12
 
@@ -52,7 +54,13 @@ static float bf16_chains(long iters) {
 
 volatile float fma_peak_sink;
 
-double mac_rate(int kind, long iters, int threads) {
+static double thread_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+double mac_rate(int kind, long iters, int threads, int cpu_clock) {
     long per_op = kind == 0 ? 8 * CHAINS : kind == 1 ? 16 * 24 : 32 * 24;
 #if !defined(__AVX512F__)
     if (kind != 0) return -1;
@@ -60,9 +68,10 @@ double mac_rate(int kind, long iters, int threads) {
 #if !defined(__AVX512BF16__)
     if (kind == 2) return -1;
 #endif
-    double start = omp_get_wtime();
-    #pragma omp parallel num_threads(threads)
+    double start = omp_get_wtime(), summed = 0;
+    #pragma omp parallel num_threads(threads) reduction(+ : summed)
     {
+        double own = thread_seconds();
         float s = 0;
         if (kind == 0) s = ymm_chains(iters);
 #if defined(__AVX512F__)
@@ -72,6 +81,7 @@ double mac_rate(int kind, long iters, int threads) {
         else s = bf16_chains(iters);
 #endif
         fma_peak_sink = s;
+        summed += (double)per_op * iters / (thread_seconds() - own);
     }
-    return (double)per_op * iters * threads / (omp_get_wtime() - start);
+    return cpu_clock ? summed : (double)per_op * iters * threads / (omp_get_wtime() - start);
 }

@@ -7,13 +7,15 @@ CHUNK). Times the default target's 30 fused layers over k rows at --context cach
 random order within each repetition (the host is shared and drifts: only interleaved medians compare), and checks
 that every variant gives the first one's bits for every k (the layers' output; the summation order is each build's
 own, so variants of one build must agree). The tables: medians, then minima (the host is shared: the least disturbed
-sample), in ms, each variant over the first, and T(k)/T(1).
+sample), in ms, each variant over the first, and T(k)/T(1). On a busy host --clock cpu with one kernel thread
+(SPECVIZ_KERNEL_THREADS=1) times the work itself: the CPU seconds the forward took, not the time it waited for a core.
 
     SPECVIZ_KERNEL_ISA=avx2 .venv/bin/python experiments/probes/kernel_ab.py base=db8d258 new=. --reps 30
 """
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import subprocess
@@ -59,7 +61,11 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,3,4,5,8,16")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--context", type=int, default=300)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: this process's CPU seconds (with SPECVIZ_KERNEL_THREADS=1: the time the forward ran, "
+                         "not the time other work held the core; no threads spin waiting for each other)")
     args = ap.parse_args()
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
     cpu = torch.device("cpu")
     target = models.get("smollm2-135m", cpu, models.default_dtype(cpu))
     decoder = target.fused
@@ -86,12 +92,15 @@ def main() -> None:
                 hidden = decoder.embed(torch.randint(0, 1000, (n,)))
                 for v in random.sample(names, len(names)):
                     with fused.run_on(libs[v]):
-                        start = time.perf_counter()
+                        start = clock()
                         decoder.layers(cache, hidden, args.context)
-                        seconds[(v, n)].append(time.perf_counter() - start)
-    print(f"# {' '.join(sys.argv)}")
+                        seconds[(v, n)].append(clock() - start)
+    env = [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("SPECVIZ_")]
+    print(f"# {' '.join([*env, 'python', *sys.argv])}")
+    print(f"# load average at the end (1, 5, 15 min): {', '.join(f'{v:.1f}' for v in os.getloadavg())} on "
+          f"{os.cpu_count()} CPUs (other work shared the cores)")
     print(f"# {cpu_name()}; {kernels.ISA_NAMES[isa]} build; {kernels.threads()} threads; the 30 fused layers over k "
-          f"rows at {args.context} cached positions, ms, medians of {args.reps} interleaved repetitions")
+          f"rows at {args.context} cached positions, ms ({args.clock} clock), {args.reps} interleaved repetitions")
     print(f"# variants: {'; '.join(args.variants)}")
     print("# bits: " + ("every variant gives the first's layer outputs for every k" if not differ else
                         "DIFFER: " + ", ".join(f"{v} k={n}" for v, n in sorted(differ))))
