@@ -31,9 +31,9 @@ def linear_packed(lib, x: torch.Tensor, packed: torch.Tensor, n: int, mode: int 
 
 @pytest.mark.parametrize("n,k", [(576, 576), (40, 64), (1000, 1536)])  # 40, 1000: a last block of 8 rows of zeros
 def test_packed_matmul_is_row_invariant_in_every_build(n, k):
-    """Each row's output has the same bits whatever the other rows (1 to 19: passes of 8, 4 and single rows, one or
-    two blocks a pass), is the fp32 product of the bf16 values to bf16 rounding, and the AVX2 and AVX-512 builds
-    agree."""
+    """Each row's output has the same bits whatever the other rows (1 to 19: passes of up to 5, 8 or 16 rows, one or
+    two blocks a pass, the pairs in slices past one pass), is the fp32 product of the bf16 values to bf16 rounding,
+    and the AVX2 and AVX-512 builds agree."""
     builds = packed_builds()
     if not builds:
         pytest.skip("no C compiler or no AVX2/FMA here")
@@ -51,6 +51,33 @@ def test_packed_matmul_is_row_invariant_in_every_build(n, k):
         outs[isa] = out
     if "avx512" in outs:
         assert torch.equal(outs["avx2"], outs["avx512"])
+
+
+@pytest.mark.parametrize("n,k", [(576, 1536), (37, 96), (1000, 576)])  # 37: a scalar tail of 5 columns
+def test_no_row_depends_on_the_other_rows(n, k):
+    """For every number of rows 1 to 17 (every pass split each build makes: AVX2's passes of 2 to 5 rows with one or
+    two blocks, AVX-512's of up to 8 or 16), each row of a call has the bits it gets alone, in every build: a change
+    that lets the rows of a pass (or their number) touch a row's result fails here."""
+    builds = packed_builds()
+    if not builds:
+        pytest.skip("no C compiler or no AVX2/FMA here")
+    generator = torch.Generator().manual_seed(5)
+    packed = fused.pack((torch.randn(n, k, generator=generator) * 0.05).bfloat16())
+    x = torch.randn(17, k, generator=generator).bfloat16()
+    for isa, lib in builds.items():
+        alone = torch.cat([linear_packed(lib, x[i:i + 1].contiguous(), packed, n) for i in range(17)])
+        for mode in (fused.STORE_F32, fused.ADD_BF16):
+            for rows in range(1, 18):
+                start = (3 * rows) % (18 - rows)  # the rows at different offsets into x
+                part = x[start:start + rows].contiguous()
+                if mode == fused.STORE_F32:
+                    assert torch.equal(linear_packed(lib, part, packed, n), alone[start:start + rows]), (isa, rows)
+                else:  # the residual add too: each row its own residual
+                    residual = torch.arange(rows * n, dtype=torch.float32).reshape(rows, n).remainder(7).bfloat16()
+                    summed = residual.clone()
+                    lib.linear_packed(part.data_ptr(), packed.data_ptr(), summed.data_ptr(), rows, k, n, mode, 2)
+                    expected = (residual.float() + alone[start:start + rows]).bfloat16()
+                    assert torch.equal(summed, expected), (isa, rows, "add")
 
 
 def test_packed_matmul_modes():
@@ -126,19 +153,22 @@ def test_fused_decoder_computes_the_stock_function(pair):
 
 @pytest.mark.parametrize("isa", sorted(kernels.ISAS))
 def test_every_build_decodes_row_invariantly(pair, monkeypatch, isa):
-    """In each build this CPU runs (AVX2 passes 4 rows at a time, AVX-512 8), the layers give a row fed with 6 others
-    the bits it gets fed alone, one at a time after the rows before it."""
+    """In each build this CPU runs, the layers give k rows fed together (k = 1 to 9 and 16: every pass split, AVX2's
+    2-5 rows a pass, AVX-512's up to 8 or 16) the bits each gets fed alone, one at a time after the rows before it."""
     target, _ = pair
     lib = kernels.library(isa)
     if lib is None:
         pytest.skip(f"no {isa} build here")
     monkeypatch.setattr(fused, "_lib", lambda: fused._typed(lib))
     decoder = target.fused
-    hidden = decoder.embed(torch.tensor(target.encode_prompt(PROMPT)[:7]))  # (7, d)
-    together, _ = decoder.layers(decoder.new_cache(), hidden, 0)
+    ids = (target.encode_prompt(PROMPT) * 2)[:26]
+    hidden = decoder.embed(torch.tensor(ids))  # (26, d): a prefix of 10, then up to 16 rows
     cache = decoder.new_cache()
-    alone = torch.cat([decoder.layers(cache, hidden[i:i + 1], i)[0] for i in range(7)])
-    assert torch.equal(together, alone)
+    decoder.layers(cache, hidden[:10], 0)
+    alone = torch.cat([decoder.layers(cache, hidden[i:i + 1], i)[0] for i in range(10, 26)])  # slots 10..25
+    for k in (1, 2, 3, 4, 5, 6, 7, 8, 9, 16):
+        together, _ = decoder.layers(cache, hidden[10:10 + k], 10)  # over slots 10.. again: the same keys
+        assert torch.equal(together, alone[:k]), (isa, k)
 
 
 def test_kv_buffer_growth_and_kept_paths_change_no_bit(pair):

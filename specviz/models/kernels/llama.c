@@ -11,12 +11,15 @@ its threads claim each phase's chunks (a matmul's column groups, rows, (row, hea
 #include "packed.h"
 
 #define PHASES 10  /* a layer's phases (RUN_PHASE) */
-#define CHUNK 2    /* matmul column groups (32 outputs each) a claim */
+#ifndef LAYER_CHUNK
+#define LAYER_CHUNK 2  /* matmul column groups (32 outputs each) a claim (a -D flag: experiments/probes/kernel_ab.py) */
+#endif
+#define CHUNK LAYER_CHUNK
 
 static inline long chunks(long N) { return (packed_groups(N) + CHUNK - 1) / CHUNK; }
 
 /* chunk c of the matmul y (M, N) (+)= x (M, K) . W^T: its CHUNK column groups */
-static inline void matmul_chunk(long c, const uint16_t *x, int64_t w, long M, long K, long N, uint16_t *y, int mode) {
+static inline void matmul_chunk(long c, const xin_t *x, int64_t w, long M, long K, long N, uint16_t *y, int mode) {
     long end = (c + 1) * CHUNK < packed_groups(N) ? (c + 1) * CHUNK : packed_groups(N);
     packed_matmul(x, K, (const uint16_t *)w, M, K, N, y, N, mode, c * CHUNK, end);
 }
@@ -40,8 +43,8 @@ static inline __m256 exp8(__m256 x) {
 }
 
 /* out = weight * bf16(x * rsqrt(mean(x^2) + eps)), one row of d (d % 8 == 0); the sum of squares in 8 lanes, then
-   hsum's fixed order */
-static void rmsnorm_row(const uint16_t *x, const uint16_t *weight, uint16_t *out, long d, float eps) {
+   hsum's fixed order. out: bf16, or with `as_x` the packed matmul's input (xin_t: the same values) */
+static inline void rmsnorm_row(const uint16_t *x, const uint16_t *weight, void *out, long d, float eps, int as_x) {
     __m256 acc = _mm256_setzero_ps();
     for (long k = 0; k < d; k += 8) {
         __m256 v = load8_bf16(x + k);
@@ -51,13 +54,14 @@ static void rmsnorm_row(const uint16_t *x, const uint16_t *weight, uint16_t *out
     __m256 scale = _mm256_set1_ps(1.0f / __builtin_sqrtf(mean + eps));
     for (long k = 0; k < d; k += 8) {
         __m256 normed = round8_bf16(_mm256_mul_ps(load8_bf16(x + k), scale));
-        store8_bf16(out + k, round8_bf16(_mm256_mul_ps(normed, load8_bf16(weight + k))));
+        __m256 v = round8_bf16(_mm256_mul_ps(normed, load8_bf16(weight + k)));
+        if (as_x) store8_x((xin_t *)out + k, v); else store8_bf16((uint16_t *)out + k, v);
     }
 }
 
 /* rmsnorm over n rows (the final norm), single-threaded */
 void rmsnorm_rows(const uint16_t *x, const uint16_t *weight, uint16_t *out, long n, long d, float eps) {
-    for (long r = 0; r < n; ++r) rmsnorm_row(x + r * d, weight, out + r * d, d, eps);
+    for (long r = 0; r < n; ++r) rmsnorm_row(x + r * d, weight, out + r * d, d, eps, 0);
 }
 
 /* heads x (hd) at x, in place: x * cos + rotate_half(x) * sin, each product and the sum rounded to bf16 */
@@ -77,13 +81,14 @@ static void rope_heads(uint16_t *x, long heads, long hd, const uint16_t *cos, co
     }
 }
 
-/* out[j] = bf16(bf16(silu(gate[j])) * up[j]), silu(g) = g / (1 + exp(-g)) as torch computes it */
-static void silu_mul_row(const uint16_t *gate, const uint16_t *up, uint16_t *out, long f) {
+/* out[j] = bf16(bf16(silu(gate[j])) * up[j]), silu(g) = g / (1 + exp(-g)) as torch computes it; out: the packed
+   matmul's input (xin_t) */
+static void silu_mul_row(const uint16_t *gate, const uint16_t *up, xin_t *out, long f) {
     for (long j = 0; j < f; j += 8) {
         __m256 g = load8_bf16(gate + j);
         __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
         __m256 s = round8_bf16(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
-        store8_bf16(out + j, round8_bf16(_mm256_mul_ps(s, load8_bf16(up + j))));
+        store8_x(out + j, round8_bf16(_mm256_mul_ps(s, load8_bf16(up + j))));
     }
 }
 
@@ -98,9 +103,11 @@ void llama_layers(uint16_t *h, long n, const int64_t *pos, long slot0, const uin
                   long l0, long l1, uint16_t *states, long d, long hd, long H, long KVH, long F, float eps, float scale,
                   int threads) {
     long qd = H * hd, qkvd = (H + 2 * KVH) * hd, g = H / KVH, hs = cap * hd;
-    uint16_t *xn = (uint16_t *)__builtin_malloc(n * d * 2), *qkv = (uint16_t *)__builtin_malloc(n * qkvd * 2);
-    uint16_t *att = (uint16_t *)__builtin_malloc(n * qd * 2), *gu = (uint16_t *)__builtin_malloc(n * 2 * F * 2);
-    uint16_t *act = (uint16_t *)__builtin_malloc(n * F * 2);
+    uint16_t *qkv = (uint16_t *)__builtin_malloc(n * qkvd * 2), *gu = (uint16_t *)__builtin_malloc(n * 2 * F * 2);
+    /* the matmuls' inputs, as they read them (xin_t): the norms', attention's and the MLP activation's outputs */
+    xin_t *xn = (xin_t *)__builtin_malloc(n * d * sizeof(xin_t));
+    xin_t *att = (xin_t *)__builtin_malloc(n * qd * sizeof(xin_t));
+    xin_t *act = (xin_t *)__builtin_malloc(n * F * sizeof(xin_t));
     float *q32 = (float *)__builtin_malloc(n * qd * 4), *o32 = (float *)__builtin_malloc(n * qd * 4);
     int64_t *at = (int64_t *)__builtin_malloc(n * 3 * sizeof(int64_t)), *span = at + n;  /* positions; [begin, end) */
     int32_t *causal = off ? 0 : (int32_t *)__builtin_malloc((slot0 + n) * sizeof(int32_t));
@@ -120,7 +127,7 @@ void llama_layers(uint16_t *h, long n, const int64_t *pos, long slot0, const uin
         const int64_t *wl = weights + 6 * l;
         uint16_t *kc = (uint16_t *)caches[2 * l], *vc = (uint16_t *)caches[2 * l + 1];
         phase_t *ph = phases + (l - l0) * PHASES;
-        RUN_PHASE(ph + 0, n, r, rmsnorm_row(h + r * d, (const uint16_t *)wl[0], xn + r * d, d, eps));
+        RUN_PHASE(ph + 0, n, r, rmsnorm_row(h + r * d, (const uint16_t *)wl[0], xn + r * d, d, eps, 1));
         RUN_PHASE(ph + 1, chunks(qkvd), c, matmul_chunk(c, xn, wl[1], n, d, qkvd, qkv, STORE_BF16));
         RUN_PHASE(ph + 2, n, r, {  /* rope on q and k; k and v into the cache; q to fp32 for attention */
             uint16_t *row = qkv + r * qkvd;
@@ -134,10 +141,10 @@ void llama_layers(uint16_t *h, long n, const int64_t *pos, long slot0, const uin
         RUN_PHASE(ph + 3, KV, t, {  /* one (row, key/value head) a task, its query heads together */
             long r = t / KVH, j = t % KVH, o = r * qd + j * g * hd;
             attend_bf16(q32 + o, kc + j * hs, vc + j * hs, o32 + o, idx, span + 2 * r, 1, g, 1, hd, hs, scale, 1);
-            for (long i = 0; i < g * hd; ++i) att[o + i] = float_to_bf16(o32[o + i]);
+            for (long i = 0; i < g * hd; ++i) att[o + i] = x_of_bf16(float_to_bf16(o32[o + i]));
         });
         RUN_PHASE(ph + 4, chunks(d), c, matmul_chunk(c, att, wl[2], n, qd, d, h, ADD_BF16));
-        RUN_PHASE(ph + 5, n, r, rmsnorm_row(h + r * d, (const uint16_t *)wl[3], xn + r * d, d, eps));
+        RUN_PHASE(ph + 5, n, r, rmsnorm_row(h + r * d, (const uint16_t *)wl[3], xn + r * d, d, eps, 1));
         RUN_PHASE(ph + 6, chunks(2 * F), c, matmul_chunk(c, xn, wl[4], n, d, 2 * F, gu, STORE_BF16));
         RUN_PHASE(ph + 7, n, r, silu_mul_row(gu + r * 2 * F, gu + r * 2 * F + F, act + r * F, F));
         RUN_PHASE(ph + 8, chunks(d), c, matmul_chunk(c, act, wl[5], n, F, d, h, ADD_BF16));

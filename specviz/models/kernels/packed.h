@@ -9,9 +9,17 @@
    round the sum, as torch's `x + linear(y)` in bf16 does; store its bf16 rounding as fp32 (logits) */
 enum { STORE_BF16 = 0, ADD_BF16 = 1, STORE_F32 = 2 };
 
-/* y (M, N) = x (M, K) bf16, rows ldx apart . W^T, W (N, K) packed by pack_bf16; y's rows ldy apart: the column
-   groups g0 .. g1-1 only (a group: 32 outputs, packed_groups(N) of them), so threads can share a matmul's groups. */
-void packed_matmul(const uint16_t *x, long ldx, const uint16_t *packed, long M, long K, long N, void *y, long ldy,
+/* x as the packed matmul reads it: bf16 pairs in the AVX512-BF16 build (vdpbf16ps takes them as they are), fp32 in
+   the others (widened once, where the matmul's inner loop broadcasts each value from memory) */
+#if defined(__AVX512BF16__)
+typedef uint16_t xin_t;
+#else
+typedef float xin_t;
+#endif
+
+/* y (M, N) = x (M, K), rows ldx apart . W^T, W (N, K) packed by pack_bf16; y's rows ldy apart: the column groups
+   g0 .. g1-1 only (a group: 32 outputs, packed_groups(N) of them), so threads can share a matmul's groups. */
+void packed_matmul(const xin_t *x, long ldx, const uint16_t *packed, long M, long K, long N, void *y, long ldy,
                    int mode, long g0, long g1);
 
 static inline long packed_groups(long N) { return (N + 31) / 32; }
@@ -52,6 +60,15 @@ static inline uint16_t float_to_bf16(float f) {
     return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
+/* a bf16 value as the packed matmul reads it (xin_t) */
+static inline xin_t x_of_bf16(uint16_t h) {
+#if defined(__AVX512BF16__)
+    return h;
+#else
+    return bf16_to_float(h);
+#endif
+}
+
 /* 8 bf16 -> 8 fp32 */
 static inline __m256 load8_bf16(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
@@ -70,6 +87,15 @@ static inline void store8_bf16(uint16_t *p, __m256 rounded) {
     __m256i high = _mm256_srli_epi32(_mm256_castps_si256(rounded), 16);
     __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(high, high), 0x08);
     _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
+}
+
+/* 8 fp32 already rounded to bf16 -> 8 values of x as the packed matmul reads it (xin_t) */
+static inline void store8_x(xin_t *p, __m256 rounded) {
+#if defined(__AVX512BF16__)
+    store8_bf16(p, rounded);
+#else
+    _mm256_storeu_ps(p, rounded);
+#endif
 }
 
 #endif
