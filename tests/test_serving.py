@@ -14,7 +14,7 @@ import pytest
 from specviz import metrics as leviathan
 from specviz.cli.main import main
 from specviz.serving import probe, watch
-from specviz.serving.metrics import (
+from specviz.serving.prometheus import (
     ServerError,
     Unreachable,
     Watch,

@@ -41,7 +41,7 @@ def serving_parsers(sub) -> None:
 def cmd_watch(args) -> int:
     """Scrape a server's /metrics until --duration; exit 2 when it cannot be read or exports no speculation."""
     from specviz.serving import watch
-    from specviz.serving.metrics import ServerError, base_url
+    from specviz.serving.prometheus import ServerError, base_url
 
     interval = _float_arg("interval", args.interval, 0.1, 3600)
     duration = None if args.duration is None else _float_arg("duration", args.duration, 0.1, 1e7)
@@ -61,7 +61,7 @@ def cmd_probe(args) -> int:
     that failed."""
     from specviz.config import DecodeConfig
     from specviz.serving import probe
-    from specviz.serving.metrics import ServerError, base_url
+    from specviz.serving.prometheus import ServerError, base_url
 
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
     try:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from html import escape
 from typing import Callable, Optional
 
-from specviz.serving.metrics import (
+from specviz.serving.prometheus import (
     ServerError,
     Snapshot,
     Unreachable,

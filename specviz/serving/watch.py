@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, TextIO
 
-from specviz.serving.metrics import ServerError, Snapshot, Watch, Window, metrics_url, no_speculation, scrape
+from specviz.serving.prometheus import ServerError, Snapshot, Watch, Window, metrics_url, no_speculation, scrape
 
 INTERVAL = 2.0  # seconds between scrapes
 
