@@ -264,9 +264,9 @@ def group_alive(pgid: int) -> bool:
         return True
 
 
-def watch_command(url: str) -> str:
-    return f"python -m specviz watch {url}"
+def watch_command(url: str, drafter: str = "") -> str:
+    return f"python -m specviz watch {url}" + (f" --drafter {drafter}" if drafter else "")
 
 
 def probe_command(url: str, prompts: str = "PROMPTS.jsonl") -> str:
-    return f"python -m specviz probe {url} --prompts {prompts} --limit 8 --local --json out/probe.json"
+    return f"python -m specviz probe {url} --prompts {prompts} --limit 8 --temperature 0 --local --json out/probe.json"
