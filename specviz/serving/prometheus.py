@@ -364,7 +364,7 @@ class Watch:
         return self.summary()["predicted_speedup"]
 
     def verdict(self) -> str:
-        """One line: idle, collapsed or healthy, and whether acceptance falls by position."""
+        """One line: idle, collapsed or healthy, and the shape of α_i by position (shape_verdict)."""
         return self.summary()["verdict"]
 
     def _verdict(self, s: dict) -> str:
