@@ -168,8 +168,8 @@ def _plan_llama(kind, folder, port, spec, log, root) -> Plan:
     else:
         _, draft_dir = _exports(kind, folder, spec, log, root)
         draft = draft_dir / "draft.gguf"
-        speculative = {"--model-draft": str(draft), "--draft-max": str(GAMMA), "--draft-min": "0",
-                       "--draft-p-min": "0", "--threads-draft": threads}
+        speculative = {"--spec-type": "draft-simple", "--model-draft": str(draft), "--spec-draft-n-max": str(GAMMA),
+                       "--spec-draft-n-min": "0", "--spec-draft-p-min": "0", "--threads-draft": threads}
     for k, v in speculative.items():
         argv += [k, v]
     return Plan("llama.cpp", kind, argv, {}, port, str(gguf), str(draft) if draft else None, speculative)
@@ -212,7 +212,7 @@ class Engine:
     def tail(self) -> str:
         """The last meaningful line the engine wrote (for an error message)."""
         lines = [s.strip() for s in self.log.read_text(errors="replace").splitlines() if s.strip()]
-        errors = [s for s in lines if "Error" in s or "error:" in s]
+        errors = [s for s in lines if "error" in s.lower()]
         line = errors[-1] if errors else (lines[-1] if lines else "(no output)")
         return line[:240]
 
