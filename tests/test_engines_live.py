@@ -37,6 +37,7 @@ PROMPTS = [  # answers that repeat their prompt or themselves (the n-gram drafte
 ]
 MAX_TOKENS = 48
 AGREE = 0.05  # served and local position-0 acceptance (issue 41)
+TIMEOUT = 600.0  # seconds for one request (a shared 2-core machine can be very slow)
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +71,13 @@ def _watched(url: str, traffic) -> tuple[dict, dict]:
 
     result = {}
     thread = threading.Thread(target=lambda: result.update(w=watch.run(url, interval=1.0, live=False, read=read,
-                                                                        out=open("/dev/null", "w"))))
+                                                                        out=open("/dev/null", "w"))), daemon=True)
     thread.start()
-    traffic()
-    done.set()
-    thread.join(timeout=120)
+    try:
+        traffic()
+    finally:
+        done.set()
+        thread.join(timeout=120)
     after = scrape(url)
     delta = {k: after.counters.get(k, 0) - before.counters.get(k, 0) for k in ("drafts", "draft_tokens",
                                                                               "accepted_tokens")}
@@ -137,7 +140,7 @@ def test_llama_server_through_serve_no_orphan(tmp_path):
         assert m, "".join(lines)
         url, pgid = m.group(1), int(m.group(2))
         assert cmd.stdout.readline().strip() == f"watch: python -m specviz watch {url} --drafter ngram"
-        summary, delta = _watched(url, lambda: [probe.chat(url, p, MAX_TOKENS, 0.0, 0, 120) for p in PROMPTS])
+        summary, delta = _watched(url, lambda: [probe.chat(url, p, MAX_TOKENS, 0.0, 0, TIMEOUT) for p in PROMPTS])
         _equal(summary, delta)
         assert summary["engine"] == "llamacpp"
     finally:
@@ -149,7 +152,7 @@ def test_llama_server_through_serve_no_orphan(tmp_path):
 @needs_llama
 def test_llama_server_drafts_with_the_exported_draft_gguf():
     with engines.Engine(engines.plan("llama.cpp", "draft")) as engine:
-        summary, delta = _watched(engine.url, lambda: [probe.chat(engine.url, p, MAX_TOKENS, 0.0, 0, 120)
+        summary, delta = _watched(engine.url, lambda: [probe.chat(engine.url, p, MAX_TOKENS, 0.0, 0, TIMEOUT)
                                                        for p in PROMPTS[2:]])
     _equal(summary, delta)
     assert summary["acceptance_rate"] > 0
