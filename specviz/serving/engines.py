@@ -163,7 +163,9 @@ def _plan_llama(kind, folder, port, spec, log, root) -> Plan:
             str(MAX_MODEL_LEN * 2), "--parallel", "1", "--threads", threads, "--seed", "0"]
     draft = None
     if kind == "ngram":
-        speculative = {"--spec-type": "ngram-simple", "--spec-ngram-simple-size-n": str(NGRAM["max"]),
+        # ngram-simple matches the last size-n tokens and drafts at most size-m; it drafts nothing when size-m <
+        # size-n (common/ngram-map.cpp: copy_max < n_draft_min), so n is the engines' shortest match
+        speculative = {"--spec-type": "ngram-simple", "--spec-ngram-simple-size-n": str(NGRAM["min"]),
                        "--spec-ngram-simple-size-m": str(GAMMA)}
     else:
         _, draft_dir = _exports(kind, folder, spec, log, root)
