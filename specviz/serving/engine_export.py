@@ -29,7 +29,7 @@ from typing import Callable, Optional
 
 ROOT = Path("out/export")
 FORMAT = 1                 # bump when an export's layout changes: older exports are redone
-SHIPPED = {"eagle": "assets/drafters/smollm2-135m-eagle", "draft": "assets/drafters/smollm2-135m-draft"}
+SHIPPED = {"eagle": "smollm2-135m-eagle", "draft": "smollm2-135m-draft"}  # under specviz.paths.DRAFTERS
 KINDS = ("eagle", "draft")  # what `export` converts (Medusa, LayerSkip: not yet)
 TOLERANCE = 1e-4           # the largest logit difference a round trip may show (fp32 in both)
 
@@ -174,10 +174,27 @@ def read_drafter(folder: Path):
     return DrafterConfig(**{k: v for k, v in raw.items() if k in known}), load_state_dict(weights)
 
 
+def shipped(kind: str) -> Path:
+    from specviz.paths import DRAFTERS
+
+    return DRAFTERS / SHIPPED[kind]
+
+
+def default_out(folder: Path, kind: str, spec: str, root: Path = ROOT) -> Path:
+    """Where a drafter's export goes: out/export/smollm2-135m-eagle3 for a shipped one, else named after its folder
+    (train's out/train/NAME/drafter -> NAME)."""
+    suffix = {"eagle": "eagle3", "draft": "draft"}[kind]
+    folder = Path(folder)
+    if folder.resolve() == shipped(kind).resolve():
+        return root / f"{_slug(spec)}-{suffix}"
+    name = folder.parent.name if folder.name == "drafter" else folder.name
+    return root / f"{name}-{suffix}"
+
+
 def drafter_folder(value: str) -> Path:
     """A drafter argument: a shipped kind (eagle, draft) or a folder."""
     if value in SHIPPED:
-        return Path(SHIPPED[value])
+        return shipped(value)
     path = Path(value)
     if path.is_dir():
         return path
@@ -215,9 +232,7 @@ def export_drafter(folder: Path, target_dir: Path, spec: str = "smollm2-135m", o
         raise ExportError(f"drafter {str(folder)!r} is a {what} drafter: export converts EAGLE-3 (eagle) and the "
                           "draft model (draft)")
     files = [folder / "model.safetensors", folder / "config.json"]
-    suffix = {"eagle": "eagle3", "draft": "draft"}[cfg.kind]
-    out = Path(out or ROOT / f"{_slug(spec)}-{suffix}" if folder == Path(SHIPPED[cfg.kind])
-               else out or ROOT / f"{folder.name}-{suffix}")
+    out = Path(out or default_out(folder, cfg.kind, spec))
     manifest = {"kind": cfg.kind, "format": FORMAT, "source": str(folder), "source_sha256": _sha(files),
                 "target": str(target_dir), "target_sha256": json.loads((target_dir / "export.json").read_text())
                 .get("source_sha256")}

@@ -78,12 +78,12 @@ class Plan:
 
 def _drafter_kind(value: str) -> tuple[str, Optional[Path]]:
     """(kind, folder): a shipped drafter name or a trained folder (its config's kind)."""
-    from specviz.serving.engine_export import SHIPPED
+    from specviz.serving.engine_export import SHIPPED, shipped
 
     if value == "ngram":
         return "ngram", None
     if value in SHIPPED:
-        return value, Path(SHIPPED[value])
+        return value, shipped(value)
     path = Path(value)
     if path.is_dir() and (path / "config.json").is_file():
         kind = json.loads((path / "config.json").read_text()).get("kind")
@@ -119,10 +119,7 @@ def _exports(kind: str, folder: Optional[Path], spec: str, log, root: Optional[P
         target = ee.export_target(spec, out=(root / ee._slug(spec)) if root else None, log=log)
         draft = None
         if folder is not None:
-            out = None
-            if root is not None:
-                out = root / f"{ee._slug(spec) if folder == Path(ee.SHIPPED[kind]) else folder.name}-" \
-                             f"{'eagle3' if kind == 'eagle' else 'draft'}"
+            out = ee.default_out(folder, kind, spec, root) if root is not None else None
             draft = ee.export_drafter(folder, target, spec, out=out, log=log)
     except ee.ExportError as exc:
         raise ServeError(str(exc)) from None
