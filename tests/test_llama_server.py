@@ -12,7 +12,7 @@ import pytest
 from specviz.cli.main import main
 from specviz.paths import SPEC_BENCH
 from specviz.serving import probe, server, watch
-from specviz.serving.metrics import scrape
+from specviz.serving.prometheus import scrape
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(server.binary() is None, reason="llama-server is not built: run `make server`")]

@@ -14,7 +14,7 @@ import pytest
 from specviz import metrics as leviathan
 from specviz.cli.main import main
 from specviz.serving import probe, watch
-from specviz.serving.metrics import (
+from specviz.serving.prometheus import (
     ServerError,
     Unreachable,
     Watch,
@@ -141,7 +141,7 @@ def test_watch_summary_is_exact_over_windows_and_predicts_with_leviathan():
     assert s["gamma"] == 4 and s["gamma_from"] == "positions exported"
     assert w.predicted_speedup() == pytest.approx(leviathan.predicted_speedup(50 / 160, 4, 0.05))
     assert s["draft_tokens_per_s"] == pytest.approx(160 / 4)
-    assert w.verdict().startswith("healthy") and "falls by position as expected" in w.verdict()
+    assert w.verdict().startswith("healthy") and "α_i falls by position" in w.verdict()
 
 
 def test_verdicts_idle_collapsed_and_rising():
@@ -153,16 +153,16 @@ def test_verdicts_idle_collapsed_and_rising():
     collapsed.add(parse(vllm_page(0, 0, 0, [0, 0, 0, 0]), t=0.0))
     collapsed.add(parse(vllm_page(100, 400, 3, [3, 0, 0, 0]), t=5.0))
     assert collapsed.verdict().startswith("collapsed: τ=1.03 < 1.1")
-    rising = Watch()  # an n-gram copy: once the first position is kept, later ones nearly always are
+    rising = Watch(drafter="ngram")  # an n-gram copy: once the first position is kept, later ones nearly always are
     rising.add(parse(vllm_page(0, 0, 0, [0, 0, 0, 0]), t=0.0))
     rising.add(parse(vllm_page(100, 400, 90, [40, 30, 20, 0]), t=5.0))
-    assert "falls by position as expected (0.40 0.75 0.67 0.00)" in rising.verdict()
+    assert "α_i is not monotone by position (0.40 0.75 0.67 0.00): not monotone for an n-gram copy" in rising.verdict()
     rising.add(parse(vllm_page(200, 800, 242, [80, 72, 60, 30]), t=10.0))
-    assert "does not fall by position (0.40 0.90 0.83 0.50)" in rising.verdict()
+    assert "α_i is not monotone by position (0.40 0.90 0.83 0.50)" in rising.verdict()
     sparse = Watch()  # 103 drafts; positions 4-6 reached by 14, 11 and 8 drafts: too few to read a trend from
     sparse.add(parse(vllm_page(0, 0, 0, [0] * 6), t=0.0))
     sparse.add(parse(vllm_page(103, 618, 150, [70, 35, 15, 11, 10, 9]), t=5.0))
-    assert "falls by position as expected (0.68 0.50 0.43)" in sparse.verdict()
+    assert "α_i falls by position (0.68 0.50 0.43)" in sparse.verdict()
 
 
 def test_sglang_gauges_give_tau_and_rate_only_while_busy():

@@ -23,7 +23,7 @@ from specviz.cli.common import (
     load_target,
     tune,
 )
-from specviz.cli.serving import cmd_probe, cmd_watch, serving_parsers
+from specviz.cli.serving import SERVING_COMMANDS, serving_parsers
 from specviz.config import DEFAULT_TARGET, GAMMA_MAX
 from specviz.errors import ConfigError
 from specviz.methods import CHECK_METHODS, METHODS, TRAINED_METHODS
@@ -500,8 +500,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         default_pair(args)  # reads the bench --method entries: a malformed one is a one-line error too
         return {"generate": cmd_generate, "bench": cmd_bench, "check": cmd_check, "profile": cmd_profile,
-                "train": cmd_train, "distill": cmd_distill, "tree": cmd_tree, "watch": cmd_watch,
-                "probe": cmd_probe}[args.command](args)
+                "train": cmd_train, "distill": cmd_distill, "tree": cmd_tree,
+                **SERVING_COMMANDS}[args.command](args)
     except (ConfigError, ModelError, InputError) as exc:
         print(f"specviz: error: {exc}", file=sys.stderr)
         return 2

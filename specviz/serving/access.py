@@ -9,7 +9,7 @@ into anyone's network, so a URL is refused unless
   mapped or embedded in IPv6 is judged as the IPv4 address).
 
 The tab checks before every scrape, so a name that starts resolving to a private address is refused from then on,
-and the scrape follows no redirect (serving/metrics.py). What is left: the HTTP client resolves the name again when
+and the scrape follows no redirect (serving/prometheus.py). What is left: the HTTP client resolves the name again when
 it connects, so a name whose DNS answer changes between the check and the connection (DNS rebinding) could slip
 through once; the allow-list confines that to hosts the operator chose.
 """

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from html import escape
 from typing import Callable, Optional
 
-from specviz.serving.metrics import (
+from specviz.serving.prometheus import (
     ServerError,
     Snapshot,
     Unreachable,
@@ -78,7 +78,8 @@ def figures(resp: dict) -> dict:
     usage = resp.get("usage") or {}
     text = (choice.get("message") or {}).get("content") or ""
     out = {"text": text, "finish_reason": choice.get("finish_reason"), "model": resp.get("model"),
-           "completion_tokens": usage.get("completion_tokens"), "draft_tokens": None, "accepted_tokens": None,
+           "completion_tokens": usage.get("completion_tokens"), "prompt_tokens": usage.get("prompt_tokens"),
+           "draft_tokens": None, "accepted_tokens": None,
            "verify_steps": None, "server_tok_per_s": None, "source": None}
     timings = resp.get("timings") or {}
     if "predicted_n" in timings:  # llama.cpp: draft_n is left out when the request drafted nothing
@@ -305,8 +306,22 @@ def format_probe(d: dict) -> str:
                          + (" (near-tie)" if r["near_tie"] else ""))
         if r["error"]:
             lines.append(f"   prompt {r['id']} ({r['mode']}): {r['error']}")
+    if d.get("local"):
+        lines += side_by_side(d)
     lines.append("verdict: " + d["verdict"])
+    if d.get("local_verdict"):
+        lines.append("served vs local: " + d["local_verdict"])
     return "\n".join(lines)
+
+
+def side_by_side(d: dict) -> list[str]:
+    """probe --local: the server's and specviz's acceptance by position, one line each."""
+    s, m = d["served"], d["local"]
+    return [f"acceptance by position (accepted at i / drafts), greedy, γ={m['gamma']}:",
+            f"   served ({d['engine']}, {_f(s['drafts'], '.0f')} drafts): " + " ".join(f"{a:.2f}" for a in
+                                                                                  s["per_position"]),
+            f"   local  (specviz {m['method']}, {m['dtype']}, {m['drafts']} drafts): " + " ".join(
+                f"{a:.2f}" for a in m["per_position"])]
 
 
 def to_html(d: dict) -> str:
@@ -365,6 +380,17 @@ def to_html(d: dict) -> str:
                          f"log-prob gap {f(dv['top2_gap'], '.2e')}")
             rows.append([escape(str(r["id"])), escape(str(r["category"])), escape(r["prompt"][:70]), status, where])
         body.append(report.table(["id", "category", "prompt", "greedy identity", "first divergence"], rows))
+    if d.get("local"):
+        s, m = d["served"], d["local"]
+        n = max(len(s["per_position"]), len(m["per_position"]))
+        at = lambda xs, i: f(xs[i]) if i < len(xs) else "–"  # noqa: E731
+        body += [f"<h2>Served beside specviz (probe --local: {escape(m['method'])}, {escape(m['dtype'])}, "
+                 f"γ={m['gamma']}, greedy)</h2>",
+                 f"<div class='verdict {'ok' if d['comparison'].get('agree') else 'bad'}'>"
+                 f"{escape(d['local_verdict'])}</div>",
+                 report.table(["position", f"served ({escape(d['engine'])})", "local (specviz)", "gap"],
+                               [[str(i), at(s["per_position"], i), at(m["per_position"], i),
+                                 at(d["comparison"]["gaps"], i)] for i in range(n)], {1, 2, 3})]
     rows = [[escape(str(r["id"])), escape(str(r["category"])), r["mode"], str(r.get("completion_tokens") or "–"),
              f(r.get("acceptance_rate")), f(r.get("tau")), f(r.get("tokens_per_forward")),
              f(r.get("tok_per_s"), ".1f"), escape(str(r.get("source") or "–")), escape(r["error"] or "")]

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from specviz.serving.metrics import ServerError, http
+from specviz.serving.prometheus import ServerError, http
 
 BINARY_ENV = "SPECVIZ_LLAMA_SERVER"  # a llama-server elsewhere than .venv/bin
 READY_TIMEOUT = 180.0                # seconds for a server to load its model and answer /health

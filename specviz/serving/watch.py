@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, TextIO
 
-from specviz.serving.metrics import ServerError, Snapshot, Watch, Window, metrics_url, no_speculation, scrape
+from specviz.serving.prometheus import ServerError, Snapshot, Watch, Window, metrics_url, no_speculation, scrape
 
 INTERVAL = 2.0  # seconds between scrapes
 
@@ -123,10 +123,11 @@ class LiveView:
 
 def run(url: str, interval: float = INTERVAL, duration: Optional[float] = None, gamma: Optional[int] = None,
         json_path: Optional[str] = None, cost_ratio: float = 0.0, out: TextIO = sys.stdout,
-        live: Optional[bool] = None, read: Callable[[str], Snapshot] = scrape, command: str = "") -> Watch:
+        live: Optional[bool] = None, read: Callable[[str], Snapshot] = scrape, command: str = "",
+        drafter: Optional[str] = None) -> Watch:
     """Watch until `duration` seconds have passed (None: until interrupted). ServerError when the first scrape
     fails or the server exports no speculative figures; later failures are notes and the series is kept."""
-    watch = Watch(gamma=gamma, cost_ratio=cost_ratio)
+    watch = Watch(gamma=gamma, cost_ratio=cost_ratio, drafter=drafter)
     first = read(url)
     if not first.speculative:
         raise ServerError(no_speculation(url, first))

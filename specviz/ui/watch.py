@@ -1,6 +1,6 @@
 """The app's "Watch a server" tab: scrape a serving engine's /metrics (vLLM, llama.cpp, SGLang, TensorRT-LLM, or
 specviz itself) every few seconds and draw its draft acceptance, τ and acceptance by position live, the verdict on
-top. The scraping, parsing and windows are specviz/serving/metrics.py's (the `watch` command's); which URLs may be
+top. The scraping, parsing and windows are specviz/serving/prometheus.py's (the `watch` command's); which URLs may be
 fetched, serving/access.py's. Errors are one line in the tab, and a watch in progress keeps its series.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import gradio as gr
 from specviz.errors import ConfigError
 from specviz.policy import Policy
 from specviz.serving import access
-from specviz.serving.metrics import ServerError, Watch, metrics_url, no_speculation, scrape
+from specviz.serving.prometheus import ServerError, Watch, metrics_url, no_speculation, scrape
 from specviz.ui import watch_plots
 from specviz.ui.common import cards_html, num, tab_intro, verdict_html
 from specviz.ui.logic import status_html, user_message

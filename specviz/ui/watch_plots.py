@@ -1,5 +1,5 @@
 """A served engine's counters, window by window, as Plotly figures: the "Watch a server" tab's panels
-(specviz/ui/watch.py; the windows come from specviz/serving/metrics.py). Same look as specviz/ui/plots.py."""
+(specviz/ui/watch.py; the windows come from specviz/serving/prometheus.py). Same look as specviz/ui/plots.py."""
 from __future__ import annotations
 
 from typing import Optional, Sequence

@@ -298,6 +298,7 @@ class Watch:
     engine: str = "unknown"
     names: set[str] = field(default_factory=set)
     failures: list[str] = field(default_factory=list)  # scrapes that failed during the watch, one line each
+    drafter: Optional[str] = None      # what drafts on the server: "ngram", a model drafter's name, None: unknown
 
     def add(self, snap: Snapshot) -> Optional[Window]:
         """The window since the previous snapshot (None for the first)."""
@@ -363,7 +364,7 @@ class Watch:
         return self.summary()["predicted_speedup"]
 
     def verdict(self) -> str:
-        """One line: idle, collapsed or healthy, and whether acceptance falls by position."""
+        """One line: idle, collapsed or healthy, and the shape of α_i by position (shape_verdict)."""
         return self.summary()["verdict"]
 
     def _verdict(self, s: dict) -> str:
@@ -380,10 +381,51 @@ class Watch:
         reached = [s["drafts"]] + [share * s["drafts"] for share in s["per_position"][:-1]]
         alphas = [a for a, n in zip(s["per_position_conditional"], reached) if a is not None and n >= MIN_SUPPORT]
         if len(alphas) >= 2:
-            shown = " ".join(f"{a:.2f}" for a in alphas)
-            line += (f"; α_i falls by position as expected ({shown})" if alphas[-1] <= alphas[0] else
-                     f"; α_i does not fall by position ({shown}): later positions are kept more often than the first")
+            line += "; " + shape_verdict(alphas, self.drafter)
         return line
+
+
+FLAT = 0.02  # α_i within this of each other: flat
+
+
+def shape(alphas: list[float]) -> str:
+    """"flat", "rises", "falls" or "not monotone": the shape of α_i over the positions."""
+    steps = [b - a for a, b in zip(alphas, alphas[1:])]
+    if max(alphas) - min(alphas) <= FLAT:
+        return "flat"
+    if all(d >= -FLAT for d in steps):
+        return "rises"
+    if all(d <= FLAT for d in steps):
+        return "falls"
+    return "not monotone"
+
+
+def shape_verdict(alphas: list[float], drafter: Optional[str] = None) -> str:
+    """α_i's shape by position, judged against what the drafter kind leads one to expect. A chain's conditional
+    acceptance may rise (the drafts that survive the first positions sit in easy, predictable spans) or fall (a
+    model drafter's own errors compound; EAGLE's features drift from the target's); an n-gram copy, once kept, is
+    usually kept to its end, so its α_i rises or stays flat after the first position."""
+    shown = " ".join(f"{a:.2f}" for a in alphas)
+    form = shape(alphas)
+    said = {"flat": "α_i is flat by position", "rises": "α_i rises by position", "falls": "α_i falls by position",
+            "not monotone": "α_i is not monotone by position"}[form] + f" ({shown})"
+    if drafter is None:
+        return said + " (give the drafter kind to judge it)"
+    if drafter == "ngram":
+        if form in ("flat", "rises"):
+            return said + ": as expected for an n-gram copy (once kept, a copy usually runs on)"
+        if form == "falls":
+            return said + ": unusual for an n-gram copy (its copies break early: short repeats)"
+        return said + ": not monotone for an n-gram copy, which should keep running once kept"
+    weak = next((i for i, a in enumerate(alphas[1:], 1) if a < 0.5 * alphas[0]), None)
+    if weak is not None:
+        return (said + f": position {weak} keeps under half of position 0's rate: drafting past position "
+                f"{weak - 1} rarely pays for a {drafter} drafter (try γ={weak})")
+    if form == "not monotone":
+        return said + f": not monotone, unusual for a {drafter} chain (rising or falling are both normal)"
+    return said + f": normal for a {drafter} chain (" + (
+        "surviving drafts sit in easy spans)" if form == "rises" else
+        "its own errors compound)" if form == "falls" else "each position as likely as the last)")
 
 
 def _weighted(pairs: list[tuple[Optional[float], float]]) -> Optional[float]:
