@@ -101,7 +101,7 @@ def cmd_probe(args) -> int:
         from specviz.serving import engines
 
         try:
-            engines._drafter_kind(args.drafter)
+            engines.drafter_kind(args.drafter)
         except engines.ServeError as exc:
             raise InputError(str(exc)) from None
     try:

@@ -105,7 +105,7 @@ def export_target(spec: str = "smollm2-135m", out: Optional[Path] = None, force:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source, files = target_source(spec)
-    out = Path(out or ROOT / _slug(spec))
+    out = Path(out or ROOT / slug(spec))
     manifest = {"kind": "target", "format": FORMAT, "source": spec, "source_files": [str(f) for f in files],
                 "source_sha256": _sha(files), "dtype": "float32"}
     if not force and _cached(out, manifest):
@@ -150,7 +150,7 @@ VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_se
     return out
 
 
-def _slug(spec: str) -> str:
+def slug(spec: str) -> str:
     return Path(spec.rstrip("/")).name.removesuffix(".gguf") or "target"
 
 
@@ -186,7 +186,7 @@ def default_out(folder: Path, kind: str, spec: str, root: Path = ROOT) -> Path:
     suffix = {"eagle": "eagle3", "draft": "draft"}[kind]
     folder = Path(folder)
     if folder.resolve() == shipped(kind).resolve():
-        return root / f"{_slug(spec)}-{suffix}"
+        return root / f"{slug(spec)}-{suffix}"
     name = folder.parent.name if folder.name == "drafter" else folder.name
     return root / f"{name}-{suffix}"
 
@@ -214,7 +214,7 @@ def _target_config(target_dir: Path) -> dict:
 def _check_pair(cfg, folder: Path, target_dir: Path, spec: str) -> dict:
     """The target's config; ExportError when the drafter was trained for another target."""
     tc = _target_config(target_dir)
-    if cfg.target != _slug(spec) or cfg.hidden_size != tc["hidden_size"] or cfg.vocab_size != tc["vocab_size"]:
+    if cfg.target != slug(spec) or cfg.hidden_size != tc["hidden_size"] or cfg.vocab_size != tc["vocab_size"]:
         raise ExportError(f"drafter {str(folder)!r} was trained for {cfg.target} (hidden {cfg.hidden_size}, vocab "
                           f"{cfg.vocab_size}); the target {spec} has hidden {tc['hidden_size']}, vocab "
                           f"{tc['vocab_size']}: export a drafter trained for {spec}")

@@ -76,7 +76,7 @@ class Plan:
         return f"http://127.0.0.1:{self.port}"
 
 
-def _drafter_kind(value: str) -> tuple[str, Optional[Path]]:
+def drafter_kind(value: str) -> tuple[str, Optional[Path]]:
     """(kind, folder): a shipped drafter name or a trained folder (its config's kind)."""
     from specviz.serving.engine_export import SHIPPED, shipped
 
@@ -99,7 +99,7 @@ def plan(engine: str, drafter: str, port: Optional[int] = None, spec: str = "smo
     """Check the request, export what it needs (cached), and build the command. ServeError: one line."""
     if engine not in ENGINES:
         raise ServeError(f"engine={engine!r} is unknown: use one of {', '.join(ENGINES)}")
-    kind, folder = _drafter_kind(drafter)
+    kind, folder = drafter_kind(drafter)
     if kind not in DRAFTERS[engine]:
         others = [e for e in ENGINES if kind in DRAFTERS[e]]
         raise ServeError(f"drafter={drafter!r} cannot be served by {engine}: it takes {', '.join(DRAFTERS[engine])}"
@@ -116,7 +116,7 @@ def _exports(kind: str, folder: Optional[Path], spec: str, log, root: Optional[P
     from specviz.serving import engine_export as ee
 
     try:
-        target = ee.export_target(spec, out=(root / ee._slug(spec)) if root else None, log=log)
+        target = ee.export_target(spec, out=(root / ee.slug(spec)) if root else None, log=log)
         draft = None
         if folder is not None:
             out = ee.default_out(folder, kind, spec, root) if root is not None else None

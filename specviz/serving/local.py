@@ -27,7 +27,7 @@ def run_local(rows: list[dict], drafter: str, gamma: int, max_new_tokens: int, d
     from specviz.events import Verdict
     from specviz.models import loader
 
-    kind, folder = engines._drafter_kind(drafter)
+    kind, folder = engines.drafter_kind(drafter)
     method = METHOD[kind]
     target = loader.get("smollm2-135m", dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype])
     cfg = DecodeConfig(method=method, gamma=gamma, temperature=0.0, max_new_tokens=max_new_tokens,
