@@ -194,8 +194,8 @@ def clock(device: torch.device) -> float:
 def keep_positions(cache, positions: list[int]) -> None:
     """Keep only the given cache positions (increasing: the committed context, then the accepted path of a tree)
     in every layer: the rows that move are written over the first dropped ones and the rest is cropped, so a step
-    copies its path's few rows, not the whole cache (index_select over every position was 3.7 ms a step of the
-    default race on a 2-core Xeon, 4% of it)."""
+    copies its path's few rows, not the whole cache (an index_select over every position cost a measurable share of
+    a step: experiments/LOG.md)."""
     first = next((k for k, p in enumerate(positions) if p != k), len(positions))  # rows before it stay where they are
     index = None
     for layer in cache.layers if first < len(positions) else ():

@@ -39,8 +39,7 @@ class RepeatSplit:
     """Does a drafter copy? Its first draft of each step (its own top guess at depth 0; grafted branches aside),
     judged where the target's token there repeats the context (REPEAT_NGRAM: text copied from the prompt, or a
     loop) and where it does not. The split depends on the target's output only, so every drafter of one run is
-    cut the same way. On Spec-Bench 29% of the target's answer tokens repeat their context; the shipped EAGLE's
-    first draft is right on fewer of them than elsewhere (README, "Does the drafter copy?")."""
+    cut the same way (docs/drafters.md, "Does EAGLE copy?", measures the shipped EAGLE with it)."""
     repeat_steps: int = 0
     repeat_accepted: int = 0
     new_steps: int = 0

@@ -5,10 +5,9 @@ The embedded target's datastore is its greedy answers to the licensed training p
 Spec-Bench; attribution in LICENSES/). For the context's longest suffix of MAX_ORDER..MIN_ORDER tokens found in
 the datastore, up to CANDIDATES of its occurrences vote: the draft is a small tree (a trie of what followed) of
 the continuations most of them share, grown best first, each node held by at least MIN_SHARE of the occurrences
-that agree with its parent: a chain where the vote is clear, a fork where it splits. On held-out answers a budget
-of 6 nodes accepted 1.17 tokens per position as such a tree against 1.04 as the chain drafted before (voted token by
-token while the top token held a quarter of the votes), for 5.2 nodes against 4.3 drafted; 8 nodes 1.34 against
-1.16 (experiments/probes/datastore_tree.py, experiments/results/datastore_tree.txt).
+that agree with its parent: a chain where the vote is clear, a fork where it splits; on held-out answers the tree
+accepts more per node drafted than a chain (experiments/probes/datastore_tree.py,
+experiments/results/datastore_tree.txt).
 """
 from __future__ import annotations
 

@@ -313,11 +313,10 @@ SMALL_KINDS = methods.names(lambda s: s.small)  # one-layer drafters: a few rows
 def module_dtype(cfg: DrafterConfig, target) -> torch.dtype:
     """What a drafter's module computes in. On a CPU beside a bf16 target the one-layer drafters (SMALL_KINDS) run in
     bf16 on specviz's kernels (load: the packed matmul, fused.PackedLinear; torch's bf16 matmul ran their one-row
-    matmuls at about half fp32's speed), or in fp32 where the kernels are not built. On a 2-core Xeon with AMX the
-    row kernel drafted the default race's trees in 8.8 against fp32's 10.0 ms a step (Medusa 7.3 against 9.1), the
-    same drafts (experiments/probes/drafter_dtype_ab.py); the packed matmul took EAGLE's 4.1 to 3.7 ms a step on an
-    AVX512-BF16 EPYC (experiments/probes/drafter_packed_ab.py). Elsewhere, the target's dtype (the GPU; the draft
-    model, a stack of the target's own layers). Drafts only propose: verification stays exact."""
+    matmuls at about half fp32's speed), or in fp32 where the kernels are not built: the same drafts, faster
+    (experiments/probes/drafter_dtype_ab.py, drafter_packed_ab.py; the figures in experiments/LOG.md). Elsewhere,
+    the target's dtype (the GPU; the draft model, a stack of the target's own layers). Drafts only propose:
+    verification stays exact."""
     if target.device.type != "cpu" or cfg.kind not in SMALL_KINDS:
         return target.dtype
     return torch.bfloat16 if target.dtype == torch.bfloat16 and kernels.available() else torch.float32
