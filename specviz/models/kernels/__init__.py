@@ -1,8 +1,8 @@
 """A row-invariant bf16 matmul for CPUs without native bf16 (AVX2), compiled at first use.
 
 Why: decode steps stream the weights, and bf16 halves them; but where the CPU has no bf16 instructions
-torch emulates bf16 matmuls at about one row's cost per row (the default target's LM head: 5, 8, 11, 16
-ms for 1-4 rows, 56 ms for 16), so verifying k tokens costs about k steps and speculation cannot pay. This
+torch emulates bf16 matmuls at about one row's cost per row (experiments/LOG.md), so verifying k tokens costs about
+k steps and speculation cannot pay. This
 kernel streams each weight row once for up to 8 activation rows: it widens bf16 to fp32 in registers
 (a 16-bit shift), multiplies-adds with AVX2 FMA in fp32 and rounds the result to bf16. Each output is one
 fixed sequence of operations over k, whatever the number of rows, so a row's bits never depend on the
@@ -15,8 +15,8 @@ The C lives beside this file: rowwise_linear.c (linear_bf16), attend.c (attend_b
 decoder's (specviz/models/fused.py) packed_linear.c (pack_bf16, linear_packed), llama.c (llama_layers) and packed.h.
 The .c files are compiled together once per content version with the system C compiler into a per-user cache
 (about a second) and called through ctypes: for AVX2/FMA; for AVX-512 where the CPU has it, whose attention takes
-16-lane registers and gives the AVX2 build's bits (one tree of 16 rows over 800 keys, 30 layers: 21.7 against
-15.4 ms on 2 cores, experiments/results/attend_ab_avx512.txt); and for AVX512-BF16, whose packed matmul takes
+16-lane registers and gives the AVX2 build's bits (faster: experiments/results/attend_ab_avx512.txt); and for
+AVX512-BF16, whose packed matmul takes
 vdpbf16ps (its own bits). Where there is no compiler, or the CPU lacks AVX2/FMA,
 `available()` is False and the stock torch kernels run (a Space's image without gcc, say): a failed build logs one
 line saying why (logger "specviz.kernels"), and `describe()` names what runs here.
@@ -176,8 +176,8 @@ def describe() -> str:
 
 def threads() -> int:
     """The kernels' OpenMP threads: SPECVIZ_KERNEL_THREADS, else torch's. Their threads spin briefly at each
-    call's end, so where another busy process shares the cores, one thread measures faster (2 cores: 23 ms
-    for the target's linears alone, 58-185 ms with a busy neighbour, 29 ms with one thread)."""
+    call's end, so where another busy process shares the cores, one thread measures faster (docs/performance.md,
+    "Shared cores")."""
     value = os.environ.get("SPECVIZ_KERNEL_THREADS", "")
     return int(value) if value.isdigit() and int(value) > 0 else torch.get_num_threads()
 

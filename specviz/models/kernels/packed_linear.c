@@ -37,11 +37,9 @@ static inline int pair_at(const uint16_t *x) {
 
 /* Software prefetch of the weights: PREFETCH_LINES 64-byte lines ahead of the one a pass reads, with PREFETCH_HINT, in
    passes of at least PREFETCH_MIN_ROWS rows (each a -D flag: experiments/probes/prefetch_ab.py builds variants). The
-   AVX512-BF16 build prefetches 64 lines into L2 for every pass: on a 2-core Zen 4 EPYC, the target's 30 layers,
-   interleaved against the former 16 lines into L1 for passes of more than 4 rows, took 7% off one row and 8-16% off
-   2-16 rows (results/prefetch_ab-avx512bf16.txt). The AVX-512F build keeps the former setting (k=8 rows, 2 cores:
-   16.6 ms a forward against 22.0 without). AVX2, which prefetched nothing, takes the AVX512-BF16 build's setting
-   (results/kernel_ab-avx2-on-zen4.txt). */
+   AVX512-BF16 and AVX2 builds prefetch 64 lines into L2 for every pass, the setting measured fastest for them
+   (results/prefetch_ab-avx512bf16.txt, results/kernel_ab-avx2-on-zen4.txt); the AVX-512F build, whose own CPUs were
+   not measured, 16 lines into L1 for passes of more than 4 rows (experiments/LOG.md has the runs). */
 #if defined(__AVX512BF16__)
 #define PREFETCH_LINES_BUILD 64
 #define PREFETCH_MIN_ROWS_BUILD 1
