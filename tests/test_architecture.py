@@ -227,3 +227,27 @@ def f():
                      "x.py:11: specviz.check.report._f", "x.py:11: specviz.engines.tree._x"], found
     assert private_reaches("from specviz.config import _number\nx = _number", "specviz.config", False, "config.py",
                            known) == []  # its own
+
+
+MAX_FUNCTION_LINES = 80  # a function fits on a screen (issue 42)
+MAX_APP_LINES = 120      # app.py composes the tabs and launches
+
+
+def long_functions(source: str, name: str) -> list[str]:
+    """'name:line function (n lines)' for each function of `source` longer than MAX_FUNCTION_LINES."""
+    return [f"{name}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in ast.walk(ast.parse(source))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def test_functions_fit_on_a_screen_and_app_py_only_composes():
+    files = sorted((ROOT / "specviz").rglob("*.py")) + [ROOT / "app.py"]
+    long = [f for p in files for f in long_functions(p.read_text(), str(p.relative_to(ROOT)))]
+    assert not long, "functions over 80 lines: split them into named steps:\n" + "\n".join(long)
+    assert len((ROOT / "app.py").read_text().splitlines()) <= MAX_APP_LINES
+
+
+def test_the_length_check_finds_a_long_function():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions(f"def f():\n{body}\n", "planted.py") == ["planted.py:1 f (81 lines)"]
+    assert long_functions("def g():\n    return 1\n", "ok.py") == []
