@@ -5,8 +5,8 @@ import torch
 from specviz import engines
 from specviz.config import DecodeConfig
 from specviz.core.cache import CachedLM
+from specviz.core.lookup import lookup
 from specviz.engines.draft_model import ModelDrafter
-from specviz.engines.pld import lookup
 from specviz.engines.speculative import Proposal, SpeculativeEngine, next_gamma
 from specviz.events import Verdict
 from specviz.metrics import summarize

@@ -94,9 +94,10 @@ def cmd_check(args) -> int:
 
     from specviz.check import report
     from specviz.check import run as check
+    from specviz.check.options import CheckOptions
 
     given = {k: getattr(args, k) for k in ("gamma", "temperature", "samples", "max_new_tokens", "synthetic_samples")}
-    options = check.CheckOptions(**{k: v for k, v in given.items() if v is not None})  # defaults live there
+    options = CheckOptions(**{k: v for k, v in given.items() if v is not None})  # defaults live there
     prompts = read_prompts(args.prompts, None, args.limit) if args.prompts else None
     method = args.method or "vanilla"
     if not registry.spec(method).has_weights and args.draft:

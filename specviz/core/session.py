@@ -12,6 +12,7 @@ from typing import Iterator
 from specviz import engines, methods
 from specviz.config import DecodeConfig, check_prompt
 from specviz.core.race import Tick, race
+from specviz.engines.base import Engine
 from specviz.errors import ConfigError
 from specviz.events import StepEvent
 from specviz.methods import TRAINED_METHODS
@@ -22,8 +23,8 @@ from specviz.policy import Policy
 @dataclass
 class Prepared:
     target: models.LoadedModel
-    spec: engines.Engine
-    ar: engines.Engine
+    spec: Engine
+    ar: Engine
     prompt_ids: list[int]
     cfg: DecodeConfig
     max_run_seconds: float = float("inf")
