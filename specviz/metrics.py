@@ -187,11 +187,17 @@ def step_overhead(ar_events: list[StepEvent], spec_events: list[StepEvent], prof
     ar = ar_events[1:]
     ar_tokens = sum(len(e.emitted) for e in ar)
     ar_step = sum(e.seconds for e in ar) / ar_tokens if ar_tokens else 0.0
-    steps = spec_events[1:]
+    steps = [(e.seconds, e.draft_s, 1 + len(e.drafts)) for e in spec_events[1:]]
+    return median_overhead(steps, ar_step, profile.ratio if profile else float)
+
+
+def median_overhead(steps, ar_step: float, ratio) -> float:
+    """The median over (seconds, draft seconds, rows) steps of seconds less drafting, in AR steps of `ar_step`
+    seconds, less ratio(rows) (the forward); never below 0, and 0 without steps or an AR step."""
+    steps = list(steps)
     if not ar_step or not steps:
         return 0.0
-    verify = profile.ratio if profile else float
-    return max(0.0, statistics.median((e.seconds - e.draft_s) / ar_step - verify(1 + len(e.drafts)) for e in steps))
+    return max(0.0, statistics.median((s - d) / ar_step - ratio(rows) for s, d, rows in steps))
 
 
 def compare(ar_events: list[StepEvent], spec_events: list[StepEvent], method: str, greedy: bool,

@@ -18,12 +18,11 @@ Torch-free: events, profiles and numbers in, rows out.
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from specviz.metrics import CostProfile
+from specviz.metrics import CostProfile, median_overhead
 from specviz.paths import ASSETS
 
 DEVICES = ASSETS / "devices.json"
@@ -171,10 +170,7 @@ class Recorded:
 
     def bookkeeping(self, here: Clock) -> float:
         """The median step's seconds outside its forward and its drafting, in AR steps, under this machine's clock."""
-        if not self.steps:
-            return 0.0
-        return max(0.0, statistics.median((s.seconds - s.draft_s) / self.ar_step_s - here.ratio(s.rows)
-                                          for s in self.steps))
+        return median_overhead(((s.seconds, s.draft_s, s.rows) for s in self.steps), self.ar_step_s, here.ratio)
 
     def retime(self, clock: Clock, b: float = 0.0) -> Row:
         c = clock.c if clock.c >= 0 else self.draft_c()
