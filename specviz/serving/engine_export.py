@@ -300,6 +300,7 @@ def check_eagle3(cfg, state: dict, embed, tc: dict, out: Path, rows: int = 64) -
     from transformers import LlamaConfig
 
     from specviz.drafters import trained
+    from specviz.drafters.modules import load_into
 
     target = SimpleNamespace(model=SimpleNamespace(config=LlamaConfig(**{k: v for k, v in tc.items()
                                                                          if k not in ("architectures",)})),
@@ -309,8 +310,8 @@ def check_eagle3(cfg, state: dict, embed, tc: dict, out: Path, rows: int = 64) -
     if not torch.equal(state2.pop("vocab_ids").long(), vocab_ids):
         raise ExportError(f"{out}: d2t does not give back the drafter's vocab_ids")
     mine, theirs = trained.build_module(cfg).float(), trained.build_module(cfg2).float()
-    trained.load_into(mine, {k: v for k, v in state.items() if k != "vocab_ids"}, "drafter")
-    trained.load_into(theirs, state2, str(out))
+    load_into(mine, {k: v for k, v in state.items() if k != "vocab_ids"}, "drafter")
+    load_into(theirs, state2, str(out))
     g = torch.Generator().manual_seed(0)
     d = cfg.hidden_size
     feats = torch.randn(1, rows, len(cfg.feature_layers) * d, generator=g)
@@ -422,10 +423,10 @@ def check_draft(cfg, state: dict, embed, vocab_ids, out: Path, rows: int = 32) -
     import torch
     from transformers import LlamaForCausalLM
 
-    from specviz.drafters import trained
+    from specviz.drafters.modules import DraftLM, load_into
 
-    mine = trained.DraftLM(cfg).float()
-    trained.load_into(mine, {k: v for k, v in state.items() if k != "vocab_ids"}, "drafter")
+    mine = DraftLM(cfg).float()
+    load_into(mine, {k: v for k, v in state.items() if k != "vocab_ids"}, "drafter")
     theirs = LlamaForCausalLM.from_pretrained(str(out), dtype=torch.float32, attn_implementation="eager").eval()
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (1, rows), generator=g)
