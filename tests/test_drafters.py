@@ -785,3 +785,45 @@ def test_custom_loss_replaces_the_kinds_loss(tmp_path):
                               checkpoint_every=2)
     train.train(opts, log=lambda *_: None, target=target, custom_loss=loss)
     assert training.count(True) == 2 and training.count(False) >= 1
+
+
+def test_eagle3_step_in_one_call_drafts_as_the_module(target_bf16):
+    """Beside a bf16 CPU target the shipped EAGLE-3 drafter's step runs as one C call (fused.FusedEagle3): on a real
+    answer's features its outputs are the torch module's up to attention's summation order (a few bf16 steps at the
+    largest values), it drafts the same top-1 token at nearly every position, a chain step and a tree level with a
+    mask take the same rows as the module's, and EAGLE's session drafts through it."""
+    from specviz.engines.eagle import EagleSession
+    from specviz.models import kernels
+
+    if not kernels.available():
+        pytest.skip("no C compiler or no AVX2/FMA here: the drafter stays in torch")
+    folder = Path(__file__).parents[1] / "assets" / "drafters" / "smollm2-135m-eagle"
+    d = drafters.load(folder, target_bf16)
+    assert d.fused is not None and EagleSession(d, target_bf16.vocab_size, frozenset()).fused is d.fused
+    cfg = d.cfg
+    ids = target_bf16.encode_prompt("Explain why the sky is blue in two sentences.")
+    answer = engines.generate(engines.build("ar", target_bf16), ids,
+                              DecodeConfig(method="ar", max_new_tokens=24)).token_ids
+    with torch.inference_mode():
+        out = target_bf16.model(torch.tensor([ids + answer]), output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[i] for i in cfg.feature_layers], -1)[0, :-1]  # (n - 1, 3d)
+        nxt = torch.tensor(ids + answer)[1:]
+        n = feats.shape[0]
+        m = d.module
+        ref, kv = m(m.lift(feats[None].to(torch.bfloat16)), d.embed(nxt)[None], torch.arange(n))
+        cache = d.fused.new_cache()
+        mine = d.fused.step(cache, d.embed(nxt), 0, torch.arange(n), feats=feats)
+        scale = float(ref.abs().max())
+        assert float((ref[0].float() - mine.float()).abs().max()) <= scale / 32
+        agree = float((d.logits(ref[0]).argmax(-1) == d.logits(mine).argmax(-1)).float().mean())
+        assert agree >= 0.9, agree
+        # a tree level: two children of the last position, each seeing the context and itself
+        kids = torch.tensor([nxt[-1].item(), 5])
+        mask = torch.ones(2, n + 2, dtype=torch.bool)
+        mask[0, n + 1] = mask[1, n] = False
+        ref2, _ = m(ref[:, -1:].expand(1, 2, -1), d.embed(kids)[None], torch.tensor([n, n]), kv, mask)
+        mine2 = d.fused.step(cache, d.embed(kids), n, torch.tensor([n, n]), hidden=mine[-1:].expand(2, -1), mask=mask)
+        assert torch.equal(d.logits(ref2[0]).argmax(-1), d.logits(mine2).argmax(-1))
+        # what a row sees is its own: the same child alone gets the same bits as beside its sibling
+        alone = d.fused.step(cache, d.embed(kids[:1]), n, torch.tensor([n]), hidden=mine[-1:], mask=mask[:1, :n + 1])
+        assert torch.equal(alone[0], mine2[0])

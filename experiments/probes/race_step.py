@@ -4,7 +4,8 @@ the engine's own timers into drafting (proposal and grafts: StepEvent.draft_s) a
 and the verdicts: verify_s), the remainder being the loop (events, commit). `forward` is the part of verify_s inside the
 target's fused decoder (its layers, final norm and LM head, timed around FusedLlama's calls), and `ceiling` the lane's
 speed over AR were that forward all a step cost: drafting, grafts, verdicts and bookkeeping free. Lanes are
-`gamma,lookup,retrieve` for EAGLE's static tree (0,0,0 is not allowed: use pld:G for prompt lookup alone).
+`gamma,lookup,retrieve` for EAGLE's static tree (0,0,0 is not allowed: use pld:G for prompt lookup alone); a lane
+ending in `/torch` runs the drafter's step in torch rather than in one C call (fused.FusedEagle3), for an A/B.
 
     .venv/bin/python experiments/probes/race_step.py --limit 13 1,4,4 2,6,6 pld:2 \\
         > experiments/results/race_step-avx512bf16.txt
@@ -56,7 +57,7 @@ def run_lanes(target, lanes: dict, rows: list[dict], forward: list[float] | None
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("lanes", nargs="+", help="gamma,lookup,retrieve (EAGLE's tree) or pld:G")
+    ap.add_argument("lanes", nargs="+", help="gamma,lookup,retrieve (EAGLE's tree, /torch: its step in torch) or pld:G")
     ap.add_argument("--limit", type=int, default=13)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.0)
@@ -71,8 +72,14 @@ def main() -> None:
         if lane.startswith("pld:"):
             lanes[lane] = (engines.build("pld", target), DecodeConfig(method="pld", gamma=int(lane[4:]), **common))
         else:
-            gamma, lookup, retrieve = (int(x) for x in lane.split(","))
-            lanes[lane] = (eagle, DecodeConfig(method="eagle", gamma=gamma, lookup=lookup, retrieve=retrieve, **common))
+            race, _, torch_step = lane.partition("/")
+            engine = eagle
+            if torch_step:  # the drafter's step in torch, not in one C call: a second copy without its fused step
+                engine = engines.build("eagle", target)
+                engine.proposer.d.fused = None
+            gamma, lookup, retrieve = (int(x) for x in race.split(","))
+            cfg = DecodeConfig(method="eagle", gamma=gamma, lookup=lookup, retrieve=retrieve, **common)
+            lanes[lane] = (engine, cfg)
     forward = [0.0]  # seconds inside the fused decoder's calls
 
     def timed(f):

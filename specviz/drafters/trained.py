@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -51,6 +52,9 @@ class Drafter:
         self.row_kernel = on_kernel and self.head_weight.dtype == torch.bfloat16 and self.head_weight.is_contiguous()
         # there, the head's weight packed once for the packed matmul (fused.PackedLinear's, as the module's Linears)
         self.head_packed = fused.pack(self.head_weight) if self.row_kernel else None
+        # there, an EAGLE-3 module's step (fc and its layer) in one C call (fused.FusedEagle3; SPECVIZ_FUSED=0: torch)
+        self.fused = (fused.FusedEagle3(module, cfg.rope_theta) if self.row_kernel and isinstance(module, Eagle3)
+                      and self.dtype == torch.bfloat16 and os.environ.get("SPECVIZ_FUSED") != "0" else None)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The target's embeddings of ids, in the module's dtype."""
@@ -87,7 +91,9 @@ class Drafter:
     def logits(self, feats: torch.Tensor, head: int | None = None) -> torch.Tensor:
         """Draft logits over the draft vocabulary (..., N)."""
         rows = feats.reshape(-1, feats.shape[-1])  # (r, d): a head on 2-D rows never copies its weight
-        if self.readout is not None:
+        if self.fused is not None:
+            rows = self.fused.readout(rows)
+        elif self.readout is not None:
             rows = self.readout(rows)
         if head is not None and self.cfg.own_lm_heads:
             out = self.module.heads[head][1](rows)

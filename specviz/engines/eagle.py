@@ -52,14 +52,33 @@ class EagleSession(FeatureHistory):
 
     def __init__(self, drafter: Drafter, vocab_size: int, eos_ids: frozenset[int]):
         super().__init__(drafter, vocab_size, eos_ids)
-        self.kv = None       # the drafter layer's (keys, values) for pairs fed with true features
+        self.fused = drafter.fused  # the module's step in one C call (models.fused.FusedEagle3), or None: torch
+        self.buffer = self.fused.new_cache() if self.fused is not None else None
+        # the drafter layer's cache past the pairs fed with true features: the torch module's (keys, values), or the
+        # fused step's count of slots filled in `buffer` (a drafted node's slots are simply written over)
+        self.kv = 0 if self.fused is not None else None
         self.kv_len = 0
 
     def rollback(self, n_valid: int) -> None:
         super().rollback(n_valid)
         if self.kv_len > n_valid:
-            self.kv = (self.kv[0][:, :, :n_valid], self.kv[1][:, :, :n_valid])
+            self.kv = n_valid if self.fused is not None else (self.kv[0][:, :, :n_valid], self.kv[1][:, :, :n_valid])
             self.kv_len = n_valid
+
+    def _layer(self, kv, inputs: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
+               mask: torch.Tensor | None = None, lift: bool = False):
+        """One drafter call over m rows past `kv` (self.kv's kind): inputs (m, f) the target's features (lift) or
+        predicted features, ids (m,) their tokens (target ids), positions (m,) their rope positions, mask (m, past +
+        m) bool (None: causal). Returns their predicted features (m, d) and the grown kv."""
+        embeds = self.d.embed(ids)
+        if self.fused is not None:
+            out = self.fused.step(self.buffer, embeds, kv, positions, feats=inputs if lift else None,
+                                  hidden=None if lift else inputs, mask=mask)
+            return out, kv + len(ids)
+        module = self.d.module
+        x = module.lift(self.d.inputs(inputs[None])) if lift else inputs[None]
+        out, kv = module(x, embeds[None], positions, kv, mask)
+        return out[0], kv
 
     @torch.inference_mode()
     def context_feature(self, tokens: list[int]) -> torch.Tensor | None:
@@ -71,11 +90,10 @@ class EagleSession(FeatureHistory):
             return None
         device = self.d.head_weight.device
         ids = torch.tensor(tokens[self.kv_len + 1:m + 1], dtype=torch.long, device=device)
-        module = self.d.module
-        out, self.kv = module(module.lift(self.d.inputs(self.feats[self.kv_len:m][None])), self.d.embed(ids)[None],
-                              torch.arange(self.kv_len, m, device=device), self.kv)
+        out, self.kv = self._layer(self.kv, self.feats[self.kv_len:m], ids, torch.arange(self.kv_len, m, device=device),
+                                   lift=True)
         self.kv_len = m
-        return out[0, -1]
+        return out[-1]
 
     @torch.inference_mode()
     def feed_nodes(self, kv, inputs: torch.Tensor, ids: torch.Tensor, visible: torch.Tensor, depth: int):
@@ -88,8 +106,7 @@ class EagleSession(FeatureHistory):
         mask = torch.ones(len(ids), n_ctx + visible.shape[1], dtype=torch.bool, device=device)
         mask[:, n_ctx:] = visible.to(device)
         positions = torch.full((len(ids),), n_ctx + depth - 1, dtype=torch.long, device=device)
-        out, kv = self.d.module(inputs[None], self.d.embed(ids.to(device))[None], positions, kv, mask)
-        return out[0], kv
+        return self._layer(kv, inputs, ids.to(device), positions, mask)
 
     @torch.inference_mode()
     def grow_tree(self, feat: torch.Tensor, cfg: DecodeConfig, depth: int) -> "GrownTree":
@@ -153,7 +170,6 @@ class EagleSession(FeatureHistory):
         feat = self.context_feature(tokens) if gamma > 0 else None
         if feat is None:  # the first step is the target's prefill
             return Proposal.empty(self.vocab_size)
-        module, embed = self.d.module, self.d.embed
         device = self.d.head_weight.device
         kv, pos = self.kv, self.kv_len
         drafted: list[int] = []
@@ -164,9 +180,9 @@ class EagleSession(FeatureHistory):
             qs.append(q)
             if len(drafted) >= gamma or stop_drafting(token, confidence, self.eos_ids, cfg):
                 break
-            out, kv = module(feat[None, None], embed(torch.tensor([[token]], device=device)),
-                             torch.tensor([pos], device=device), kv)
-            feat, pos = out[0, -1], pos + 1
+            ids, positions = torch.tensor([token], device=device), torch.tensor([pos], device=device)
+            out, kv = self._layer(kv, feat[None], ids, positions)
+            feat, pos = out[-1], pos + 1
         return Proposal(drafted, torch.stack(qs), len(drafted))
 
 

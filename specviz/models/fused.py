@@ -42,7 +42,9 @@ def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.rmsnorm_rows.argtypes = [ptr, ptr, ptr, long, long, ctypes.c_float]
     lib.llama_layers.argtypes = ([ptr, long, ptr, long, ptr, ptr, ptr, ptr, long, ptr, ptr, long, long, ptr]
                                  + [long] * 5 + [ctypes.c_float, ctypes.c_float, ctypes.c_int])
-    for f in (lib.pack_bf16, lib.linear_packed, lib.rmsnorm_rows, lib.llama_layers):
+    lib.eagle3_step.argtypes = ([ptr, long, ptr, ptr, long, ptr, long, ptr, ptr, ptr, ptr, ptr, long, ptr, ptr]
+                                + [long] * 5 + [ctypes.c_float, ctypes.c_float, ctypes.c_int])
+    for f in (lib.pack_bf16, lib.linear_packed, lib.rmsnorm_rows, lib.llama_layers, lib.eagle3_step):
         f.restype = None
     return lib
 
@@ -279,6 +281,79 @@ class FusedLlama:
         if not hidden_states:
             return last, None
         return last, (embedded[None], *(out[i][None] for i in range(self.n_layers - 1)), last[None])
+
+
+class FusedEagle3:
+    """An EAGLE-3 drafter's step (drafters.modules.Eagle3: fc over the target's fused features and its one layer)
+    in one C call (llama.c's eagle3_step), over a KVBuffer of one layer, its weights packed once: what the torch
+    module computes, with its rounding points on the packed matmul, and attend.c's attention. Its readout (a norm)
+    is one more call; the draft head (a packed matmul) and the warp stay in torch. Drafts only propose:
+    verification stays exact."""
+
+    def __init__(self, module: torch.nn.Module, rope_theta: float):
+        layer, attn = module.midlayer, module.midlayer.self_attn
+        self.d, self.head_dim, self.heads, self.kv_heads = module.fc.out_features, attn.hd, attn.h, attn.kv
+        self.nf, self.ffn = module.fc.in_features, layer.mlp.gate_proj.out_features
+        self.eps, self.scale, self.theta = float(module.norm.eps), attn.hd ** -0.5, rope_theta
+        bf16 = lambda t: t.detach().to(torch.bfloat16).contiguous()  # noqa: E731
+        fc_bias = getattr(module.fc, "bias", None)
+        self._keep = [pack(module.fc.weight), None if fc_bias is None else bf16(fc_bias),
+                      bf16(layer.input_layernorm.weight), bf16(layer.hidden_norm.weight),
+                      pack(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
+                      pack(attn.o_proj.weight), bf16(layer.post_attention_layernorm.weight),
+                      pack(torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight])),
+                      pack(layer.mlp.down_proj.weight)]
+        self.weights = torch.tensor([0 if t is None else t.data_ptr() for t in self._keep], dtype=torch.int64)
+        self.final_norm = bf16(module.norm.weight)
+        self.rope = (torch.empty(0, self.head_dim, dtype=torch.bfloat16),) * 2
+
+    def readout(self, rows: torch.Tensor) -> torch.Tensor:
+        """The module's readout (its final norm, Eagle3.readout) of outputs (r, d), bf16: one C call."""
+        rows = rows.to(torch.bfloat16).contiguous()
+        out = torch.empty_like(rows)
+        _lib().rmsnorm_rows(rows.data_ptr(), self.final_norm.data_ptr(), out.data_ptr(), rows.shape[0], self.d,
+                            self.eps)
+        return out
+
+    def new_cache(self) -> KVBuffer:
+        return KVBuffer(1, self.kv_heads, self.head_dim)
+
+    def _rope_upto(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The module's rotary tables (drafters.modules.rotary, bf16) for positions 0 .. at least `positions`."""
+        if positions > self.rope[0].shape[0]:
+            from specviz.drafters.modules import rotary
+
+            size = max(1024, 1 << (positions - 1).bit_length())
+            self.rope = tuple(t.contiguous() for t in rotary(torch.arange(size), self.head_dim, self.theta,
+                                                             torch.bfloat16))
+        return self.rope
+
+    @torch.inference_mode()
+    def step(self, cache: KVBuffer, embeds: torch.Tensor, start: int, positions: torch.Tensor,
+             feats: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
+             mask: torch.Tensor | None = None) -> torch.Tensor:
+        """n rows (embeds (n, d) of their tokens, positions (n,) their rope positions) into cache slots start ..,
+        from the target's features `feats` (n, nf) (lifted by fc) or the previous step's outputs `hidden` (n, d);
+        attending causally, or as the bool mask (n, start + n) allows. Returns their outputs (n, d) bf16: the
+        predicted features the draft head reads (through the module's readout) and the next step's inputs."""
+        n = embeds.shape[0]
+        cache.ensure(start + n)
+        cos, sin = self._rope_upto(int(positions.max()) + 1)
+        out = (torch.empty(n, self.d, dtype=torch.bfloat16) if hidden is None
+               else hidden.to(torch.bfloat16).contiguous().clone())
+        embeds = embeds.to(torch.bfloat16).contiguous()
+        feats = None if feats is None else feats.to(torch.bfloat16).contiguous()
+        positions = positions.reshape(-1).to(torch.int64).contiguous()
+        index = offsets = None
+        if mask is not None:
+            index, offsets = attention.visible_index(mask[None, None], n, start + n)
+        ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+        _lib().eagle3_step(ptr(feats), self.nf, out.data_ptr(), embeds.data_ptr(), n,
+                           positions.data_ptr(), start, cos.data_ptr(), sin.data_ptr(), self.weights.data_ptr(),
+                           cache.keys.data_ptr(), cache.values.data_ptr(), cache.capacity, ptr(index), ptr(offsets),
+                           self.d, self.head_dim, self.heads, self.kv_heads, self.ffn, self.eps, self.scale,
+                           kernels.threads())
+        return out
 
 
 def build(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> FusedLlama | None:

@@ -155,3 +155,84 @@ void llama_layers(uint16_t *h, long n, const int64_t *pos, long slot0, const uin
     __builtin_free(xn); __builtin_free(qkv); __builtin_free(att); __builtin_free(gu); __builtin_free(act);
     __builtin_free(q32); __builtin_free(o32); __builtin_free(at); __builtin_free(causal);
 }
+
+/* y (n, d) bf16 rows += bias, each sum rounded (torch's `linear(x) + bias` in bf16 on the rounded product) */
+static void add_bias_row(uint16_t *y, const uint16_t *bias, long d) {
+    for (long k = 0; k < d; k += 8) store8_bf16(y + k, round8_bf16(_mm256_add_ps(load8_bf16(y + k), load8_bf16(bias + k))));
+}
+
+/* 8 bf16 -> the packed matmul's input (xin_t), exact */
+static void to_x_row(const uint16_t *x, xin_t *out, long d) {
+    for (long k = 0; k < d; k += 8) store8_x(out + k, load8_bf16(x + k));
+}
+
+/* EAGLE-3's draft step in one call (drafters/modules.py: Eagle3.lift and Eagle3Layer), with the rounding
+   points of the torch module on the packed matmul (its attention is attend.c's). For n rows at positions pos (their
+   rope) written to the drafter's cache slots slot0 .. slot0 + n - 1, attending as llama_layers' rows do (idx/off, or
+   causal when off is NULL):
+     feats (n, nf) bf16 or NULL: the target's fused features, lifted by fc (+ bias) into `hidden`; with NULL, `hidden`
+       (n, d) already holds the inputs (the previous step's outputs);
+     a = o(attention(rope(q, k), v)) of [rmsnorm(emb), rmsnorm(hidden)] (2 d wide); hidden += a;
+     hidden += down(silu(gate) * up) of rmsnorm(hidden).
+   weights: 9 addresses: fc packed (d rows of nf), fc bias (d) or 0, input norm (d), hidden norm (d), q|k|v packed
+   ((H + 2 KVH) hd rows of 2 d), o packed (d rows), post-attention norm (d), gate|up packed (2 F rows), down packed
+   (d rows). kc, vc: the cache (KVH, cap, hd) bf16 each. cos, sin: (positions, hd) bf16 tables. */
+void eagle3_step(const uint16_t *feats, long nf, uint16_t *hidden, const uint16_t *emb, long n,
+                 const int64_t *pos, long slot0, const uint16_t *cos, const uint16_t *sin, const int64_t *weights,
+                 uint16_t *kc, uint16_t *vc, long cap, const int32_t *idx, const int64_t *off, long d, long hd, long H,
+                 long KVH, long F, float eps, float scale, int threads) {
+    long qd = H * hd, qkvd = (H + 2 * KVH) * hd, g = H / KVH, hs = cap * hd, d2 = 2 * d;
+    xin_t *fx = feats ? (xin_t *)__builtin_malloc(n * nf * sizeof(xin_t)) : 0;
+    xin_t *xn = (xin_t *)__builtin_malloc(n * d2 * sizeof(xin_t));
+    xin_t *att = (xin_t *)__builtin_malloc(n * qd * sizeof(xin_t));
+    xin_t *act = (xin_t *)__builtin_malloc(n * F * sizeof(xin_t));
+    uint16_t *qkv = (uint16_t *)__builtin_malloc(n * qkvd * 2), *gu = (uint16_t *)__builtin_malloc(n * 2 * F * 2);
+    float *q32 = (float *)__builtin_malloc(n * qd * 4), *o32 = (float *)__builtin_malloc(n * qd * 4);
+    int64_t *at = (int64_t *)__builtin_malloc(n * 3 * sizeof(int64_t)), *span = at + n;
+    int32_t *causal = off ? 0 : (int32_t *)__builtin_malloc((slot0 + n) * sizeof(int32_t));
+    for (long r = 0; r < n; ++r) {
+        at[r] = pos ? pos[r] : slot0 + r;
+        span[2 * r] = off ? off[r] : 0;
+        span[2 * r + 1] = off ? off[r + 1] : slot0 + r + 1;
+    }
+    if (causal) {
+        for (long i = 0; i < slot0 + n; ++i) causal[i] = (int32_t)i;
+        idx = causal;
+    }
+    const uint16_t *fc_bias = (const uint16_t *)weights[1];
+    phase_t ph[12] = {{0}};
+    #pragma omp parallel num_threads(threads)
+    {
+        if (feats) {
+            RUN_PHASE(ph + 0, n, r, to_x_row(feats + r * nf, fx + r * nf, nf));
+            RUN_PHASE(ph + 1, chunks(d), c, matmul_chunk(c, fx, weights[0], n, nf, d, hidden, STORE_BF16));
+            if (fc_bias) RUN_PHASE(ph + 2, n, r, add_bias_row(hidden + r * d, fc_bias, d));
+        }
+        RUN_PHASE(ph + 3, n, r, {
+            rmsnorm_row(emb + r * d, (const uint16_t *)weights[2], xn + r * d2, d, eps, 1);
+            rmsnorm_row(hidden + r * d, (const uint16_t *)weights[3], xn + r * d2 + d, d, eps, 1);
+        });
+        RUN_PHASE(ph + 4, chunks(qkvd), c, matmul_chunk(c, xn, weights[4], n, d2, qkvd, qkv, STORE_BF16));
+        RUN_PHASE(ph + 5, n, r, {
+            uint16_t *row = qkv + r * qkvd;
+            rope_heads(row, H + KVH, hd, cos + at[r] * hd, sin + at[r] * hd);
+            for (long j = 0; j < KVH; ++j) {
+                __builtin_memcpy(kc + j * hs + (slot0 + r) * hd, row + qd + j * hd, hd * 2);
+                __builtin_memcpy(vc + j * hs + (slot0 + r) * hd, row + qd + (KVH + j) * hd, hd * 2);
+            }
+            for (long i = 0; i < qd; ++i) q32[r * qd + i] = bf16_to_float(row[i]);
+        });
+        RUN_PHASE(ph + 6, n * KVH, t, {
+            long r = t / KVH, j = t % KVH, o = r * qd + j * g * hd;
+            attend_bf16(q32 + o, kc + j * hs, vc + j * hs, o32 + o, idx, span + 2 * r, 1, g, 1, hd, hs, scale, 1);
+            for (long i = 0; i < g * hd; ++i) att[o + i] = x_of_bf16(float_to_bf16(o32[o + i]));
+        });
+        RUN_PHASE(ph + 7, chunks(d), c, matmul_chunk(c, att, weights[5], n, qd, d, hidden, ADD_BF16));
+        RUN_PHASE(ph + 8, n, r, rmsnorm_row(hidden + r * d, (const uint16_t *)weights[6], xn + r * d, d, eps, 1));
+        RUN_PHASE(ph + 9, chunks(2 * F), c, matmul_chunk(c, xn, weights[7], n, d, 2 * F, gu, STORE_BF16));
+        RUN_PHASE(ph + 10, n, r, silu_mul_row(gu + r * 2 * F, gu + r * 2 * F + F, act + r * F, F));
+        RUN_PHASE(ph + 11, chunks(d), c, matmul_chunk(c, act, weights[8], n, F, d, hidden, ADD_BF16));
+    }
+    __builtin_free(fx); __builtin_free(xn); __builtin_free(att); __builtin_free(act); __builtin_free(qkv);
+    __builtin_free(gu); __builtin_free(q32); __builtin_free(o32); __builtin_free(at); __builtin_free(causal);
+}
