@@ -23,8 +23,8 @@ def test_lanes_are_named_as_bench_names_them():
     assert draft.method == "draft" and draft.gamma == pair.gamma_for("draft") and draft.lookup == 0
     assert all(cfg.max_new_tokens == N for cfg, _ in lanes.values())
     default = many.parse_lanes("", DecodeConfig(), pair)  # the default lanes: this machine's race first
-    assert list(default) == [n.strip() for n in many.DEFAULT_LANES.split(",")]
-    assert default["default"][0].method == pair.method
+    assert list(default) == [f"default ({pair.race()})", "pld:2", "draft"]
+    assert default[f"default ({pair.race()})"][0].method == pair.method
 
 
 @pytest.mark.parametrize("text, needle", [

@@ -44,9 +44,9 @@ AR_TITLE = "Plain autoregressive"
 
 
 def parse_lanes(text: str, cfg: DecodeConfig, pair: hardware.Pair) -> dict[str, tuple[DecodeConfig, str]]:
-    """The lanes a form or a script names, comma-separated (empty: DEFAULT_LANES) → {lane name: (its settings, its
-    draft)}, each with `cfg`'s temperature, top-p, length and seed. Raises ConfigError with one line naming the value
-    and what is accepted."""
+    """The lanes a form or a script names, comma-separated (empty: DEFAULT_LANES) → {lane name (`default` says which
+    race it is here): (its settings, its draft)}, each with `cfg`'s temperature, top-p, length and seed. Raises
+    ConfigError with one line naming the value and what is accepted."""
     names = [n.strip() for n in (text or DEFAULT_LANES).split(",") if n.strip()] or DEFAULT_LANES.split(", ")
     if len(names) > MAX_LANES:
         raise ConfigError(f"lanes={text!r} names {len(names)} races: give 1 to {MAX_LANES}, comma-separated")
@@ -67,7 +67,8 @@ def parse_lanes(text: str, cfg: DecodeConfig, pair: hardware.Pair) -> dict[str, 
                                cfg.max_new_tokens, cfg.seed, grafts.get("lookup", 0), grafts.get("retrieve", 0))
         target, draft = pair.run_args(method, "")
         targets.add(target)
-        lanes[name] = (lane_cfg.with_(**tree) if tree else lane_cfg, draft)
+        label = f"{name} ({pair.race()})" if name == DEFAULT_RACE else name  # what the default is here
+        lanes[label] = (lane_cfg.with_(**tree) if tree else lane_cfg, draft)
     if len(targets) > 1:
         raise ConfigError(f"lanes={text!r} run on different targets ({', '.join(sorted(targets))}): race drafters of "
                           "one target")
@@ -265,8 +266,7 @@ def many_tab(concurrency_id: str = DEVICE_QUEUE) -> None:
         status = gr.HTML(status_html("Press Run to race the lanes."), elem_id="many-status")
         board = gr.HTML(board_html(None), elem_id="many-board")
         gr.HTML(f"<style>{render.CSS}</style>{render.legend_html()}")
-        names = [n.strip() for n in DEFAULT_LANES.split(",")]
-        first = panes(None, names)
+        first = panes(None, [n.strip() for n in DEFAULT_LANES.split(",")])
         outs = []
         for row in range(2):
             with gr.Row(equal_height=True):
