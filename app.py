@@ -1,7 +1,7 @@
 """specviz web app: plain autoregressive decoding and speculative decoding, side by side, live.
 
 `python app.py` serves on 127.0.0.1:7860 (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT override). This file composes the
-tabs, one module each in specviz/ui/ (race.py, check.py, step.py, watch.py), loads this machine's default pair
+tabs, one module each in specviz/ui/ (race.py, many.py, check.py, step.py, watch.py), loads this machine's default pair
 (specviz/hardware.py) in main() and launches; on ZeroGPU, specviz/zerogpu.py wraps the handlers that run models.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import gradio as gr
 from specviz import hardware, zerogpu
 from specviz.config import DEFAULT_TARGET
 from specviz.serving import export
-from specviz.ui import check, race, step, watch
+from specviz.ui import check, many, race, step, watch
 from specviz.ui.common import DEVICE_QUEUE
 from specviz.ui.logic import DEFAULT_PROMPT, make_config, race_result
 
@@ -30,6 +30,7 @@ def build_ui() -> gr.Blocks:
     with gr.Blocks(title="specviz: speculative decoding, live", analytics_enabled=False) as demo:
         gr.Markdown(TITLE, elem_id="title")
         race.race_tab(DEVICE_QUEUE, pair)
+        many.many_tab(DEVICE_QUEUE)
         check.check_tab(DEVICE_QUEUE, pair)
         step.step_tab(DEVICE_QUEUE, pair)
         watch.watch_tab()

@@ -20,6 +20,7 @@ from typing import Callable, Iterable, Optional
 
 from specviz import methods as registry
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, DecodeConfig
+from specviz.errors import ConfigError
 from specviz.methods import TRAINED_METHODS
 
 GPU_TARGET = "HuggingFaceTB/SmolLM2-1.7B-Instruct"
@@ -218,3 +219,32 @@ def describe(device: object, dtype: object) -> str:
 
     kernel = f"; {kernels.describe()}" if dtype_name(dtype) == "bf16" else ""  # the C kernels serve bf16 only
     return f"CPU ({platform.machine() or 'unknown'}, {os.cpu_count() or '?'} cores{kernel}), {dtype_name(dtype)}"
+
+DEFAULT_RACE = "default"  # the race the app runs on this machine (bench --method default; hardware.Pair.race)
+GRAFTS = {"pld": "lookup", "ret": "retrieve"}  # a race's `+kind[:n]` -> the DecodeConfig branch it sets
+DYNAMIC = "dyn"  # a race's `+dyn[:n]`: a dynamic tree (DecodeConfig.tree) of n nodes (default DecodeConfig.tree_nodes)
+
+
+def method_spec(spec: str) -> tuple[str, str, dict, str, str]:
+    """A race as bench --method and the app's several-lane race name it, `name[:gamma][+pld[:n]][+ret[:n]][+dyn[:n]]
+    [@drafter]` or `default` (this machine's default race) → (name, gamma, the branches and tree it names ({"lookup":
+    n, "retrieve": n, "tree": "dynamic", "tree_nodes": n}), "@" or "", drafter)."""
+    if spec == DEFAULT_RACE:
+        spec = default_pair().race()
+    head, at, what = spec.partition("@")
+    head, *extras = head.split("+")
+    name, _, gamma = head.partition(":")
+    grafts = {}
+    for extra in extras:
+        kind, _, n = extra.partition(":")
+        if kind == DYNAMIC:
+            grafts.update({"tree": "dynamic", **({"tree_nodes": n} if n else {})})
+            continue
+        if kind not in GRAFTS:
+            raise ConfigError(f"method={spec!r}: + adds a branch to a tree drafter's tree: +pld (prompt lookup) or "
+                              "+ret (the datastore), each optionally :N tokens, or grows it each step: +dyn, "
+                              "optionally :N nodes; e.g. eagle+pld:6+ret:6+dyn")
+        # without :N, the length fastest on this machine
+        grafts[GRAFTS[kind]] = (n or getattr(default_pair(), f"{GRAFTS[kind]}_for")(name)
+                                or CPU_GRAFTS[GRAFTS[kind]])
+    return name, gamma, grafts, at, what

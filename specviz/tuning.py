@@ -9,9 +9,10 @@ kept). The second half is measured here at start-up: the verify profile T(k) (co
 runs of AR and of each lane family interleaved, what a step costs outside the target's forward (drafting, grafting,
 the verdicts and bookkeeping) in AR steps. The predicted speed of a race over this machine's AR is then
 
-    speedup = (tokens kept / steps) / mean over steps of (T(rows)/T(1) + c_lane)
+    speedup = (tokens kept / steps) / mean over steps of (1 + (1 + e)(T(rows)/T(1) − 1) + c_lane)
 
-with c_lane a lane's step in AR steps less what its forward costs. The choice maximises it and never picks a race
+with c_lane a lane's step in AR steps less what its forward costs, and e how much more a row costs inside a race than
+the profile says (both fitted to the calibration runs: measure_costs). The choice maximises it and never picks a race
 predicted slower than AR: where nothing pays it says so and races the best chain (prompt lookup), the cheapest to
 verify.
 
@@ -34,6 +35,21 @@ CHAIN = "pld"   # the race where nothing pays: the chain cheapest to verify and 
 TREE = "eagle"  # the tree drafter the grid times
 COST_TOKENS = 16  # tokens of each calibration run (after a 4-token warm-up not billed)
 COST_ROUNDS = 3   # runs of each lane, interleaved
+# the calibration runs' prompt: a passage and a question, so that rows are priced at a context of a few hundred
+# tokens, as Spec-Bench's and the app's prompts are (a row's attention grows with the context; on a short prompt the
+# predictions ran 12-15% above the measured speedups)
+CALIBRATION_PROMPT = (
+    "Read the passage, then answer the question.\n\n"
+    "A refrigerator does not make cold; it moves heat. A refrigerant circulates in a closed loop through four parts. "
+    "The compressor squeezes the refrigerant vapour, which raises its pressure and temperature. In the condenser "
+    "coils at the back of the appliance the hot vapour gives its heat to the room and condenses into a liquid. The "
+    "liquid then passes through an expansion valve, where its pressure drops suddenly and it cools well below the "
+    "temperature of the food compartment. In the evaporator coils inside the cabinet the cold refrigerant absorbs "
+    "heat from the air and the food and boils back into a vapour, which returns to the compressor, and the cycle "
+    "starts again. A thermostat switches the compressor on and off to hold the set temperature, and the insulated "
+    "walls and door seals slow the heat that leaks back in. Defrost heaters melt the frost that builds up on the "
+    "evaporator, and a fan spreads the cold air evenly through the shelves.\n\n"
+    "Question: explain, step by step, how the refrigerator keeps the food cold, and why the back of it feels warm.")
 # one run per lane family: the per-step cost outside the target's forward of every candidate is read from these
 COST_LANES = {"pld": (0, 2, 0), "eagle": (1, 0, 0), "eagle2": (2, 0, 0), "grafts": (1, 4, 4)}
 
@@ -103,6 +119,13 @@ class StepCosts:
     a lane's step = one AR step × (T(rows)/T(1) + its cost here)."""
     lanes: dict[str, float]        # family -> median over steps of (step seconds / AR step seconds − T(rows)/T(1))
     draft: dict[str, float] = field(default_factory=dict)  # the drafting alone / AR step (the drafter's c)
+    # how much more an extra row costs inside a race than the verify profile says: a race's forward of k rows costs
+    # 1 + (1 + row_excess)(T(k)/T(1) − 1) AR steps (fitted over the calibration runs' steps; 0: as profiled)
+    row_excess: float = 0.0
+
+    def forward(self, profile, rows: int) -> float:
+        """A race's target forward over `rows` rows, in AR steps, as the calibration runs measured it."""
+        return 1.0 + (1.0 + self.row_excess) * (profile.ratio(rows) - 1.0)
 
     def of(self, g: int, lookup: int, retrieve: int) -> float:
         """The per-step cost of a race outside its forward: prompt lookup alone; EAGLE at depth g, linear in its
@@ -117,7 +140,7 @@ class StepCosts:
 def predict(race: GridRace, profile, costs: StepCosts) -> float:
     """The race's predicted speed over this machine's AR (module docstring)."""
     c = costs.of(*race.shape)
-    per_step = sum(n * (profile.ratio(k) + c) for k, n in race.rows.items()) / race.steps
+    per_step = sum(n * (costs.forward(profile, k) + c) for k, n in race.rows.items()) / race.steps
     return race.tau / per_step
 
 
@@ -172,12 +195,14 @@ def choose(grid: dict[str, GridRace], profile, costs: StepCosts) -> Choice:
 def measure_costs(target, profile, tokens: int = COST_TOKENS, rounds: int = COST_ROUNDS) -> StepCosts:
     """StepCosts from short greedy runs of AR and of each COST_LANES family on one built-in prompt, interleaved in
     rounds (each round every lane once, so a slow spell of a shared machine falls on all of them alike) and timed by
-    the engines' own clocks: each step's seconds over the median AR step, less the profile's T(rows)/T(1)."""
+    the engines' own clocks: each step's seconds over the median AR step, less what its forward costs. In a race a
+    row costs more than the verify profile's back-to-back forwards say (measured 1.5 against 1.15 AR steps for 7 rows
+    on a Zen 4: experiments/LOG.md), so the extra is fitted too: one slope over every lane's steps, x = T(rows)/T(1) −
+    1 against y = step / AR step − T(rows)/T(1), each family its own intercept (its c), the slowest tenth of each
+    family's steps left out (a shared machine's stalls)."""
     from specviz import engines
     from specviz.config import DecodeConfig
-    from specviz.core.profile import COST_PROMPT
-
-    ids = target.encode_prompt(COST_PROMPT)
+    ids = target.encode_prompt(CALIBRATION_PROMPT)
     lanes = {"ar": ("ar", DecodeConfig(method="ar", max_new_tokens=tokens))}
     for family, (g, lookup, retrieve) in COST_LANES.items():
         lanes[family] = (TREE if g else CHAIN, DecodeConfig(method=TREE if g else CHAIN, gamma=g or lookup,
@@ -191,12 +216,27 @@ def measure_costs(target, profile, tokens: int = COST_TOKENS, rounds: int = COST
         for family, (_, cfg) in lanes.items():
             seen[family] += list(built[family].steps(ids, cfg))[1:]  # the prefill step is no decode step
     ar_step = statistics.median(e.seconds for e in seen.pop("ar"))
-    out, draft = {}, {}
+    points, draft = {}, {}
     for family, events in seen.items():
         events = [e for e in events if e.drafts] or events
-        out[family] = statistics.median(e.seconds / ar_step - profile.ratio(1 + len(e.drafts)) for e in events)
+        xy = sorted(((profile.ratio(1 + len(e.drafts)) - 1.0, e.seconds / ar_step - profile.ratio(1 + len(e.drafts)))
+                     for e in events), key=lambda p: p[1])
+        points[family] = xy[:max(1, len(xy) - len(xy) // 10)]
         draft[family] = statistics.median(e.draft_s / ar_step for e in events)
-    return StepCosts(out, draft)
+    excess = row_slope(points)
+    out = {family: statistics.median(y - excess * x for x, y in xy) for family, xy in points.items()}
+    return StepCosts(out, draft, excess)
+
+
+def row_slope(points: dict[str, list[tuple[float, float]]], most: float = 3.0) -> float:
+    """The slope common to every family's (x, y) points, each family about its own means (a fixed-effects fit),
+    clipped to [0, most]; 0 where the rows never vary."""
+    num = den = 0.0
+    for xy in points.values():
+        mx, my = statistics.fmean(x for x, _ in xy), statistics.fmean(y for _, y in xy)
+        num += sum((x - mx) * (y - my) for x, y in xy)
+        den += sum((x - mx) ** 2 for x, _ in xy)
+    return min(max(num / den, 0.0), most) if den > 1e-12 else 0.0
 
 
 _chosen: dict[int, Optional[Choice]] = {}

@@ -10,7 +10,6 @@ import torch
 from tiny import random_drafter
 
 from specviz import engines, methods
-from specviz.cli.common import method_spec
 from specviz.cli.main import main
 from specviz.config import TREE_NODES_MAX, DecodeConfig
 from specviz.core.cache import CachedLM
@@ -19,6 +18,7 @@ from specviz.engines.eagle import EagleProposer, eagle_tree_engine
 from specviz.engines.medusa import MedusaProposer, medusa_engine
 from specviz.errors import ConfigError
 from specviz.events import LOOKUP_HEAD, DraftToken, StepEvent, Verdict
+from specviz.hardware import method_spec
 from specviz.ui import controls, plots
 
 

@@ -61,6 +61,27 @@ def test_nothing_pays_races_the_best_chain_and_says_so():
     assert tuning.choose(GRID, FAST, costly).pays
 
 
+def test_rows_that_cost_more_in_a_race_than_profiled_move_the_choice_to_fewer_rows():
+    """The calibration's row excess e prices a forward of k rows at 1 + (1 + e)(T(k)/T(1) − 1): with e 0 the
+    prediction is the profile's, and the larger e the fewer rows the chosen race verifies."""
+    race = GRID["eagle:1+pld:4+ret:4"]
+    dear = tuning.StepCosts(lanes=FLAT_COSTS.lanes, row_excess=1.0)
+    assert dear.forward(FAST, 1) == 1.0 and dear.forward(FAST, 9) == pytest.approx(2 * FAST.ratio(9) - 1)
+    assert tuning.predict(race, FAST, dear) < tuning.predict(race, FAST, FLAT_COSTS)
+    rows = [tuning.choose(GRID, FAST, tuning.StepCosts(FLAT_COSTS.lanes, row_excess=e)).rows for e in (0, 5, 10)]
+    assert rows[0] > rows[2] and rows == sorted(rows, reverse=True)
+
+
+def test_the_row_excess_is_one_slope_over_every_family_about_its_own_means():
+    # two families with their own intercepts (c) and one slope 0.5; a family whose rows never vary adds nothing
+    points = {"pld": [(x, 0.02 + 0.5 * x) for x in (0.0, 0.1, 0.2)],
+              "eagle": [(x, 0.30 + 0.5 * x) for x in (0.2, 0.4, 0.6)],
+              "flat": [(0.3, 0.9), (0.3, 0.1)]}
+    assert tuning.row_slope(points) == pytest.approx(0.5)
+    assert tuning.row_slope({"pld": [(x, -x) for x in (0.0, 0.5)]}) == 0.0  # never below the profile
+    assert tuning.row_slope({"pld": [(0.2, 0.1), (0.2, 0.3)]}) == 0.0         # no spread in x
+
+
 def test_step_costs_are_linear_in_levels_and_add_the_branches():
     assert FLAT_COSTS.of(0, 3, 0) == 0.02
     assert FLAT_COSTS.of(1, 0, 0) == pytest.approx(0.15)

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from specviz import hardware, prompts
 from specviz import methods as registry
-from specviz.cli.common import DEFAULT_RACE, InputError, config_of, draft_for, load_target, method_spec, tune
+from specviz.cli.common import InputError, config_of, draft_for, load_target, tune
 from specviz.config import DecodeConfig, parse_gamma
 from specviz.errors import ConfigError
+from specviz.hardware import DEFAULT_RACE, method_spec
 
 
 def _bench_methods(specs: list[str], args) -> dict[str, tuple[str, str | None, dict, str | None]]:

@@ -7,7 +7,7 @@ import sys
 from specviz import methods as registry
 from specviz.config import DEFAULT_TARGET, GAMMA_MAX, TREE_NODES_MAX, TREE_TOPK_MAX, DecodeConfig
 from specviz.errors import ConfigError
-from specviz.hardware import GPU_DRAFT, GPU_TARGET
+from specviz.hardware import DEFAULT_RACE, GPU_DRAFT, GPU_TARGET, method_spec
 from specviz.methods import METHODS, TRAINED_METHODS
 
 DEFAULTS = DecodeConfig()
@@ -90,7 +90,6 @@ def config_of(args, method: str, grafts: dict | None = None) -> DecodeConfig:
 
 
 TUNED = registry.names(lambda s: s.name in ("eagle", "pld"))  # the methods whose defaults the race grid times
-DEFAULT_RACE = "default"  # bench --method default: the race the app would run on this machine
 
 
 def tune(args, target, methods) -> None:
@@ -124,34 +123,6 @@ def draft_for(args, method: str) -> str | None:
     return args.drafter if method in TRAINED_METHODS else args.draft
 
 
-GRAFTS = {"pld": "lookup", "ret": "retrieve"}  # bench `+kind[:n]` -> the DecodeConfig branch it sets
-DYNAMIC = "dyn"  # bench `+dyn[:n]`: a dynamic tree (DecodeConfig.tree) of n nodes (default DecodeConfig.tree_nodes)
-
-
-def method_spec(spec: str) -> tuple[str, str, dict, str, str]:
-    """A bench --method entry `name[:gamma][+pld[:n]][+ret[:n]][+dyn[:n]][@drafter]` → (name, gamma, the branches and
-    tree it names ({"lookup": n, "retrieve": n, "tree": "dynamic", "tree_nodes": n}), "@" or "", drafter)."""
-    from specviz import hardware
-
-    if spec == DEFAULT_RACE:
-        spec = hardware.default_pair().race()
-    head, at, what = spec.partition("@")
-    head, *extras = head.split("+")
-    name, _, gamma = head.partition(":")
-    grafts = {}
-    for extra in extras:
-        kind, _, n = extra.partition(":")
-        if kind == DYNAMIC:
-            grafts.update({"tree": "dynamic", **({"tree_nodes": n} if n else {})})
-            continue
-        if kind not in GRAFTS:
-            raise ConfigError(f"method={spec!r}: + adds a branch to a tree drafter's tree: +pld (prompt lookup) or "
-                              "+ret (the datastore), each optionally :N tokens, or grows it each step: +dyn, "
-                              "optionally :N nodes; e.g. eagle+pld:6+ret:6+dyn")
-        # without :N, the length fastest on this machine
-        grafts[GRAFTS[kind]] = (n or getattr(hardware.default_pair(), f"{GRAFTS[kind]}_for")(name)
-                                or hardware.CPU_GRAFTS[GRAFTS[kind]])
-    return name, gamma, grafts, at, what
 
 
 def _ranged(name: str, value, low, high, kind=int):

@@ -32,13 +32,8 @@ class Prepared:
     def race(self) -> Iterator[Tick]:
         """AR and the speculative engine side by side on the race clock (lanes "ar" and "spec"), stopping
         with a ConfigError once the run exceeds the deployment's wall-time cap."""
-        start = time.perf_counter()
-        for tick in race({"ar": self.ar.steps(self.prompt_ids, self.cfg),
-                          "spec": self.spec.steps(self.prompt_ids, self.cfg)}):
-            yield tick
-            if time.perf_counter() - start > self.max_run_seconds:
-                raise ConfigError(f"the run was stopped after {self.max_run_seconds:g} s, the limit here: "
-                                  "lower max_new_tokens")
+        return capped(race({"ar": self.ar.steps(self.prompt_ids, self.cfg),
+                            "spec": self.spec.steps(self.prompt_ids, self.cfg)}), self.max_run_seconds)
 
     def spec_steps(self) -> Iterator[StepEvent]:
         return self.spec.steps(self.prompt_ids, self.cfg)
@@ -64,3 +59,40 @@ def prepare(prompt: str, cfg: DecodeConfig, target: str | models.LoadedModel, dr
                           f"model's context of {limit} tokens: shorten the prompt or lower max_new_tokens")
     spec = engines.build(cfg.method, target, draft, chain)
     return Prepared(target, spec, engines.build("ar", target), ids, cfg, policy.max_run_seconds)
+
+
+def capped(ticks: Iterator[Tick], seconds: float) -> Iterator[Tick]:
+    """A race's ticks, stopped with a ConfigError once the run exceeds the deployment's wall-time cap."""
+    start = time.perf_counter()
+    for tick in ticks:
+        yield tick
+        if time.perf_counter() - start > seconds:
+            raise ConfigError(f"the run was stopped after {seconds:g} s, the limit here: lower max_new_tokens")
+
+
+@dataclass
+class PreparedLanes:
+    """Several speculative engines beside AR on one prompt (the app's race of several drafters)."""
+    target: models.LoadedModel
+    ar: Engine
+    lanes: dict[str, tuple[Engine, DecodeConfig]]  # lane name -> its engine and settings
+    prompt_ids: list[int]
+    max_run_seconds: float = float("inf")
+
+    def race(self) -> Iterator[Tick]:
+        """AR (lane "ar") and every lane on one race clock, capped as Prepared.race is. AR runs with the first
+        lane's settings: the lanes share temperature, top-p, seed and length."""
+        first = next(iter(self.lanes.values()))[1]
+        streams = {"ar": self.ar.steps(self.prompt_ids, first)}
+        streams.update({name: engine.steps(self.prompt_ids, cfg) for name, (engine, cfg) in self.lanes.items()})
+        return capped(race(streams), self.max_run_seconds)
+
+
+def prepare_lanes(prompt: str, lanes: dict[str, tuple[DecodeConfig, str | None]],
+                  target: str | models.LoadedModel) -> PreparedLanes:
+    """prepare() for each lane (name -> (settings, draft)): every lane's settings checked as a single race's are,
+    the models loaded once."""
+    prepared = [prepare(prompt, cfg, target, draft) for cfg, draft in lanes.values()]
+    first = prepared[0]
+    return PreparedLanes(first.target, first.ar, {name: (p.spec, p.cfg) for name, p in zip(lanes, prepared)},
+                         first.prompt_ids, first.max_run_seconds)

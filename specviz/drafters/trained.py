@@ -24,7 +24,7 @@ from torch import nn
 
 from specviz import methods
 from specviz.drafters.config import KINDS, DrafterConfig, DrafterError
-from specviz.drafters.modules import Eagle, Eagle3, load_into
+from specviz.drafters.modules import Eagle, Eagle3, load_into, rotary
 from specviz.models import fused, kernels
 
 
@@ -53,7 +53,9 @@ class Drafter:
         # there, the head's weight packed once for the packed matmul (fused.PackedLinear's, as the module's Linears)
         self.head_packed = fused.pack(self.head_weight) if self.row_kernel else None
         # there, an EAGLE-3 module's step (fc and its layer) in one C call (fused.FusedEagle3; SPECVIZ_FUSED=0: torch)
-        self.fused = (fused.FusedEagle3(module, cfg.rope_theta) if self.row_kernel and isinstance(module, Eagle3)
+        tables = functools.partial(rotary, hd=cfg.hidden_size // cfg.num_attention_heads, theta=cfg.rope_theta,
+                                   dtype=torch.bfloat16)
+        self.fused = (fused.FusedEagle3(module, tables) if self.row_kernel and isinstance(module, Eagle3)
                       and self.dtype == torch.bfloat16 and os.environ.get("SPECVIZ_FUSED") != "0" else None)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:

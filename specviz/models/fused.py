@@ -290,11 +290,12 @@ class FusedEagle3:
     is one more call; the draft head (a packed matmul) and the warp stay in torch. Drafts only propose:
     verification stays exact."""
 
-    def __init__(self, module: torch.nn.Module, rope_theta: float):
+    def __init__(self, module: torch.nn.Module, rotary):
         layer, attn = module.midlayer, module.midlayer.self_attn
         self.d, self.head_dim, self.heads, self.kv_heads = module.fc.out_features, attn.hd, attn.h, attn.kv
         self.nf, self.ffn = module.fc.in_features, layer.mlp.gate_proj.out_features
-        self.eps, self.scale, self.theta = float(module.norm.eps), attn.hd ** -0.5, rope_theta
+        self.eps, self.scale = float(module.norm.eps), attn.hd ** -0.5
+        self.rotary = rotary  # positions (T,) -> the module's (cos, sin) tables (T, hd), bf16
         bf16 = lambda t: t.detach().to(torch.bfloat16).contiguous()  # noqa: E731
         fc_bias = getattr(module.fc, "bias", None)
         self._keep = [pack(module.fc.weight), None if fc_bias is None else bf16(fc_bias),
@@ -319,13 +320,10 @@ class FusedEagle3:
         return KVBuffer(1, self.kv_heads, self.head_dim)
 
     def _rope_upto(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The module's rotary tables (drafters.modules.rotary, bf16) for positions 0 .. at least `positions`."""
+        """The module's rotary tables (bf16) for positions 0 .. at least `positions`, grown by doubling."""
         if positions > self.rope[0].shape[0]:
-            from specviz.drafters.modules import rotary
-
             size = max(1024, 1 << (positions - 1).bit_length())
-            self.rope = tuple(t.contiguous() for t in rotary(torch.arange(size), self.head_dim, self.theta,
-                                                             torch.bfloat16))
+            self.rope = tuple(t.to(torch.bfloat16).contiguous() for t in self.rotary(torch.arange(size)))
         return self.rope
 
     @torch.inference_mode()

@@ -9,6 +9,7 @@ from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX
 
 DEVICE_QUEUE = "cpu"  # the app's one queue worker for its one device: races, checks and steps never overlap
 DRAFT_CHOICES = [DEFAULT_DRAFT, DEFAULT_TARGET]
+MAX_NEW_TOKENS = 1024  # the length sliders' top (the deployment's policy may cap runs lower)
 GAMMAS = ["auto"] + [str(g) for g in range(1, GAMMA_MAX + 1)]  # γ's choices: adaptive, or a fixed count
 
 TABS_CSS = """

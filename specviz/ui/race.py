@@ -16,7 +16,7 @@ from specviz.config import GAMMA_MAX, TREE_NODES_MAX, TREE_SHAPES
 from specviz.policy import Policy
 from specviz.serving import export
 from specviz.ui import controls, plots, render, replay
-from specviz.ui.common import DEVICE_QUEUE, DRAFT_CHOICES, GAMMAS, choices_with_default
+from specviz.ui.common import DEVICE_QUEUE, DRAFT_CHOICES, GAMMAS, MAX_NEW_TOKENS, choices_with_default
 from specviz.ui.logic import (
     DEFAULT_PROMPT,
     DEFAULTS,
@@ -346,7 +346,7 @@ def run_controls() -> dict:
                                 label="Temperature (0 = greedy)", elem_id="temperature")
         top_p = gr.Slider(0.05, 1.0, value=DEFAULTS.top_p, step=0.05, label="Top-p", elem_id="top-p")
     with gr.Row():
-        max_new_tokens = gr.Slider(1, 1024, value=DEFAULTS.max_new_tokens, step=1,
+        max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=DEFAULTS.max_new_tokens, step=1,
                                    label="Max new tokens", elem_id="max-new-tokens")
         seed = gr.Number(value=DEFAULTS.seed, precision=0, label="Seed", elem_id="seed")
     with gr.Row():
@@ -411,7 +411,8 @@ def wire_race(form: RaceForm, panels: RacePanels, concurrency_id: str) -> None:
     run_event = form.run.click(
         zerogpu.gpu(run_race, run_seconds), inputs=form.settings(),
         outputs=[*panels.views(), panels.spec_events, panels.tree_step, panels.recording, form.replay],
-        concurrency_limit=1, concurrency_id=concurrency_id, api_name="race_stream", show_progress="hidden")
+        concurrency_limit=1, concurrency_id=concurrency_id, api_name="race_stream",
+        show_progress="full", show_progress_on=[panels.status])  # a waiting visitor sees their place in the queue
     run_event.then(what_if_panel, inputs=[panels.recording, panels.what_if_profiles], outputs=[panels.what_if],
                    api_visibility="private", show_progress="hidden")
     panels.what_if_file.upload(add_profile, inputs=[panels.recording, panels.what_if_file, panels.what_if_profiles],

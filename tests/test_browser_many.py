@@ -1,0 +1,56 @@
+"""The race of several drafters in headless Debian Chromium at a projector's 1280 pixels: three lanes beside plain
+decoding on the default CPU pair, each pane reading as the same text as AR, and the leaderboard. Saves the README's
+screenshot of it."""
+from __future__ import annotations
+
+from tests.browser_kit import ASSETS, set_number
+from tests.test_browser_race import READ_TEXT
+
+LANES = "default, pld:2, draft"
+N = 40
+
+
+def test_three_lanes_read_as_plain_decoding_and_end_on_a_leaderboard(app_url, browser):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(app_url)
+    page.get_by_role("tab", name="Several drafters").click()
+    page.wait_for_selector("#many-run")
+    page.locator("#many-prompt textarea").fill("Write a Python function that adds two numbers.")
+    page.locator("#many-lanes textarea, #many-lanes input").first.fill(LANES)
+    set_number(page, "many-max-new-tokens", N)
+    page.locator("#many-run").click()
+    page.wait_for_selector("#many-board table.sv-board", timeout=600_000)
+    for i in range(4):
+        page.wait_for_selector(f"#many-pane-{i} .sv-pane-box[data-state=done]", timeout=60_000)
+    ar = page.evaluate(READ_TEXT, "#many-pane-0")
+    assert ar.strip()
+    for i in (1, 2, 3):
+        assert page.evaluate(READ_TEXT, f"#many-pane-{i}") == ar, i
+    rows = page.locator("#many-board tr[data-lane]")
+    assert rows.count() == 4  # three lanes and AR
+    identical = page.evaluate("() => [...document.querySelectorAll('#many-board tr[data-lane]')]"
+                              ".filter(r => r.dataset.lane !== 'ar').map(r => r.lastElementChild.textContent)")
+    assert identical == ["✓"] * 3
+    assert page.locator("#many-pane-1 [data-verdict=accepted]").count() > 0  # drafts kept, drawn as in the race
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(ASSETS / "screenshot-many.png"), full_page=True)
+
+
+def test_a_visitor_waiting_behind_a_race_sees_their_place_in_the_queue(app_url, browser):
+    """Two visitors: while the first one's race of several lanes holds the device's queue, the second one presses
+    Run in the Race tab and its status line shows where it waits; Stop frees both."""
+    first = browser.new_page(viewport={"width": 1280, "height": 900})
+    first.goto(app_url)
+    first.get_by_role("tab", name="Several drafters").click()
+    first.wait_for_selector("#many-run")
+    set_number(first, "many-max-new-tokens", 400)
+    first.locator("#many-run").click()
+    first.wait_for_selector("#many-pane-0 .sv-pane-box[data-state=running]", timeout=120_000)
+    second = browser.new_page(viewport={"width": 1280, "height": 900})
+    second.goto(app_url)
+    second.wait_for_selector("#run")
+    second.locator("#run").click()
+    second.wait_for_function("() => /queue/i.test(document.querySelector('#status')?.innerText ?? '')",
+                             timeout=30_000)
+    second.locator("#stop").click()
+    first.locator("#many-stop").click()
