@@ -55,16 +55,17 @@ def verify_profile(target: LoadedModel, sizes=SIZES, context: int = CONTEXT, rep
 
 
 APP_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 17)   # up to γ + 1 for γ <= 16: what the app's prediction reads
+APP_REPS = 5  # its rounds: with 2, T(8)/T(1) came out 1.67 in one start-up against 1.17 measured with 7
 _profiles: "weakref.WeakKeyDictionary[torch.nn.Module, CostProfile]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
 def profile_of(target: LoadedModel, measure: bool = True) -> Optional[CostProfile]:
-    """The verify profile of a loaded target, measured once (2 repeats per size) and kept with the model;
-    None when not measured yet and measure=False."""
+    """The verify profile of a loaded target, measured once (APP_REPS rounds of every size: about a second on a
+    2-core CPU) and kept with the model; None when not measured yet and measure=False."""
     with _lock:
         if target.model not in _profiles and measure:
-            _profiles[target.model] = verify_profile(target, APP_SIZES, reps=2)
+            _profiles[target.model] = verify_profile(target, APP_SIZES, reps=APP_REPS)
         return _profiles.get(target.model)
 
 
