@@ -189,42 +189,55 @@ def race_stream(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT,
     from specviz import hardware
     from specviz.core.profile import profile_of
     from specviz.core.session import prepare  # torch and the engines load on first use, not at import
-    from specviz.models.loader import ModelError
 
     snap = RaceSnapshot(cfg, draft)
     yield snap
-    try:
-        prepared = prepare(prompt, cfg, target, draft)
-    except (ConfigError, ModelError):
-        raise
-    except Exception as exc:
-        log.error("loading the models failed (target %r, draft %r)", target, draft, exc_info=exc)
-        raise RunFailed("while loading the models", exc) from exc
+    prepared = prepared_or_fail(lambda: prepare(prompt, cfg, target, draft), f"target {target!r}, draft {draft!r}")
     snap.decode = prepared.target.decode
     snap.hardware = hardware.describe(prepared.target.device, prepared.target.dtype)
     snap.phase = "running"
-    ticks = prepared.race()
-    while True:
-        try:
-            tick = next(ticks, None)
-        except ConfigError:  # the deployment's run-time cap
-            raise
-        except Exception as exc:
-            log.error("engine failure (%s, draft %r)", cfg.method, draft, exc_info=exc)
-            raise RunFailed("inside the engine", exc) from exc
-        if tick is None:
-            break
-        lane = snap.lanes[tick.lane]
-        lane.events.append(tick.event)
-        lane.clock = tick.clock
-        lane.done = tick.event.finish_reason is not None
-        yield snap
+    yield from fold_ticks(snap, prepared.race(), f"{cfg.method}, draft {draft!r}")
     snap.comparison = compare(snap.lanes["ar"].events, snap.lanes["spec"].events, cfg.method, cfg.greedy,
                               profile_of(prepared.target, measure=False))
     snap.profiled = profile_of(prepared.target, measure=False) is not None
     snap.what_if = race_clock(prepared, snap)
     snap.phase = "done"
     yield snap
+
+
+def prepared_or_fail(prepare: Callable, what: str):
+    """prepare() (loading the models, building the engines): ConfigError / ModelError pass with their one line, anything
+    else is logged (naming `what`) and raised as RunFailed."""
+    from specviz.models.loader import ModelError
+
+    try:
+        return prepare()
+    except (ConfigError, ModelError):
+        raise
+    except Exception as exc:
+        log.error("loading the models failed (%s)", what, exc_info=exc)
+        raise RunFailed("while loading the models", exc) from exc
+
+
+def fold_ticks(snap, ticks: Iterator, what: str) -> Iterator:
+    """Each race tick into its lane of `snap` (its events, clock and whether it is done), yielding `snap` after each.
+    ConfigError (the deployment's run-time cap) passes; any other engine failure is logged (naming `what`) and
+    raised as RunFailed."""
+    while True:
+        try:
+            tick = next(ticks, None)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            log.error("engine failure (%s)", what, exc_info=exc)
+            raise RunFailed("inside the engine", exc) from exc
+        if tick is None:
+            return
+        lane = snap.lanes[tick.lane]
+        lane.events.append(tick.event)
+        lane.clock = tick.clock
+        lane.done = tick.event.finish_reason is not None
+        yield snap
 
 
 def race_clock(prepared, snap: RaceSnapshot) -> Optional[whatif.RaceClock]:

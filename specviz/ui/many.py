@@ -8,7 +8,6 @@ A lane is named as `bench --method` names a race (methods.method_spec): `pld:2`,
 from __future__ import annotations
 
 import html
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
@@ -28,15 +27,14 @@ from specviz.ui.logic import (
     DEFAULTS,
     SPEC_METHODS,
     Lane,
-    RunFailed,
+    fold_ticks,
     make_config,
     pane_html,
+    prepared_or_fail,
     status_html,
     throttle,
     user_message,
 )
-
-log = logging.getLogger("specviz.ui")
 
 MAX_LANES = 3
 DEFAULT_LANES = f"{DEFAULT_RACE}, pld:2, draft"  # this machine's default race, prompt lookup and the draft model
@@ -112,36 +110,14 @@ def lanes_stream(prompt: str, lanes: dict[str, tuple[DecodeConfig, str]], target
     comparison against AR). Raises ConfigError / ModelError for bad input, RunFailed (logged) for anything else."""
     from specviz.core.profile import profile_of
     from specviz.core.session import prepare_lanes
-    from specviz.models.loader import ModelError
 
     snap = LanesSnapshot({name: cfg for name, (cfg, _) in lanes.items()})
     yield snap
-    try:
-        prepared = prepare_lanes(prompt, lanes, target)
-    except (ConfigError, ModelError):
-        raise
-    except Exception as exc:
-        log.error("loading the lanes failed (%s)", list(lanes), exc_info=exc)
-        raise RunFailed("while loading the models", exc) from exc
+    prepared = prepared_or_fail(lambda: prepare_lanes(prompt, lanes, target), f"lanes {list(lanes)}")
     snap.decode = prepared.target.decode
     snap.hardware = hardware.describe(prepared.target.device, prepared.target.dtype)
     snap.phase = "running"
-    ticks = prepared.race()
-    while True:
-        try:
-            tick = next(ticks, None)
-        except ConfigError:  # the deployment's run-time cap
-            raise
-        except Exception as exc:
-            log.error("engine failure in the lanes %s", list(lanes), exc_info=exc)
-            raise RunFailed("inside the engine", exc) from exc
-        if tick is None:
-            break
-        lane = snap.lanes[tick.lane]
-        lane.events.append(tick.event)
-        lane.clock = tick.clock
-        lane.done = tick.event.finish_reason is not None
-        yield snap
+    yield from fold_ticks(snap, prepared.race(), f"lanes {list(lanes)}")
     profile = profile_of(prepared.target, measure=False)
     ar = snap.lanes["ar"].events
     snap.comparisons = {name: compare(ar, snap.lanes[name].events, cfg.method, cfg.greedy, profile)

@@ -92,6 +92,35 @@ static void silu_mul_row(const uint16_t *gate, const uint16_t *up, xin_t *out, l
     }
 }
 
+/* the rows' rope positions at[r] and their visible slots span[2r] .. span[2r+1] of idx (llama_layers' rules: pos NULL:
+   slot0 + r; off NULL: causal, with *causal (returned, the caller frees it) as the index 0 .. slot0 + n - 1) */
+static const int32_t *row_spans(long n, const int64_t *pos, long slot0, const int32_t *idx, const int64_t *off,
+                                int64_t *at, int64_t *span, int32_t **causal) {
+    for (long r = 0; r < n; ++r) {
+        at[r] = pos ? pos[r] : slot0 + r;
+        span[2 * r] = off ? off[r] : 0;
+        span[2 * r + 1] = off ? off[r + 1] : slot0 + r + 1;
+    }
+    *causal = 0;
+    if (off) return idx;
+    *causal = (int32_t *)__builtin_malloc((slot0 + n) * sizeof(int32_t));
+    for (long i = 0; i < slot0 + n; ++i) (*causal)[i] = (int32_t)i;
+    return *causal;
+}
+
+/* one row's q|k|v (qkvd wide) at position `at`: rope on q and k, k and v into cache slot `slot` (caches (KVH, hs)),
+   q to fp32 for attention */
+static void rope_store_row(uint16_t *row, long at, long slot, const uint16_t *cos, const uint16_t *sin, uint16_t *kc,
+                           uint16_t *vc, long hs, long H, long KVH, long hd, float *q32) {
+    long qd = H * hd;
+    rope_heads(row, H + KVH, hd, cos + at * hd, sin + at * hd);
+    for (long j = 0; j < KVH; ++j) {
+        __builtin_memcpy(kc + j * hs + slot * hd, row + qd + j * hd, hd * 2);
+        __builtin_memcpy(vc + j * hs + slot * hd, row + qd + (KVH + j) * hd, hd * 2);
+    }
+    for (long i = 0; i < qd; ++i) q32[i] = bf16_to_float(row[i]);
+}
+
 /* Layers l0 .. l1-1 over h (n, d) bf16, in place. Row r sits at position pos[r] (rope) and cache slot slot0 + r, and
    attends over the slots idx[off[r] .. off[r+1]) (attend.c); pos NULL: positions slot0 + r; off NULL: causal, row r
    over the slots 0 .. slot0 + r (idx unused). weights: 6 addresses a layer: input norm (d), q|k|v
@@ -110,16 +139,8 @@ void llama_layers(uint16_t *h, long n, const int64_t *pos, long slot0, const uin
     xin_t *act = (xin_t *)__builtin_malloc(n * F * sizeof(xin_t));
     float *q32 = (float *)__builtin_malloc(n * qd * 4), *o32 = (float *)__builtin_malloc(n * qd * 4);
     int64_t *at = (int64_t *)__builtin_malloc(n * 3 * sizeof(int64_t)), *span = at + n;  /* positions; [begin, end) */
-    int32_t *causal = off ? 0 : (int32_t *)__builtin_malloc((slot0 + n) * sizeof(int32_t));
-    for (long r = 0; r < n; ++r) {
-        at[r] = pos ? pos[r] : slot0 + r;
-        span[2 * r] = off ? off[r] : 0;
-        span[2 * r + 1] = off ? off[r + 1] : slot0 + r + 1;
-    }
-    if (causal) {
-        for (long i = 0; i < slot0 + n; ++i) causal[i] = (int32_t)i;
-        idx = causal;
-    }
+    int32_t *causal;
+    idx = row_spans(n, pos, slot0, idx, off, at, span, &causal);
     long KV = n * KVH;
     phase_t *phases = (phase_t *)__builtin_calloc((l1 - l0) * PHASES, sizeof(phase_t));
     #pragma omp parallel num_threads(threads)
@@ -129,15 +150,8 @@ void llama_layers(uint16_t *h, long n, const int64_t *pos, long slot0, const uin
         phase_t *ph = phases + (l - l0) * PHASES;
         RUN_PHASE(ph + 0, n, r, rmsnorm_row(h + r * d, (const uint16_t *)wl[0], xn + r * d, d, eps, 1));
         RUN_PHASE(ph + 1, chunks(qkvd), c, matmul_chunk(c, xn, wl[1], n, d, qkvd, qkv, STORE_BF16));
-        RUN_PHASE(ph + 2, n, r, {  /* rope on q and k; k and v into the cache; q to fp32 for attention */
-            uint16_t *row = qkv + r * qkvd;
-            rope_heads(row, H + KVH, hd, cos + at[r] * hd, sin + at[r] * hd);
-            for (long j = 0; j < KVH; ++j) {
-                __builtin_memcpy(kc + j * hs + (slot0 + r) * hd, row + qd + j * hd, hd * 2);
-                __builtin_memcpy(vc + j * hs + (slot0 + r) * hd, row + qd + (KVH + j) * hd, hd * 2);
-            }
-            for (long i = 0; i < qd; ++i) q32[r * qd + i] = bf16_to_float(row[i]);
-        });
+        RUN_PHASE(ph + 2, n, r, rope_store_row(qkv + r * qkvd, at[r], slot0 + r, cos, sin, kc, vc, hs, H, KVH, hd,
+                                                 q32 + r * qd));
         RUN_PHASE(ph + 3, KV, t, {  /* one (row, key/value head) a task, its query heads together */
             long r = t / KVH, j = t % KVH, o = r * qd + j * g * hd;
             attend_bf16(q32 + o, kc + j * hs, vc + j * hs, o32 + o, idx, span + 2 * r, 1, g, 1, hd, hs, scale, 1);
@@ -188,17 +202,9 @@ void eagle3_step(const uint16_t *feats, long nf, uint16_t *hidden, const uint16_
     xin_t *act = (xin_t *)__builtin_malloc(n * F * sizeof(xin_t));
     uint16_t *qkv = (uint16_t *)__builtin_malloc(n * qkvd * 2), *gu = (uint16_t *)__builtin_malloc(n * 2 * F * 2);
     float *q32 = (float *)__builtin_malloc(n * qd * 4), *o32 = (float *)__builtin_malloc(n * qd * 4);
-    int64_t *at = (int64_t *)__builtin_malloc(n * 3 * sizeof(int64_t)), *span = at + n;
-    int32_t *causal = off ? 0 : (int32_t *)__builtin_malloc((slot0 + n) * sizeof(int32_t));
-    for (long r = 0; r < n; ++r) {
-        at[r] = pos ? pos[r] : slot0 + r;
-        span[2 * r] = off ? off[r] : 0;
-        span[2 * r + 1] = off ? off[r + 1] : slot0 + r + 1;
-    }
-    if (causal) {
-        for (long i = 0; i < slot0 + n; ++i) causal[i] = (int32_t)i;
-        idx = causal;
-    }
+    int64_t *at = (int64_t *)__builtin_malloc(n * 3 * sizeof(int64_t)), *span = at + n;  /* positions; [begin, end) */
+    int32_t *causal;
+    idx = row_spans(n, pos, slot0, idx, off, at, span, &causal);
     const uint16_t *fc_bias = (const uint16_t *)weights[1];
     phase_t ph[12] = {{0}};
     #pragma omp parallel num_threads(threads)
@@ -213,15 +219,8 @@ void eagle3_step(const uint16_t *feats, long nf, uint16_t *hidden, const uint16_
             rmsnorm_row(hidden + r * d, (const uint16_t *)weights[3], xn + r * d2 + d, d, eps, 1);
         });
         RUN_PHASE(ph + 4, chunks(qkvd), c, matmul_chunk(c, xn, weights[4], n, d2, qkvd, qkv, STORE_BF16));
-        RUN_PHASE(ph + 5, n, r, {
-            uint16_t *row = qkv + r * qkvd;
-            rope_heads(row, H + KVH, hd, cos + at[r] * hd, sin + at[r] * hd);
-            for (long j = 0; j < KVH; ++j) {
-                __builtin_memcpy(kc + j * hs + (slot0 + r) * hd, row + qd + j * hd, hd * 2);
-                __builtin_memcpy(vc + j * hs + (slot0 + r) * hd, row + qd + (KVH + j) * hd, hd * 2);
-            }
-            for (long i = 0; i < qd; ++i) q32[r * qd + i] = bf16_to_float(row[i]);
-        });
+        RUN_PHASE(ph + 5, n, r, rope_store_row(qkv + r * qkvd, at[r], slot0 + r, cos, sin, kc, vc, hs, H, KVH, hd,
+                                                 q32 + r * qd));
         RUN_PHASE(ph + 6, n * KVH, t, {
             long r = t / KVH, j = t % KVH, o = r * qd + j * g * hd;
             attend_bf16(q32 + o, kc + j * hs, vc + j * hs, o32 + o, idx, span + 2 * r, 1, g, 1, hd, hs, scale, 1);
