@@ -52,6 +52,26 @@ def test_a_fast_host_races_the_big_tree_and_a_slow_one_a_small_race():
     assert "eagle:1+pld:4+ret:4" not in slow.race and "best EAGLE tree" in slow.line()
 
 
+def test_a_tree_in_a_near_tie_with_the_best_chain_is_chosen():
+    """Where the best chain is predicted faster than every tree by less than TIE, and the tree pays, the tree races."""
+    for c in (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6):  # dearer EAGLE steps until the chain leads a little
+        costs = tuning.StepCosts(lanes={"pld": 0.02, "eagle": c, "eagle2": c + 0.12, "grafts": c + 0.05})
+        speed = {n: tuning.predict(r, FAST, costs) for n, r in GRID.items()}
+        tree = max((n for n in GRID if GRID[n].shape[0]), key=speed.get)
+        chain = max((n for n in GRID if not GRID[n].shape[0]), key=speed.get)
+        if speed[chain] > speed[tree] > 1.0:
+            break
+    else:
+        raise AssertionError("no cost makes the chain lead while the tree pays")
+    near = 1.0 - speed[tree] / speed[chain]
+    for tie, expected in ((near + 0.01, tree), (max(near - 0.01, 0.0), chain)):
+        old, tuning.TIE = tuning.TIE, tie
+        try:
+            assert tuning.choose(GRID, FAST, costs).race == expected, (tie, near)
+        finally:
+            tuning.TIE = old
+
+
 def test_nothing_pays_races_the_best_chain_and_says_so():
     costly = tuning.StepCosts(lanes={"pld": 0.3, "eagle": 0.9, "eagle2": 1.5, "grafts": 1.0})
     choice = tuning.choose(GRID, SLOW, costly)

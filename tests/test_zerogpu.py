@@ -42,7 +42,7 @@ STAND_IN = textwrap.dedent('''
         wrapper.zerogpu_duration = duration
         return wrapper
 ''')
-MODEL_HANDLERS = {"run_race", "race_api", "run_check_ui", "step_reset", "step_next", "step_run"}
+MODEL_HANDLERS = {"run_race", "race_api", "run_many", "many_api", "run_check_ui", "step_reset", "step_next", "step_run"}
 
 
 @pytest.fixture
