@@ -53,6 +53,29 @@ def test_packed_matmul_is_row_invariant_in_every_build(n, k):
         assert torch.equal(outs["avx2"], outs["avx512"])
 
 
+def row_dependence(lib, n: int, k: int) -> tuple | None:
+    """The first (rows, mode) for which a row of a call of 1 to 17 rows does not get the bits it gets alone in this
+    build, or None."""
+    generator = torch.Generator().manual_seed(5)
+    packed = fused.pack((torch.randn(n, k, generator=generator) * 0.05).bfloat16())
+    x = torch.randn(17, k, generator=generator).bfloat16()
+    alone = torch.cat([linear_packed(lib, x[i:i + 1].contiguous(), packed, n) for i in range(17)])
+    for mode in (fused.STORE_F32, fused.ADD_BF16):
+        for rows in range(1, 18):
+            start = (3 * rows) % (18 - rows)  # the rows at different offsets into x
+            part = x[start:start + rows].contiguous()
+            if mode == fused.STORE_F32:
+                if not torch.equal(linear_packed(lib, part, packed, n), alone[start:start + rows]):
+                    return rows, "store"
+            else:  # the residual add too: each row its own residual
+                residual = torch.arange(rows * n, dtype=torch.float32).reshape(rows, n).remainder(7).bfloat16()
+                summed = residual.clone()
+                lib.linear_packed(part.data_ptr(), packed.data_ptr(), summed.data_ptr(), rows, k, n, mode, 2)
+                if not torch.equal(summed, (residual.float() + alone[start:start + rows]).bfloat16()):
+                    return rows, "add"
+    return None
+
+
 @pytest.mark.parametrize("n,k", [(576, 1536), (37, 96), (1000, 576)])  # 37: a scalar tail of 5 columns
 def test_no_row_depends_on_the_other_rows(n, k):
     """For every number of rows 1 to 17 (every pass split each build makes: AVX2's passes of 2 to 5 rows with one or
@@ -61,23 +84,28 @@ def test_no_row_depends_on_the_other_rows(n, k):
     builds = packed_builds()
     if not builds:
         pytest.skip("no C compiler or no AVX2/FMA here")
-    generator = torch.Generator().manual_seed(5)
-    packed = fused.pack((torch.randn(n, k, generator=generator) * 0.05).bfloat16())
-    x = torch.randn(17, k, generator=generator).bfloat16()
     for isa, lib in builds.items():
-        alone = torch.cat([linear_packed(lib, x[i:i + 1].contiguous(), packed, n) for i in range(17)])
-        for mode in (fused.STORE_F32, fused.ADD_BF16):
-            for rows in range(1, 18):
-                start = (3 * rows) % (18 - rows)  # the rows at different offsets into x
-                part = x[start:start + rows].contiguous()
-                if mode == fused.STORE_F32:
-                    assert torch.equal(linear_packed(lib, part, packed, n), alone[start:start + rows]), (isa, rows)
-                else:  # the residual add too: each row its own residual
-                    residual = torch.arange(rows * n, dtype=torch.float32).reshape(rows, n).remainder(7).bfloat16()
-                    summed = residual.clone()
-                    lib.linear_packed(part.data_ptr(), packed.data_ptr(), summed.data_ptr(), rows, k, n, mode, 2)
-                    expected = (residual.float() + alone[start:start + rows]).bfloat16()
-                    assert torch.equal(summed, expected), (isa, rows, "add")
+        assert row_dependence(lib, n, k) is None, isa
+
+
+def test_a_planted_row_dependence_is_caught(tmp_path):
+    """The check above catches a kernel whose rows touch each other: a copy of the sources where every row past the
+    first adds the first row's accumulator before rounding, built and loaded beside the real one."""
+    import shutil
+    import subprocess
+
+    isa = kernels.best_isa()
+    if isa is None or kernels.library(isa) is None:
+        pytest.skip("no C compiler or no AVX2/FMA here")
+    for name in (*kernels.SOURCES, *kernels.HEADERS):
+        shutil.copy(kernels.SOURCE_DIR / name, tmp_path / name)
+    source = tmp_path / "packed_linear.c"
+    clean = "__m256 v = round8_bf16(_mm256_loadu_ps(t + j));"
+    planted = "__m256 v = round8_bf16(_mm256_add_ps(_mm256_loadu_ps(t + j), _mm256_set1_ps(r ? tile[0] : 0.0f)));"
+    assert clean in source.read_text()
+    source.write_text(source.read_text().replace(clean, planted))
+    subprocess.run(kernels.compile_command(isa, tmp_path / "planted.so", tmp_path), check=True, capture_output=True)
+    assert row_dependence(fused.load_build(tmp_path / "planted.so"), 576, 576) == (2, "store")
 
 
 def test_packed_matmul_modes():
