@@ -4,14 +4,14 @@ target's whole forward (CachedLM: layers, norm, head, bookkeeping) at 250 cached
 
     .venv/bin/python experiments/probes/context_rows.py > experiments/results/context_rows-avx512bf16.txt
 """
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
+
+from timing import median_seconds  # noqa: E402  (beside this file)
 
 from specviz.core.cache import CachedLM  # noqa: E402
 from specviz.core.trees import Tree  # noqa: E402
@@ -19,21 +19,18 @@ from specviz.models import kernels  # noqa: E402
 from specviz.models.loader import load  # noqa: E402
 
 torch.set_num_threads(2)
+
+
+def ms(f) -> float:
+    return 1000 * median_seconds(f, 21)
+
+
 target = load("smollm2-135m")
 lm = CachedLM.of(target)
 ids = list(range(1000, 1250))
 n = len(ids)
 lm.logits(ids, keep=1)
 tree = Tree.from_choices([(0,), (1,), (0, 0), (2,), (0, 0, 0), (3,)])  # 6 nodes: 7 rows with the root
-
-
-def ms(f, reps: int = 21) -> float:
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
 
 
 def causal(k: int):

@@ -6,33 +6,30 @@ times (their 7 MB stays in cache: the arithmetic alone). overlap = (streamed 1 r
     .venv/bin/python experiments/probes/resident_vs_streamed.py \\
         > experiments/results/resident_vs_streamed-avx512bf16.txt
 """
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
 
+from timing import median_seconds  # noqa: E402  (beside this file)
+
 from specviz.models import fused as F  # noqa: E402
 from specviz.models import kernels  # noqa: E402
 from specviz.models.loader import load  # noqa: E402
 
 torch.set_num_threads(2)
+
+
+def ms(f) -> float:
+    return 1000 * median_seconds(f, 15)
+
+
 target = load("smollm2-135m")
 decoder = target.fused
 cache = decoder.new_cache()
 decoder.layers(cache, decoder.embed(torch.randint(0, 49000, (128,))), 0)
-
-
-def ms(f, reps: int = 15) -> float:
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
 
 
 rows = {}
