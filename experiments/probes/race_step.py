@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 from specviz import engines, prompts  # noqa: E402
 from specviz.config import DecodeConfig  # noqa: E402
 from specviz.hardware import cpu_name  # noqa: E402
+from specviz.models import kernels  # noqa: E402
 from specviz.models import loader as models  # noqa: E402
 
 QUESTIONS = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
@@ -95,8 +96,8 @@ def main() -> None:
         for name in ("embed", "layers", "norm", "head"):
             setattr(target.fused, name, timed(getattr(target.fused, name)))
     rows = prompts.pick(prompts.read(QUESTIONS), limit=args.limit + 1)
-    print(f"# {cpu_name()}; {torch.get_num_threads()} threads; {args.limit} Spec-Bench questions after one warm-up, "
-          f"{args.max_new_tokens} tokens, temperature {args.temperature}, top-p {args.top_p}")
+    print(f"# {cpu_name()}, {kernels.describe()}; {torch.get_num_threads()} threads; {args.limit} Spec-Bench questions "
+          f"after one warm-up, {args.max_new_tokens} tokens, temperature {args.temperature}, top-p {args.top_p}")
     totals = run_lanes(target, lanes, rows, forward)
     ar_rate = totals["ar"][1] / totals["ar"][0]
     head = ("lane", "tok/s", "x AR", "tau", "ms/step", "draft", "verify", "forward", "rest", "ceiling")
