@@ -119,6 +119,14 @@ def linear_packed(x: torch.Tensor, packed: torch.Tensor, n: int, store: int = ST
     return out
 
 
+def rmsnorm(rows: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of rows (r, d) with a bf16 weight (d,) in one C call (llama.c's rmsnorm_rows, the layers' norm): bf16."""
+    rows = rows.to(torch.bfloat16).contiguous()
+    out = torch.empty_like(rows)
+    _lib().rmsnorm_rows(rows.data_ptr(), weight.data_ptr(), out.data_ptr(), rows.shape[0], rows.shape[1], eps)
+    return out
+
+
 class PackedLinear(kernels.RowLinear):
     """An nn.Linear (bf16, CPU) on the packed matmul: its weight packed once (pack), each call one linear_packed,
     the bias (if any) added to the rounded product. The one-layer drafters' Linears (drafters.trained.load): their
@@ -260,11 +268,7 @@ class FusedLlama:
 
     def norm(self, hidden: torch.Tensor) -> torch.Tensor:
         """The final RMSNorm of rows (r, d) bf16."""
-        hidden = hidden.contiguous()
-        out = torch.empty_like(hidden)
-        _lib().rmsnorm_rows(hidden.data_ptr(), self.final_norm.data_ptr(), out.data_ptr(), hidden.shape[0], self.d,
-                            self.eps)
-        return out
+        return rmsnorm(hidden, self.final_norm, self.eps)
 
     def head(self, rows: torch.Tensor) -> torch.Tensor:
         """The LM head on final-norm rows (r, d) bf16 -> logits (r, V) float32 (bf16 values, as the stock head's)."""
@@ -310,11 +314,7 @@ class FusedEagle3:
 
     def readout(self, rows: torch.Tensor) -> torch.Tensor:
         """The module's readout (its final norm, Eagle3.readout) of outputs (r, d), bf16: one C call."""
-        rows = rows.to(torch.bfloat16).contiguous()
-        out = torch.empty_like(rows)
-        _lib().rmsnorm_rows(rows.data_ptr(), self.final_norm.data_ptr(), out.data_ptr(), rows.shape[0], self.d,
-                            self.eps)
-        return out
+        return rmsnorm(rows, self.final_norm, self.eps)
 
     def new_cache(self) -> KVBuffer:
         return KVBuffer(1, self.kv_heads, self.head_dim)

@@ -78,7 +78,7 @@ class LanesSnapshot:
     """One race of several lanes, updated in place as ticks arrive (lanes_stream yields it after each)."""
     cfgs: dict[str, DecodeConfig]  # each speculative lane's settings, by lane name
     phase: str = "loading"         # loading | running | done
-    lanes: dict[str, Lane] = field(default_factory=dict)  # "ar", then each lane
+    lanes: dict[str, Lane] = field(init=False)  # "ar", then each lane of cfgs
     comparisons: dict[str, Comparison] = field(default_factory=dict)
     decode: Optional[Callable[[list[int]], str]] = None
     hardware: str = ""

@@ -121,6 +121,63 @@ static void rope_store_row(uint16_t *row, long at, long slot, const uint16_t *co
     for (long i = 0; i < qd; ++i) q32[i] = bf16_to_float(row[i]);
 }
 
+/* a layer's shape and the buffers its phases share (one call's rows; scratch_alloc / scratch_free) */
+typedef struct {
+    long n, d, hd, H, KVH, F, qd, qkvd, g, hs, slot0;
+    float eps, scale;
+    const int32_t *idx;                /* the visible slots, per row span[2r] .. span[2r+1] (row_spans) */
+    int64_t *at, *span;                /* rows' rope positions; their [begin, end) into idx */
+    int32_t *causal;                   /* the causal index row_spans made, or NULL */
+    uint16_t *qkv, *gu;                /* q|k|v and gate|up outputs, bf16 */
+    xin_t *xn, *att, *act;             /* the matmuls' inputs, as they read them: norms', attention's, the MLP's */
+    float *q32, *o32;                  /* attention's fp32 queries and outputs */
+} layer_t;
+
+/* the shape and buffers for n rows of width d (xn: xn_width a row) at the positions and spans llama_layers takes */
+static layer_t layer_alloc(long n, long d, long xn_width, long hd, long H, long KVH, long F, long cap, long slot0,
+                           const int64_t *pos, const int32_t *idx, const int64_t *off, float eps, float scale) {
+    layer_t L = {n, d, hd, H, KVH, F, H * hd, (H + 2 * KVH) * hd, H / KVH, cap * hd, slot0, eps, scale,
+                 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    L.qkv = (uint16_t *)__builtin_malloc(n * L.qkvd * 2);
+    L.gu = (uint16_t *)__builtin_malloc(n * 2 * F * 2);
+    L.xn = (xin_t *)__builtin_malloc(n * xn_width * sizeof(xin_t));
+    L.att = (xin_t *)__builtin_malloc(n * L.qd * sizeof(xin_t));
+    L.act = (xin_t *)__builtin_malloc(n * F * sizeof(xin_t));
+    L.q32 = (float *)__builtin_malloc(n * L.qd * 4);
+    L.o32 = (float *)__builtin_malloc(n * L.qd * 4);
+    L.at = (int64_t *)__builtin_malloc(n * 3 * sizeof(int64_t));
+    L.span = L.at + n;
+    L.idx = row_spans(n, pos, slot0, idx, off, L.at, L.span, &L.causal);
+    return L;
+}
+
+static void layer_free(layer_t *L) {
+    __builtin_free(L->qkv); __builtin_free(L->gu); __builtin_free(L->xn); __builtin_free(L->att);
+    __builtin_free(L->act); __builtin_free(L->q32); __builtin_free(L->o32); __builtin_free(L->at);
+    __builtin_free(L->causal);
+}
+
+/* A layer after its q|k|v matmul, as llama_layers and eagle3_step run it (7 phases from ph, inside the caller's
+   parallel region): rope and the cache, attention, h += o(.), the post-attention norm, h += down(silu(gate) * up).
+   w: the o, post-attention norm, gate|up and down addresses; kc, vc: this layer's cache. */
+static void layer_rest(const layer_t *L, phase_t *ph, uint16_t *h, const int64_t *w, uint16_t *kc, uint16_t *vc,
+                       const uint16_t *cos, const uint16_t *sin) {
+    long n = L->n, d = L->d, hd = L->hd, KVH = L->KVH, F = L->F, qd = L->qd, g = L->g, hs = L->hs;
+    RUN_PHASE(ph + 0, n, r, rope_store_row(L->qkv + r * L->qkvd, L->at[r], L->slot0 + r, cos, sin, kc, vc, hs, L->H,
+                                             KVH, hd, L->q32 + r * qd));
+    RUN_PHASE(ph + 1, n * KVH, t, {  /* one (row, key/value head) a task, its query heads together */
+        long r = t / KVH, j = t % KVH, o = r * qd + j * g * hd;
+        attend_bf16(L->q32 + o, kc + j * hs, vc + j * hs, L->o32 + o, L->idx, L->span + 2 * r, 1, g, 1, hd, hs,
+                    L->scale, 1);
+        for (long i = 0; i < g * hd; ++i) L->att[o + i] = x_of_bf16(float_to_bf16(L->o32[o + i]));
+    });
+    RUN_PHASE(ph + 2, chunks(d), c, matmul_chunk(c, L->att, w[0], n, qd, d, h, ADD_BF16));
+    RUN_PHASE(ph + 3, n, r, rmsnorm_row(h + r * d, (const uint16_t *)w[1], L->xn + r * d, d, L->eps, 1));
+    RUN_PHASE(ph + 4, chunks(2 * F), c, matmul_chunk(c, L->xn, w[2], n, d, 2 * F, L->gu, STORE_BF16));
+    RUN_PHASE(ph + 5, n, r, silu_mul_row(L->gu + r * 2 * F, L->gu + r * 2 * F + F, L->act + r * F, F));
+    RUN_PHASE(ph + 6, chunks(d), c, matmul_chunk(c, L->act, w[3], n, F, d, h, ADD_BF16));
+}
+
 /* Layers l0 .. l1-1 over h (n, d) bf16, in place. Row r sits at position pos[r] (rope) and cache slot slot0 + r, and
    attends over the slots idx[off[r] .. off[r+1]) (attend.c); pos NULL: positions slot0 + r; off NULL: causal, row r
    over the slots 0 .. slot0 + r (idx unused). weights: 6 addresses a layer: input norm (d), q|k|v
@@ -131,43 +188,20 @@ void llama_layers(uint16_t *h, long n, const int64_t *pos, long slot0, const uin
                   const int64_t *weights, const int64_t *caches, long cap, const int32_t *idx, const int64_t *off,
                   long l0, long l1, uint16_t *states, long d, long hd, long H, long KVH, long F, float eps, float scale,
                   int threads) {
-    long qd = H * hd, qkvd = (H + 2 * KVH) * hd, g = H / KVH, hs = cap * hd;
-    uint16_t *qkv = (uint16_t *)__builtin_malloc(n * qkvd * 2), *gu = (uint16_t *)__builtin_malloc(n * 2 * F * 2);
-    /* the matmuls' inputs, as they read them (xin_t): the norms', attention's and the MLP activation's outputs */
-    xin_t *xn = (xin_t *)__builtin_malloc(n * d * sizeof(xin_t));
-    xin_t *att = (xin_t *)__builtin_malloc(n * qd * sizeof(xin_t));
-    xin_t *act = (xin_t *)__builtin_malloc(n * F * sizeof(xin_t));
-    float *q32 = (float *)__builtin_malloc(n * qd * 4), *o32 = (float *)__builtin_malloc(n * qd * 4);
-    int64_t *at = (int64_t *)__builtin_malloc(n * 3 * sizeof(int64_t)), *span = at + n;  /* positions; [begin, end) */
-    int32_t *causal;
-    idx = row_spans(n, pos, slot0, idx, off, at, span, &causal);
-    long KV = n * KVH;
+    layer_t L = layer_alloc(n, d, d, hd, H, KVH, F, cap, slot0, pos, idx, off, eps, scale);
     phase_t *phases = (phase_t *)__builtin_calloc((l1 - l0) * PHASES, sizeof(phase_t));
     #pragma omp parallel num_threads(threads)
     for (long l = l0; l < l1; ++l) {
         const int64_t *wl = weights + 6 * l;
-        uint16_t *kc = (uint16_t *)caches[2 * l], *vc = (uint16_t *)caches[2 * l + 1];
         phase_t *ph = phases + (l - l0) * PHASES;
-        RUN_PHASE(ph + 0, n, r, rmsnorm_row(h + r * d, (const uint16_t *)wl[0], xn + r * d, d, eps, 1));
-        RUN_PHASE(ph + 1, chunks(qkvd), c, matmul_chunk(c, xn, wl[1], n, d, qkvd, qkv, STORE_BF16));
-        RUN_PHASE(ph + 2, n, r, rope_store_row(qkv + r * qkvd, at[r], slot0 + r, cos, sin, kc, vc, hs, H, KVH, hd,
-                                                 q32 + r * qd));
-        RUN_PHASE(ph + 3, KV, t, {  /* one (row, key/value head) a task, its query heads together */
-            long r = t / KVH, j = t % KVH, o = r * qd + j * g * hd;
-            attend_bf16(q32 + o, kc + j * hs, vc + j * hs, o32 + o, idx, span + 2 * r, 1, g, 1, hd, hs, scale, 1);
-            for (long i = 0; i < g * hd; ++i) att[o + i] = x_of_bf16(float_to_bf16(o32[o + i]));
-        });
-        RUN_PHASE(ph + 4, chunks(d), c, matmul_chunk(c, att, wl[2], n, qd, d, h, ADD_BF16));
-        RUN_PHASE(ph + 5, n, r, rmsnorm_row(h + r * d, (const uint16_t *)wl[3], xn + r * d, d, eps, 1));
-        RUN_PHASE(ph + 6, chunks(2 * F), c, matmul_chunk(c, xn, wl[4], n, d, 2 * F, gu, STORE_BF16));
-        RUN_PHASE(ph + 7, n, r, silu_mul_row(gu + r * 2 * F, gu + r * 2 * F + F, act + r * F, F));
-        RUN_PHASE(ph + 8, chunks(d), c, matmul_chunk(c, act, wl[5], n, F, d, h, ADD_BF16));
+        RUN_PHASE(ph + 0, n, r, rmsnorm_row(h + r * d, (const uint16_t *)wl[0], L.xn + r * d, d, eps, 1));
+        RUN_PHASE(ph + 1, chunks(L.qkvd), c, matmul_chunk(c, L.xn, wl[1], n, d, L.qkvd, L.qkv, STORE_BF16));
+        layer_rest(&L, ph + 2, h, wl + 2, (uint16_t *)caches[2 * l], (uint16_t *)caches[2 * l + 1], cos, sin);
         if (states)
             RUN_PHASE(ph + 9, n, r, __builtin_memcpy(states + ((l - l0) * n + r) * d, h + r * d, d * 2));
     }
     __builtin_free(phases);
-    __builtin_free(xn); __builtin_free(qkv); __builtin_free(att); __builtin_free(gu); __builtin_free(act);
-    __builtin_free(q32); __builtin_free(o32); __builtin_free(at); __builtin_free(causal);
+    layer_free(&L);
 }
 
 /* y (n, d) bf16 rows += bias, each sum rounded (torch's `linear(x) + bias` in bf16 on the rounded product) */
@@ -195,16 +229,9 @@ void eagle3_step(const uint16_t *feats, long nf, uint16_t *hidden, const uint16_
                  const int64_t *pos, long slot0, const uint16_t *cos, const uint16_t *sin, const int64_t *weights,
                  uint16_t *kc, uint16_t *vc, long cap, const int32_t *idx, const int64_t *off, long d, long hd, long H,
                  long KVH, long F, float eps, float scale, int threads) {
-    long qd = H * hd, qkvd = (H + 2 * KVH) * hd, g = H / KVH, hs = cap * hd, d2 = 2 * d;
+    long d2 = 2 * d;
+    layer_t L = layer_alloc(n, d, d2, hd, H, KVH, F, cap, slot0, pos, idx, off, eps, scale);
     xin_t *fx = feats ? (xin_t *)__builtin_malloc(n * nf * sizeof(xin_t)) : 0;
-    xin_t *xn = (xin_t *)__builtin_malloc(n * d2 * sizeof(xin_t));
-    xin_t *att = (xin_t *)__builtin_malloc(n * qd * sizeof(xin_t));
-    xin_t *act = (xin_t *)__builtin_malloc(n * F * sizeof(xin_t));
-    uint16_t *qkv = (uint16_t *)__builtin_malloc(n * qkvd * 2), *gu = (uint16_t *)__builtin_malloc(n * 2 * F * 2);
-    float *q32 = (float *)__builtin_malloc(n * qd * 4), *o32 = (float *)__builtin_malloc(n * qd * 4);
-    int64_t *at = (int64_t *)__builtin_malloc(n * 3 * sizeof(int64_t)), *span = at + n;  /* positions; [begin, end) */
-    int32_t *causal;
-    idx = row_spans(n, pos, slot0, idx, off, at, span, &causal);
     const uint16_t *fc_bias = (const uint16_t *)weights[1];
     phase_t ph[12] = {{0}};
     #pragma omp parallel num_threads(threads)
@@ -215,23 +242,12 @@ void eagle3_step(const uint16_t *feats, long nf, uint16_t *hidden, const uint16_
             if (fc_bias) RUN_PHASE(ph + 2, n, r, add_bias_row(hidden + r * d, fc_bias, d));
         }
         RUN_PHASE(ph + 3, n, r, {
-            rmsnorm_row(emb + r * d, (const uint16_t *)weights[2], xn + r * d2, d, eps, 1);
-            rmsnorm_row(hidden + r * d, (const uint16_t *)weights[3], xn + r * d2 + d, d, eps, 1);
+            rmsnorm_row(emb + r * d, (const uint16_t *)weights[2], L.xn + r * d2, d, eps, 1);
+            rmsnorm_row(hidden + r * d, (const uint16_t *)weights[3], L.xn + r * d2 + d, d, eps, 1);
         });
-        RUN_PHASE(ph + 4, chunks(qkvd), c, matmul_chunk(c, xn, weights[4], n, d2, qkvd, qkv, STORE_BF16));
-        RUN_PHASE(ph + 5, n, r, rope_store_row(qkv + r * qkvd, at[r], slot0 + r, cos, sin, kc, vc, hs, H, KVH, hd,
-                                                 q32 + r * qd));
-        RUN_PHASE(ph + 6, n * KVH, t, {
-            long r = t / KVH, j = t % KVH, o = r * qd + j * g * hd;
-            attend_bf16(q32 + o, kc + j * hs, vc + j * hs, o32 + o, idx, span + 2 * r, 1, g, 1, hd, hs, scale, 1);
-            for (long i = 0; i < g * hd; ++i) att[o + i] = x_of_bf16(float_to_bf16(o32[o + i]));
-        });
-        RUN_PHASE(ph + 7, chunks(d), c, matmul_chunk(c, att, weights[5], n, qd, d, hidden, ADD_BF16));
-        RUN_PHASE(ph + 8, n, r, rmsnorm_row(hidden + r * d, (const uint16_t *)weights[6], xn + r * d, d, eps, 1));
-        RUN_PHASE(ph + 9, chunks(2 * F), c, matmul_chunk(c, xn, weights[7], n, d, 2 * F, gu, STORE_BF16));
-        RUN_PHASE(ph + 10, n, r, silu_mul_row(gu + r * 2 * F, gu + r * 2 * F + F, act + r * F, F));
-        RUN_PHASE(ph + 11, chunks(d), c, matmul_chunk(c, act, weights[8], n, F, d, hidden, ADD_BF16));
+        RUN_PHASE(ph + 4, chunks(L.qkvd), c, matmul_chunk(c, L.xn, weights[4], n, d2, L.qkvd, L.qkv, STORE_BF16));
+        layer_rest(&L, ph + 5, hidden, weights + 5, kc, vc, cos, sin);
     }
-    __builtin_free(fx); __builtin_free(xn); __builtin_free(att); __builtin_free(act); __builtin_free(qkv);
-    __builtin_free(gu); __builtin_free(q32); __builtin_free(o32); __builtin_free(at); __builtin_free(causal);
+    __builtin_free(fx);
+    layer_free(&L);
 }
