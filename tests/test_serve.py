@@ -52,14 +52,17 @@ def alive(pgid: int, within: float = 15.0) -> bool:
 # -- bad inputs: one line, the value, what is accepted ------------------------------------------------------------
 
 @pytest.mark.parametrize("argv, says", [
-    (["serve", "--engine", "vllm", "--drafter", "medusa"],
-     "drafter='medusa' is unknown: use ngram, eagle, draft, or a drafter folder trained here"),
+    (["serve", "--engine", "vllm", "--drafter", "hydra"],
+     "drafter='hydra' is unknown: use ngram, eagle, medusa, draft, or a drafter folder trained here"),
     (["serve", "--engine", "tgi", "--drafter", "ngram"], "engine='tgi' is unknown: use one of vllm, llama.cpp"),
     (["serve", "--engine", "llama.cpp", "--drafter", "eagle"],
      "drafter='eagle' cannot be served by llama.cpp: it takes ngram, draft (eagle needs --engine vllm)"),
-    (["serve", "--engine", "vllm", "--drafter", "assets/drafters/smollm2-135m-medusa"],
-     "is a medusa drafter: serve takes ngram, eagle, draft, or a folder"),
-    (["export", "nothing-here"], "drafter 'nothing-here' is neither a shipped drafter (eagle, draft) nor a folder"),
+    (["serve", "--engine", "vllm", "--drafter", "assets/drafters/smollm2-135m-layerskip"],
+     "is a layerskip drafter: serve takes ngram, eagle, medusa, draft, or a folder"),
+    (["serve", "--engine", "llama.cpp", "--drafter", "medusa"],
+     "drafter='medusa' cannot be served by llama.cpp: it takes ngram, draft (medusa needs --engine vllm)"),
+    (["export", "nothing-here"],
+     "drafter 'nothing-here' is neither a shipped drafter (eagle, medusa, draft) nor a folder"),
     (["probe", "http://127.0.0.1:9", "--prompts", "x.jsonl", "--local"], "probe --local needs --drafter"),
     (["probe", "http://127.0.0.1:9", "--prompts", "x.jsonl", "--local", "--drafter", "lookahead"],
      "drafter='lookahead' is unknown"),
@@ -102,6 +105,37 @@ def test_a_drafter_for_another_target_is_refused(tmp_path):
     with pytest.raises(engine_export.ExportError, match=r"was trained for qwen2.5-0.5b \(hidden 896, vocab 49152\); "
                                                         r"the target smollm2-135m has hidden 576"):
         engine_export.export_drafter(other, target, "smollm2-135m", out=tmp_path / "out")
+
+
+def test_medusa_export_is_vllms_layout_and_a_planted_fault_is_caught(tmp_path):
+    """The shipped Medusa heads in vLLM's layout: one shared LM head with the target's rows at the drafter's
+    vocabulary and zeros elsewhere; the round trip's check fails when two heads' blocks are swapped."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    target = tmp_path / "target"
+    target.mkdir()
+    embed = torch.randn(49152, 576, generator=torch.Generator().manual_seed(0))
+    save_file({"model.embed_tokens.weight": embed}, target / "model.safetensors")
+    (target / "config.json").write_text(json.dumps({"hidden_size": 576, "vocab_size": 49152}))
+    (target / "export.json").write_text(json.dumps({"source_sha256": "x"}))
+    out = engine_export.export_drafter(engine_export.shipped("medusa"), target, out=tmp_path / "m", log=lambda _: None)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["MedusaModel"] and config["num_heads"] == 4 and config["original_lm_head"]
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["check"]["argmax_equal"] == manifest["check"]["rows"] == 4 * 64
+    tensors = load_file(str(out / "model.safetensors"))
+    cfg, state = engine_export.read_drafter(engine_export.shipped("medusa"))
+    ids = state["vocab_ids"].long()
+    head = tensors["lm_heads.0.weight"]
+    kept = torch.zeros(49152, dtype=torch.bool)
+    kept[ids] = True
+    assert torch.equal(head[ids], embed[ids]) and not head[~kept].any()
+    tensors["blocks.0.layers.0.weight"], tensors["blocks.1.layers.0.weight"] = (tensors["blocks.1.layers.0.weight"],
+                                                                                 tensors["blocks.0.layers.0.weight"])
+    save_file(tensors, out / "model.safetensors")
+    with pytest.raises(engine_export.ExportError, match="Medusa heads' logits differ"):
+        engine_export.check_medusa(cfg, state, embed, ids, out)
 
 
 # -- the engine's process group ------------------------------------------------------------------------------------
@@ -164,7 +198,9 @@ def test_compare_names_the_largest_gap_and_its_cause():
     assert not c["agree"] and "largest gap at position 0: served 0.33, local 0.41 (-0.08" in c["verdict"]
     assert "likely cause: the chat template: 1/1 prompts" in c["verdict"]
     c = local.compare(*_sides([0.33, 0.08, 0.01], [0.41, 0.12, 0.02], local_text="b"))
-    assert "the greedy answers differ on 1/1 prompts (dtype: served float32, local float32" in c["verdict"]
+    assert "the greedy answers differ on 1/1 prompts (weights: served float32, local float32" in c["verdict"]
+    assert local.served_weights("/x/SmolLM2-135M-Instruct.Q4_1.gguf") == "the GGUF SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert "float32" in local.served_weights("smollm2-135m")
     c = local.compare(*_sides([0.33, 0.08, 0.01], [0.41, 0.12, 0.02]))
     assert "drafter conversion" in c["verdict"]
     c = local.compare(*_sides([0.6, 0.5, 0.4], [0.8, 0.5, 0.4], method="pld"))

@@ -41,7 +41,7 @@ def serving_parsers(sub) -> None:
     pb.add_argument("--local", action="store_true", help="also run the same drafter in specviz on the same prompts "
                     "(chat template, greedy, chain length) and compare acceptance by position with the server's")
     pb.add_argument("--drafter", default=None, help="with --local (required there): the drafter the server runs "
-                    "(ngram, eagle, draft or a drafter folder)")
+                    "(ngram, eagle, medusa, draft or a drafter folder)")
     pb.add_argument("--gamma", default=None, help="with --local: drafted tokens per step (default: the server's "
                     "positions, else 3)")
     engine_parsers(sub)
@@ -53,15 +53,15 @@ def engine_parsers(sub) -> None:
 
     ex = sub.add_parser("export", help="the target or a drafter in the layouts serving engines load (vLLM, SGLang, "
                         "llama.cpp), checked by loading it back; a README in each folder gives the serving command")
-    ex.add_argument("what", help="target, eagle, draft (the shipped drafters) or a drafter folder trained here")
+    ex.add_argument("what", help="target, eagle, medusa, draft (the shipped drafters) or a drafter folder trained here")
     ex.add_argument("--target", default="smollm2-135m", help="the target spec (default %(default)s)")
     ex.add_argument("--out", default=None, help="the folder to write (default out/export/NAME)")
     ex.add_argument("--force", action="store_true", help="export again even when out/ holds this export")
     sv = sub.add_parser("serve", help="serve the target with a drafter on a real engine (vLLM or llama.cpp) at "
                         "127.0.0.1, exporting what it needs; stops the engine on Ctrl-C or exit")
     sv.add_argument("--engine", required=True, help=f"one of {', '.join(engines.ENGINES)}")
-    sv.add_argument("--drafter", required=True, help="ngram, eagle, draft, or a drafter folder trained here "
-                    "(vLLM: all; llama.cpp: ngram, draft)")
+    sv.add_argument("--drafter", required=True, help="ngram, eagle, medusa, draft, or a drafter folder trained "
+                    "here (vLLM: all; llama.cpp: ngram, draft)")
     sv.add_argument("--port", default=None, help="the port on 127.0.0.1 (default: a free one)")
     sv.add_argument("--duration", default=None, help="stop after this many seconds (default: until Ctrl-C)")
     sv.add_argument("--log", default=None, help="the engine's output goes here (default: a file under /tmp)")
@@ -95,8 +95,8 @@ def cmd_probe(args) -> int:
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
     gamma = None if args.gamma is None else int_arg("gamma", args.gamma, 1, 16)
     if args.local and args.drafter is None:
-        raise InputError("probe --local needs --drafter: the drafter the server runs (ngram, eagle, draft or a drafter "
-                         "folder)")
+        raise InputError("probe --local needs --drafter: the drafter the server runs (ngram, eagle, medusa, draft or a "
+                         "drafter folder)")
     if args.local:
         from specviz.serving import engines
 
@@ -122,7 +122,7 @@ def cmd_probe(args) -> int:
         data["served"] = served
         data["local"] = local.run_local(rows, args.drafter, k, cfg.max_new_tokens,
                                         log=lambda line: print(line, flush=True))
-        data["comparison"] = local.compare(served, data["local"])
+        data["comparison"] = local.compare(served, data["local"], local.served_weights(data.get("model")))
         data["local_verdict"] = data["comparison"]["verdict"]
     print(probe.format_probe(data))
     for path, text in ((args.json, lambda: json.dumps(data, indent=1, ensure_ascii=False)),

@@ -28,9 +28,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 ROOT = Path("out/export")
-FORMAT = 1                 # bump when an export's layout changes: older exports are redone
-SHIPPED = {"eagle": "smollm2-135m-eagle", "draft": "smollm2-135m-draft"}  # under specviz.paths.DRAFTERS
-KINDS = ("eagle", "draft")  # what `export` converts (Medusa, LayerSkip: not yet)
+FORMAT = 2                 # bump when an export's layout changes: older exports are redone
+SHIPPED = {"eagle": "smollm2-135m-eagle", "medusa": "smollm2-135m-medusa", "draft": "smollm2-135m-draft"}  # under
+# specviz.paths.DRAFTERS
+KINDS = ("eagle", "medusa", "draft")  # what `export` converts (LayerSkip: no engine serves it)
+TARGET_GGUF = "target-f32.gguf"  # the target's export for llama.cpp
 TOLERANCE = 1e-4           # the largest logit difference a round trip may show (fp32 in both)
 
 
@@ -131,11 +133,15 @@ def export_target(spec: str = "smollm2-135m", out: Optional[Path] = None, force:
     (tmp / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     model.generation_config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    manifest["gguf"] = write_gguf(state, tmp / TARGET_GGUF, tmp, f"{spec} (fp32, specviz export)",
+                                  model.config.num_attention_heads, model.config.num_key_value_heads)
     name = out.name
     readme = f"""# {spec}: the target, exported by specviz
 
 `python -m specviz export target` wrote this folder from {files[0].name}: fp32 safetensors (the GGUF's dequantised
-weights), config.json with `"architectures": ["LlamaForCausalLM"]`, the tokenizer and its chat template.
+weights), config.json with `"architectures": ["LlamaForCausalLM"]`, the tokenizer and its chat template, and
+`{TARGET_GGUF}`, the same fp32 weights for llama.cpp (`serve --engine llama.cpp` serves it, so both engines and
+specviz's `probe --local` decode the same numbers; the embedded Q4_1 GGUF gives other greedy answers).
 
 Serve it (vLLM, built by `make vllm`; `python -m specviz serve --engine vllm --drafter ngram` does this for you):
 
@@ -183,7 +189,7 @@ def shipped(kind: str) -> Path:
 def default_out(folder: Path, kind: str, spec: str, root: Path = ROOT) -> Path:
     """Where a drafter's export goes: out/export/smollm2-135m-eagle3 for a shipped one, else named after its folder
     (train's out/train/NAME/drafter -> NAME)."""
-    suffix = {"eagle": "eagle3", "draft": "draft"}[kind]
+    suffix = {"eagle": "eagle3", "medusa": "medusa", "draft": "draft"}[kind]
     folder = Path(folder)
     if folder.resolve() == shipped(kind).resolve():
         return root / f"{slug(spec)}-{suffix}"
@@ -192,7 +198,7 @@ def default_out(folder: Path, kind: str, spec: str, root: Path = ROOT) -> Path:
 
 
 def drafter_folder(value: str) -> Path:
-    """A drafter argument: a shipped kind (eagle, draft) or a folder."""
+    """A drafter argument: a shipped kind (eagle, medusa, draft) or a folder."""
     if value in SHIPPED:
         return shipped(value)
     path = Path(value)
@@ -223,14 +229,16 @@ def _check_pair(cfg, folder: Path, target_dir: Path, spec: str) -> dict:
 
 def export_drafter(folder: Path, target_dir: Path, spec: str = "smollm2-135m", out: Optional[Path] = None,
                    force: bool = False, log: Callable[[str], None] = print) -> Path:
-    """A drafter folder in the layout engines load: EAGLE-3 (eagle) or a Llama draft model + GGUF (draft)."""
+    """A drafter folder in the layout engines load: EAGLE-3 (eagle), vLLM's Medusa (medusa) or a Llama draft model +
+    GGUF (draft)."""
     folder = Path(folder)
     cfg, state = read_drafter(folder)
     tc = _check_pair(cfg, folder, target_dir, spec)
-    if cfg.kind not in KINDS or (cfg.kind == "eagle" and not cfg.feature_layers):
-        what = "EAGLE-1" if cfg.kind == "eagle" else cfg.kind
-        raise ExportError(f"drafter {str(folder)!r} is a {what} drafter: export converts EAGLE-3 (eagle) and the "
-                          "draft model (draft)")
+    if (cfg.kind not in KINDS or (cfg.kind == "eagle" and not cfg.feature_layers)
+            or (cfg.kind == "medusa" and cfg.own_lm_heads)):
+        what = {"eagle": "EAGLE-1", "medusa": "Medusa with its own LM heads"}.get(cfg.kind, cfg.kind)
+        raise ExportError(f"drafter {str(folder)!r} is a {what} drafter: export converts EAGLE-3 (eagle), Medusa "
+                          "heads over the target's LM head (medusa) and the draft model (draft)")
     files = [folder / "model.safetensors", folder / "config.json"]
     out = Path(out or default_out(folder, cfg.kind, spec))
     manifest = {"kind": cfg.kind, "format": FORMAT, "source": str(folder), "source_sha256": _sha(files),
@@ -246,6 +254,12 @@ def export_drafter(folder: Path, target_dir: Path, spec: str = "smollm2-135m", o
             f"{manifest['check']['max_abs_logit_diff']:.2e}, greedy draft equal on "
             f"{manifest['check']['argmax_equal']}/{manifest['check']['rows']} rows")
         readme = _eagle_readme(folder, out, target_dir, cfg, manifest["check"])
+    elif cfg.kind == "medusa":
+        manifest["check"] = _write_medusa(cfg, state, target_dir, tmp)
+        log(f"Medusa round trip through vLLM's layout: largest logit difference "
+            f"{manifest['check']['max_abs_logit_diff']:.2e}, greedy draft equal on "
+            f"{manifest['check']['argmax_equal']}/{manifest['check']['rows']} rows")
+        readme = _medusa_readme(folder, out, target_dir, cfg, manifest["check"])
     else:
         manifest["check"] = _write_draft(cfg, state, tc, target_dir, tmp)
         log(f"draft model round trip through transformers: largest logit difference "
@@ -330,6 +344,61 @@ def check_eagle3(cfg, state: dict, embed, tc: dict, out: Path, rows: int = 64) -
     return {"rows": rows, "max_abs_logit_diff": diff, "argmax_equal": same, "reader": "specviz _eagle3_layout"}
 
 
+def _write_medusa(cfg, state: dict, target_dir: Path, out: Path) -> dict:
+    """vLLM's Medusa layout (model_executor/models/medusa.py): `blocks.K.layers.0` the head's residual block,
+    `lm_heads.0` one LM head shared by every head (`original_lm_head`): the target's rows at the drafter's vocabulary
+    ids, zero elsewhere, as the draft model's export (vLLM 0.32's `token_map` cut fails to load: "Following weights
+    were not initialized from checkpoint: {'token_map'}"), so its greedy drafts are specviz's unless every
+    draft-vocabulary logit is negative."""
+    import torch
+    from safetensors.torch import save_file
+
+    embed = _target_tensors(target_dir)["model.embed_tokens.weight"]
+    vocab_ids = state["vocab_ids"].long() if "vocab_ids" in state else torch.arange(cfg.vocab_size)
+    tensors = {f"blocks.{k}.layers.0.{p}": state[f"heads.{k}.0.linear.{p}"].to(torch.float32).contiguous()
+               for k in range(cfg.medusa_heads) for p in ("weight", "bias")}
+    head = torch.zeros_like(embed, dtype=torch.float32)
+    head[vocab_ids] = embed[vocab_ids].to(torch.float32)
+    tensors["lm_heads.0.weight"] = head
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    config = {"architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": cfg.hidden_size,
+              "vocab_size": cfg.vocab_size, "num_heads": cfg.medusa_heads, "num_hidden_layers": 1,
+              "original_lm_head": True, "medusa_fc_bias": True,
+              "torch_dtype": "float32"}
+    (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    return check_medusa(cfg, state, embed, vocab_ids, out)
+
+
+def check_medusa(cfg, state: dict, embed, vocab_ids, out: Path, rows: int = 64) -> dict:
+    """Read the exported files back as vLLM's Medusa reads them (x + silu(W x + b) per head, then lm_heads.0) and
+    compare each head's logits over the draft vocabulary, and its greedy draft over the whole vocabulary, with
+    specviz's Medusa module's on random final-norm features."""
+    import torch
+    from safetensors.torch import load_file
+
+    from specviz.drafters.modules import Medusa, load_into
+
+    mine = Medusa(cfg).float()
+    load_into(mine, {k: v for k, v in state.items() if k != "vocab_ids"}, "drafter")
+    theirs = load_file(str(out / "model.safetensors"))
+    config = json.loads((out / "config.json").read_text())
+    head = theirs["lm_heads.0.weight"]
+    feats = torch.randn(rows, cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    diff, same = 0.0, 0
+    with torch.no_grad():
+        ours = mine(feats) @ embed[vocab_ids].T  # (K, rows, N)
+        for k in range(config["num_heads"]):
+            w, b = theirs[f"blocks.{k}.layers.0.weight"], theirs[f"blocks.{k}.layers.0.bias"]
+            logits = (feats + torch.nn.functional.silu(feats @ w.T + b)) @ head.T
+            diff = max(diff, float((ours[k] - logits[:, vocab_ids]).abs().max()))
+            same += int((vocab_ids[ours[k].argmax(-1)] == logits.argmax(-1)).sum())
+    n = rows * config["num_heads"]
+    if diff > TOLERANCE or same != n:
+        raise ExportError(f"{out}: the exported Medusa heads' logits differ from the original's by {diff:.2e} "
+                          f"(greedy draft equal on {same}/{n} rows)")
+    return {"rows": n, "max_abs_logit_diff": diff, "argmax_equal": same, "reader": "vLLM's Medusa layout, by hand"}
+
+
 def _write_draft(cfg, state: dict, tc: dict, target_dir: Path, out: Path) -> dict:
     import torch
     from safetensors.torch import save_file
@@ -351,7 +420,8 @@ def _write_draft(cfg, state: dict, tc: dict, target_dir: Path, out: Path) -> dic
         if (target_dir / name).is_file():
             shutil.copy(target_dir / name, out / name)
     check = check_draft(cfg, state, embed, vocab_ids, out)
-    check["gguf"] = write_gguf(cfg, tensors, out / "draft.gguf", out)
+    check["gguf"] = write_gguf(tensors, out / "draft.gguf", out, f"specviz draft model for {cfg.target}",
+                               cfg.num_attention_heads, cfg.num_key_value_heads)
     return check
 
 
@@ -360,10 +430,10 @@ def _permute(w, n_head: int):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(cfg, tensors: dict, path: Path, hf_dir: Path) -> dict:
-    """The exported draft model as an F32 GGUF for llama.cpp's --model-draft: the embedded target GGUF's tokenizer
-    and metadata with the draft's layer count and tensors; checked by loading it with transformers' GGUF reader
-    and comparing its logits with the Hugging Face export's."""
+def write_gguf(tensors: dict, path: Path, hf_dir: Path, name: str, heads: int, kv_heads: int) -> dict:
+    """A Llama folder's tensors as an F32 GGUF for llama.cpp (the target's `-m`, the draft model's --model-draft):
+    the embedded target GGUF's tokenizer and metadata with these tensors and their layer count; checked by loading
+    it with transformers' GGUF reader and comparing its logits with the Hugging Face folder's."""
     import gguf
     import numpy as np
     import torch
@@ -381,11 +451,11 @@ def write_gguf(cfg, tensors: dict, path: Path, hf_dir: Path) -> dict:
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
-    writer.add_name(f"specviz draft model for {cfg.target}")
-    writer.add_block_count(len(cfg.draft_layers))
+    writer.add_name(name)
+    writer.add_block_count(len({k.split(".")[2] for k in tensors if k.startswith("model.layers.")}))
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     t = {k: v.float().numpy() for k, v in tensors.items()}
-    h, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    h, kv = heads, kv_heads
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
     parts = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
@@ -406,7 +476,7 @@ def write_gguf(cfg, tensors: dict, path: Path, hf_dir: Path) -> dict:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    ids = torch.randint(0, cfg.vocab_size, (1, 24), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, t["model.embed_tokens.weight"].shape[0], (1, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         a = LlamaForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()(input_ids=ids).logits
         b = LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()(
@@ -464,6 +534,28 @@ SGLang: `--speculative-algorithm EAGLE3 --speculative-draft-model-path {out}` (n
 """
 
 
+def _medusa_readme(folder: Path, out: Path, target_dir: Path, cfg, check: dict) -> str:
+    return f"""# Medusa heads for {cfg.target}, exported by specviz
+
+From {folder} (`python -m specviz export medusa`), in the layout vLLM's Medusa loads: {cfg.medusa_heads} heads, each
+one residual block (`blocks.K.layers.0`) over the target's final-norm hidden state, sharing one LM head
+(`lm_heads.0`, `original_lm_head`): the target's embedding rows at the drafter's {len(state_rows(cfg))} vocabulary
+ids and zero elsewhere (vLLM 0.32 fails to load a `token_map` cut), so greedy drafts equal specviz's unless every
+draft-vocabulary logit is negative. vLLM drafts a chain: head K's argmax for position K.
+
+Checked: read back as vLLM's Medusa reads it, each head's draft logits equal specviz's (largest difference
+{check['max_abs_logit_diff']:.1e} over {check['rows']} head-rows, greedy draft equal on {check['argmax_equal']}).
+
+Serve it (vLLM, built by `make vllm`; `python -m specviz serve --engine vllm --drafter medusa` does this for you):
+
+```bash
+VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model {target_dir} \\
+    --served-model-name {target_dir.name} --host 127.0.0.1 --port 8000 --dtype float32 -O0 --max-model-len 2048 \\
+    --speculative-config '{{"method": "medusa", "model": "{out}", "num_speculative_tokens": 3}}'
+```
+"""
+
+
 def state_rows(cfg) -> range:
     return range(cfg.draft_vocab or cfg.vocab_size)
 
@@ -484,7 +576,8 @@ Serve it:
 
 ```bash
 # llama.cpp (`make server`; `python -m specviz serve --engine llama.cpp --drafter draft`)
-.venv/bin/llama-server -m <the embedded GGUF> --model-draft {out}/draft.gguf --draft-max 3 --metrics \\
+.venv/bin/llama-server -m <the embedded GGUF> --model-draft {out}/draft.gguf --spec-type draft-simple \\
+    --spec-draft-n-max 3 --metrics \\
     --host 127.0.0.1 --port 8080
 # vLLM (`make vllm`; `python -m specviz serve --engine vllm --drafter draft`)
 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model {target_dir} \\

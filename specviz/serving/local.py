@@ -1,7 +1,7 @@
 """`probe --local`: the drafter a server runs, run by specviz on the same prompts, beside the server's figures.
 
-specviz runs the same drafter (ngram → prompt lookup with the engines' n-gram sizes; eagle, draft → the drafter
-folder the export came from) on the same prompts through the same chat template, greedy, in a chain of the same
+specviz runs the same drafter (ngram → prompt lookup with the engines' n-gram sizes; eagle, medusa, draft → the
+drafter folder the export came from) on the same prompts through the same chat template, greedy, in a chain of the same
 length (γ), in the served dtype (fp32, the export's), and counts acceptance by position as vLLM does: accepted at
 position i / drafting steps. `compare` puts the two side by side and names the largest gap and its likely cause.
 Imports torch (the local run); the rest of serving/ does not.
@@ -13,7 +13,7 @@ from typing import Callable
 from specviz.serving import engines
 
 AGREE = 0.05          # served and local acceptance at a position this close agree (issue 41's tolerance)
-METHOD = {"ngram": "pld", "eagle": "eagle", "draft": "draft"}
+METHOD = {"ngram": "pld", "eagle": "eagle", "medusa": "medusa", "draft": "draft"}
 
 
 def run_local(rows: list[dict], drafter: str, gamma: int, max_new_tokens: int, dtype: str = "float32",
@@ -65,6 +65,14 @@ def served_figures(data: dict) -> dict:
                          "drafts": r.get("drafts")} for r in greedy]}
 
 
+def served_weights(model: str | None) -> str:
+    """What the server decodes with, as far as its model name tells: a GGUF's file name (its quantisation), else the
+    server's dtype (specviz serve starts vLLM in float32)."""
+    if model and model.endswith(".gguf"):
+        return f"the GGUF {model.rsplit('/', 1)[-1]}"
+    return "the server's dtype (specviz serve: float32)"
+
+
 def compare(served: dict, local: dict, dtype_served: str = "float32") -> dict:
     """Position by position: the gap, the largest one, and a one-line verdict with its likely cause."""
     s, m = served["per_position"], local["per_position"]
@@ -90,7 +98,7 @@ def compare(served: dict, local: dict, dtype_served: str = "float32") -> dict:
         cause = (f"likely cause: the chat template: {len(template)}/{len(pairs)} prompts have another length on the "
                  "server (its template or special tokens differ from the target's)")
     elif differ:
-        cause = (f"likely cause: the greedy answers differ on {len(differ)}/{len(pairs)} prompts (dtype: served "
+        cause = (f"likely cause: the greedy answers differ on {len(differ)}/{len(pairs)} prompts (weights: served "
                  f"{dtype_served}, local {local['dtype']}; or numerics), so the drafts are judged on other text")
     elif out["agree"]:
         cause = f"agree within {AGREE} at every position; same template, same answers"
