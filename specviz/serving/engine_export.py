@@ -135,7 +135,6 @@ def export_target(spec: str = "smollm2-135m", out: Optional[Path] = None, force:
     tokenizer.save_pretrained(tmp)
     manifest["gguf"] = write_gguf(state, tmp / TARGET_GGUF, tmp, f"{spec} (fp32, specviz export)",
                                   model.config.num_attention_heads, model.config.num_key_value_heads)
-    name = out.name
     readme = f"""# {spec}: the target, exported by specviz
 
 `python -m specviz export target` wrote this folder from {files[0].name}: fp32 safetensors (the GGUF's dequantised
@@ -146,14 +145,20 @@ specviz's `probe --local` decode the same numbers; the embedded Q4_1 GGUF gives 
 Serve it (vLLM, built by `make vllm`; `python -m specviz serve --engine vllm --drafter ngram` does this for you):
 
 ```bash
-VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model {out} \\
-    --served-model-name {name} --host 127.0.0.1 --port 8000 --dtype float32 -O0 --max-model-len 2048 \\
-    --speculative-config '{{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}}'
+{vllm_command(out, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4})}
 ```
 """
     _finish(tmp, out, manifest, readme)
     log(f"wrote {out}")
     return out
+
+
+def vllm_command(target_dir: Path, speculative: dict) -> str:
+    """The vLLM command line a README shows: the target folder served with `speculative` (its --speculative-config)."""
+    return ("VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server "
+            f"--model {target_dir} \\\n    --served-model-name {target_dir.name} --host 127.0.0.1 --port 8000 "
+            "--dtype float32 -O0 "
+            f"--max-model-len 2048 \\\n    --speculative-config '{json.dumps(speculative)}'")
 
 
 def slug(spec: str) -> str:
@@ -526,9 +531,7 @@ difference {check['max_abs_logit_diff']:.1e} over {check['rows']} rows, greedy d
 Serve it (vLLM, built by `make vllm`; `python -m specviz serve --engine vllm --drafter eagle` does this for you):
 
 ```bash
-VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model {target_dir} \\
-    --served-model-name {target_dir.name} --host 127.0.0.1 --port 8000 --dtype float32 -O0 --max-model-len 2048 \\
-    --speculative-config '{{"method": "eagle3", "model": "{out}", "num_speculative_tokens": 3}}'
+{vllm_command(target_dir, {"method": "eagle3", "model": str(out), "num_speculative_tokens": 3})}
 ```
 SGLang: `--speculative-algorithm EAGLE3 --speculative-draft-model-path {out}` (not tried here: it needs a GPU).
 """
@@ -549,9 +552,7 @@ Checked: read back as vLLM's Medusa reads it, each head's draft logits equal spe
 Serve it (vLLM, built by `make vllm`; `python -m specviz serve --engine vllm --drafter medusa` does this for you):
 
 ```bash
-VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model {target_dir} \\
-    --served-model-name {target_dir.name} --host 127.0.0.1 --port 8000 --dtype float32 -O0 --max-model-len 2048 \\
-    --speculative-config '{{"method": "medusa", "model": "{out}", "num_speculative_tokens": 3}}'
+{vllm_command(target_dir, {"method": "medusa", "model": str(out), "num_speculative_tokens": 3})}
 ```
 """
 
@@ -576,12 +577,10 @@ Serve it:
 
 ```bash
 # llama.cpp (`make server`; `python -m specviz serve --engine llama.cpp --drafter draft`)
-.venv/bin/llama-server -m <the embedded GGUF> --model-draft {out}/draft.gguf --spec-type draft-simple \\
+.venv/bin/llama-server -m {target_dir}/{TARGET_GGUF} --model-draft {out}/draft.gguf --spec-type draft-simple \\
     --spec-draft-n-max 3 --metrics \\
     --host 127.0.0.1 --port 8080
 # vLLM (`make vllm`; `python -m specviz serve --engine vllm --drafter draft`)
-VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model {target_dir} \\
-    --host 127.0.0.1 --port 8000 --dtype float32 -O0 --max-model-len 2048 \\
-    --speculative-config '{{"method": "draft_model", "model": "{out}", "num_speculative_tokens": 3}}'
+{vllm_command(target_dir, {"method": "draft_model", "model": str(out), "num_speculative_tokens": 3})}
 ```
 """
