@@ -98,7 +98,8 @@ def test_medusa_tree_in_browser(app_url, browser):
     pair = hardware.default_pair()  # the γ and lookup fields follow the method
     for field, value in (("gamma", pair.gamma_for("medusa")), ("lookup", pair.lookup_for("medusa")),
                          ("retrieve", pair.retrieve_for("medusa"))):
-        page.wait_for_function(f"() => document.querySelector('#{field} input').value === '{value}'", timeout=10_000)
+        # null-safe: the field is re-rendered when the method changes, and a thrown predicate ends the wait
+        page.wait_for_function(f"() => document.querySelector('#{field} input')?.value === '{value}'", timeout=10_000)
     page.locator("#run").click()
     page.wait_for_selector("#pane-spec .sv-pane-box[data-state=done]", timeout=180_000)
     page.wait_for_selector("#summary .sv-badge", timeout=60_000)

@@ -87,7 +87,7 @@ def test_the_default_race_reads_as_the_same_text_as_plain_decoding(app_url, brow
     more.locator("summary").click()
     page.wait_for_timeout(200)
     assert page.locator(f"#pane-spec .sv-step[data-step='{step}'] > .sv-off:visible").count() == n  # shown in place
-    page.wait_for_function("(v) => document.querySelector('#tree-step input[type=number]').value === v",
+    page.wait_for_function("(v) => document.querySelector('#tree-step input[type=number]')?.value === v",
                            arg=str(step + 1), timeout=30_000)  # ... and selects that step in the tree panel
     page.wait_for_function("(t) => document.querySelector('#plot-tree')?.innerText.includes(t)",
                            arg=f"Candidate tree of step {step + 1}:", timeout=30_000)
