@@ -46,22 +46,15 @@ def prompt_file(folder: Path) -> Path:
     return path
 
 
-def _plain(engine: str, first_speculative_flag: str):
-    """The reference: the same engine and target without speculation."""
-    p = engines.plan(engine, "ngram")
-    p.argv = p.argv[:p.argv.index(first_speculative_flag)]
-    return engines.Engine(p)
-
-
 @pytest.fixture(scope="module")
 def vllm_plain():
-    with _plain("vllm", "--speculative-config") as engine:
+    with engines.Engine(engines.reference("vllm")) as engine:
         yield engine
 
 
 @pytest.fixture(scope="module")
 def llama_plain():
-    with _plain("llama.cpp", "--spec-type") as engine:
+    with engines.Engine(engines.reference("llama.cpp")) as engine:
         yield engine
 
 

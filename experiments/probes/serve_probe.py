@@ -19,14 +19,6 @@ sys.path.insert(0, str(ROOT))
 from specviz.cli.main import main as cli  # noqa: E402
 from specviz.serving import engines  # noqa: E402
 
-FIRST_SPECULATIVE_FLAG = {"vllm": "--speculative-config", "llama.cpp": "--spec-type"}
-
-
-def plain(engine: str) -> engines.Engine:
-    p = engines.plan(engine, "ngram", log=lambda _: None)
-    p.argv = p.argv[:p.argv.index(FIRST_SPECULATIVE_FLAG[engine])]
-    return engines.Engine(p)
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -42,7 +34,7 @@ def main() -> None:
     print("| engine | drafter | served by position | local by position | largest gap | identical | verdict |")
     print("|---|---|---|---|---|---|---|")
     for engine in args.engines.split(","):
-        with plain(engine) as reference:
+        with engines.Engine(engines.reference(engine, log=lambda _: None)) as reference:
             for drafter in engines.DRAFTERS[engine]:
                 path = out / f"{engine}-{drafter}.json"
                 with engines.Engine(engines.plan(engine, drafter, log=lambda _: None)) as served, \

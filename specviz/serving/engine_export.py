@@ -277,12 +277,29 @@ def export_drafter(folder: Path, target_dir: Path, spec: str = "smollm2-135m", o
     return out
 
 
+def _vocab_ids(cfg, state: dict):
+    """The target ids of the drafter's draft vocabulary (all of the target's when it has none), int64."""
+    import torch
+
+    return state["vocab_ids"].long() if "vocab_ids" in state else torch.arange(cfg.vocab_size)
+
+
+def _draft_vocab_head(embed, vocab_ids):
+    """A full-vocabulary LM head for engines that cannot cut one: the target's rows (its tied embedding) at the draft
+    vocabulary's ids, zero elsewhere, so a greedy draft is specviz's unless every draft-vocabulary logit is negative."""
+    import torch
+
+    head = torch.zeros_like(embed)
+    head[vocab_ids] = embed[vocab_ids]
+    return head
+
+
 def _write_eagle3(cfg, state: dict, tc: dict, target_dir: Path, out: Path) -> dict:
     import torch
     from safetensors.torch import save_file
 
     embed = _target_tensors(target_dir)["model.embed_tokens.weight"]
-    vocab_ids = state["vocab_ids"].long() if "vocab_ids" in state else torch.arange(cfg.vocab_size)
+    vocab_ids = _vocab_ids(cfg, state)
     n = int(vocab_ids.numel())
     t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
     t2d[vocab_ids] = True
@@ -359,12 +376,10 @@ def _write_medusa(cfg, state: dict, target_dir: Path, out: Path) -> dict:
     from safetensors.torch import save_file
 
     embed = _target_tensors(target_dir)["model.embed_tokens.weight"]
-    vocab_ids = state["vocab_ids"].long() if "vocab_ids" in state else torch.arange(cfg.vocab_size)
+    vocab_ids = _vocab_ids(cfg, state)
     tensors = {f"blocks.{k}.layers.0.{p}": state[f"heads.{k}.0.linear.{p}"].to(torch.float32).contiguous()
                for k in range(cfg.medusa_heads) for p in ("weight", "bias")}
-    head = torch.zeros_like(embed, dtype=torch.float32)
-    head[vocab_ids] = embed[vocab_ids].to(torch.float32)
-    tensors["lm_heads.0.weight"] = head
+    tensors["lm_heads.0.weight"] = _draft_vocab_head(embed, vocab_ids)
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     config = {"architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": cfg.hidden_size,
               "vocab_size": cfg.vocab_size, "num_heads": cfg.medusa_heads, "num_hidden_layers": 1,
@@ -409,9 +424,8 @@ def _write_draft(cfg, state: dict, tc: dict, target_dir: Path, out: Path) -> dic
     from safetensors.torch import save_file
 
     embed = _target_tensors(target_dir)["model.embed_tokens.weight"]
-    vocab_ids = state["vocab_ids"].long() if "vocab_ids" in state else torch.arange(cfg.vocab_size)
-    head = torch.zeros_like(embed)
-    head[vocab_ids] = embed[vocab_ids]
+    vocab_ids = _vocab_ids(cfg, state)
+    head = _draft_vocab_head(embed, vocab_ids)
     tensors = {"model." + k: v.to(torch.float32).contiguous() for k, v in state.items()
                if k.startswith(("layers.", "norm."))}
     tensors.update({"model.embed_tokens.weight": embed.contiguous(), "lm_head.weight": head})
@@ -460,7 +474,6 @@ def write_gguf(tensors: dict, path: Path, hf_dir: Path, name: str, heads: int, k
     writer.add_block_count(len({k.split(".")[2] for k in tensors if k.startswith("model.layers.")}))
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     t = {k: v.float().numpy() for k, v in tensors.items()}
-    h, kv = heads, kv_heads
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
     parts = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
@@ -473,9 +486,9 @@ def write_gguf(tensors: dict, path: Path, hf_dir: Path, name: str, heads: int, k
         i, rest = name.removeprefix("model.layers.").split(".", 1)
         part = rest.removesuffix(".weight")
         if part == "self_attn.q_proj":
-            value = _permute(value, h)
+            value = _permute(value, heads)
         elif part == "self_attn.k_proj":
-            value = _permute(value, kv)
+            value = _permute(value, kv_heads)
         writer.add_tensor(f"blk.{i}.{parts[part]}.weight", np.ascontiguousarray(value))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -64,7 +64,7 @@ def check_port(port: int) -> None:
 class Plan:
     """What to start: the command, its environment, and what it serves."""
     engine: str
-    drafter: str                      # ngram | eagle | draft
+    drafter: str                      # ngram | eagle | medusa | draft | none (the reference)
     argv: list[str]
     env: dict[str, str]
     port: int
@@ -79,7 +79,7 @@ class Plan:
 
 def drafter_kind(value: str) -> tuple[str, Optional[Path]]:
     """(kind, folder): a shipped drafter name or a trained folder (its config's kind)."""
-    from specviz.serving.engine_export import SHIPPED, shipped
+    from specviz.serving.engine_export import KINDS, SHIPPED, shipped
 
     if value == "ngram":
         return "ngram", None
@@ -88,7 +88,7 @@ def drafter_kind(value: str) -> tuple[str, Optional[Path]]:
     path = Path(value)
     if path.is_dir() and (path / "config.json").is_file():
         kind = json.loads((path / "config.json").read_text()).get("kind")
-        if kind in SHIPPED:
+        if kind in KINDS:
             return kind, path
         raise ServeError(f"drafter={value!r} is a {kind or 'non-specviz'} drafter: serve takes ngram, eagle, medusa, "
                          "draft, or a folder of an EAGLE-3, Medusa or draft-model drafter trained here")
@@ -113,7 +113,16 @@ def plan(engine: str, drafter: str, port: Optional[int] = None, spec: str = "smo
     return _plan_llama(kind, folder, port, spec, log, export_root)
 
 
-def _exports(kind: str, folder: Optional[Path], spec: str, log, root: Optional[Path], need_target: bool = True):
+def reference(engine: str, spec: str = "smollm2-135m", log: Callable[[str], None] = print,
+              export_root: Optional[Path] = None) -> Plan:
+    """The same engine and target without speculation: the greedy reference `probe --reference` compares with (the
+    n-gram plan with its speculation arguments, always the last ones, cut off)."""
+    p = plan(engine, "ngram", spec=spec, log=log, export_root=export_root)
+    first = "--speculative-config" if p.engine == "vllm" else next(iter(p.speculative))
+    return replace(p, drafter="none", argv=p.argv[:p.argv.index(first)], speculative={})
+
+
+def _exports(kind: str, folder: Optional[Path], spec: str, log, root: Optional[Path]):
     from specviz.serving import engine_export as ee
 
     try:
