@@ -2,6 +2,8 @@
    8-lane registers, or 16-lane ones where the build has AVX-512 (the same bits). */
 #include "common.h"
 
+#define UNROLL_ALL _Pragma("GCC unroll 4")  /* loops over heads and registers: their accumulators stay in registers */
+
 /* exp of each lane (x <= 0 here: scores minus their max), Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r,
    times 2^n; within 2 ulp of expf, and the same bits for the same input whatever the other lanes or the width.
    EXP(name, vector type, its integer type, intrinsics prefix, round to nearest, integer bits as floats). */
@@ -73,9 +75,9 @@ static inline __attribute__((always_inline)) void attend_heads(const int G, cons
             for (int i = 0; i < 4; ++i) {
                 __m256 w = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(kr[i] + 16 * b)));
                 __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(w), 16)), wo = _mm256_and_ps(w, high);
-                for (int hh = 0; hh < G; ++hh) {
-                    a[hh][i] = _mm256_fmadd_ps(we, qe[hh][b], a[hh][i]);
+                for (int hh = 0; hh < G; ++hh) {  /* a pair's odd product, then its even one (as vdpbf16ps) */
                     a[hh][i] = _mm256_fmadd_ps(wo, qo[hh][b], a[hh][i]);
+                    a[hh][i] = _mm256_fmadd_ps(we, qe[hh][b], a[hh][i]);
                 }
             }
         for (int hh = 0; hh < G; ++hh) {
@@ -102,23 +104,25 @@ static inline __attribute__((always_inline)) void attend_heads(const int G, cons
     for (long b0 = 0; b0 < nb; b0 += 2) {
         int two = nb - b0 >= 2;
         __m256 ae[3][2], ao[3][2];
-        for (int hh = 0; hh < G; ++hh) ae[hh][0] = ae[hh][1] = ao[hh][0] = ao[hh][1] = _mm256_setzero_ps();
-        for (long j = 0; j < n; ++j) {
+        UNROLL_ALL for (int hh = 0; hh < G; ++hh) ae[hh][0] = ae[hh][1] = ao[hh][0] = ao[hh][1] = _mm256_setzero_ps();
+        for (long j = 0; j < n; ++j) {  /* both blocks every key (a last odd block reads its own values twice and
+                                             keeps one): the loops unroll, and the accumulators stay in registers */
             const uint16_t *vr = vh + (long)ix[j] * D + 16 * b0;
-            for (int bb = 0; bb < 2; ++bb) {
-                if (bb && !two) break;
-                __m256 w = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * bb)));
+            UNROLL_ALL for (int bb = 0; bb < 2; ++bb) {
+                __m256 w = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * bb * two)));
                 __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(w), 16)), wo = _mm256_and_ps(w, high);
-                for (int hh = 0; hh < G; ++hh) {
+                UNROLL_ALL for (int hh = 0; hh < G; ++hh) {
                     __m256 p = _mm256_broadcast_ss(s + hh * room + j);
                     ae[hh][bb] = _mm256_fmadd_ps(p, we, ae[hh][bb]);
                     ao[hh][bb] = _mm256_fmadd_ps(p, wo, ao[hh][bb]);
                 }
+                __asm__ volatile("" ::: "memory");  /* each block broadcasts p again: 12 accumulators + 3 in 16 */
             }
         }
-        for (int hh = 0; hh < G; ++hh) {
+        UNROLL_ALL for (int hh = 0; hh < G; ++hh) {
             __m256 inv = _mm256_set1_ps(1.f / sum[hh]);
-            for (int bb = 0; bb < 1 + two; ++bb) {
+            UNROLL_ALL for (int bb = 0; bb < 2; ++bb) {
+                if (bb && !two) continue;
                 float e[8], d[8], *o = out + hh * D + 16 * (b0 + bb);
                 _mm256_storeu_ps(e, _mm256_mul_ps(ae[hh][bb], inv));
                 _mm256_storeu_ps(d, _mm256_mul_ps(ao[hh][bb], inv));
@@ -155,6 +159,22 @@ static inline __attribute__((always_inline)) void attend_heads512(const int G, c
             qe[hh][b] = pair512(_mm256_loadu_ps(e), _mm256_loadu_ps(e));
             qo[hh][b] = pair512(_mm256_loadu_ps(o), _mm256_loadu_ps(o));
         }
+#if defined(__AVX512BF16__)
+    /* Where every query value is a bf16 (the fused decoder's are), a score takes vdpbf16ps: on a lane it adds the
+       pair's odd product, then its even one, each rounded as an FMA rounds (products of two bf16 are exact), which is
+       what the fp32 paths do, so the bits are theirs; it treats subnormal inputs and results as zero, where an FMA
+       keeps them. qp: block b's 8 pairs as bf16 words, in both halves. */
+    int pairs = 1;
+    for (long i = 0; i < G * D; ++i) {
+        uint32_t bits;
+        __builtin_memcpy(&bits, q + i, 4);
+        pairs &= (bits & 0xffffu) == 0;
+    }
+    __m512bh qp[3][16];
+    for (int hh = 0; hh < G && pairs; ++hh)
+        for (long b = 0; b < nb; ++b)
+            qp[hh][b] = (__m512bh)_mm512_broadcast_i64x4((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(q + hh * D + 16 * b)));
+#endif
     __m128 mx[3];
     for (int hh = 0; hh < G; ++hh) mx[hh] = _mm_set1_ps(-__builtin_inff());
     for (long j0 = 0; j0 < n; j0 += 4) {
@@ -167,11 +187,17 @@ static inline __attribute__((always_inline)) void attend_heads512(const int G, c
                 __m512i w = _mm512_inserti64x4(
                     _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(kr[2 * p] + 16 * b))),
                     _mm256_loadu_si256((const __m256i *)(kr[2 * p + 1] + 16 * b)), 1);
+#if defined(__AVX512BF16__)
+                if (pairs) {  /* the same two products a lane, in the same order, on the words as read */
+                    for (int hh = 0; hh < G; ++hh) a[hh][p] = _mm512_dpbf16_ps(a[hh][p], (__m512bh)w, qp[hh][b]);
+                    continue;
+                }
+#endif
                 __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
                 __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(w, high));
                 for (int hh = 0; hh < G; ++hh) {
-                    a[hh][p] = _mm512_fmadd_ps(we, qe[hh][b], a[hh][p]);
                     a[hh][p] = _mm512_fmadd_ps(wo, qo[hh][b], a[hh][p]);
+                    a[hh][p] = _mm512_fmadd_ps(we, qe[hh][b], a[hh][p]);
                 }
             }
         for (int hh = 0; hh < G; ++hh) {
@@ -201,28 +227,29 @@ static inline __attribute__((always_inline)) void attend_heads512(const int G, c
         long left = nb - b0 < 4 ? nb - b0 : 4;  /* blocks this pass: 1 to 4, two per register */
         __mmask16 m0 = left >= 2 ? 0xffff : 0x00ff, m1 = left >= 4 ? 0xffff : (left == 3 ? 0x00ff : 0);
         __m512 ae[3][2], ao[3][2];
-        for (int hh = 0; hh < G; ++hh) ae[hh][0] = ae[hh][1] = ao[hh][0] = ao[hh][1] = _mm512_setzero_ps();
-        for (long j = 0; j < n; ++j) {
+        UNROLL_ALL for (int hh = 0; hh < G; ++hh) ae[hh][0] = ae[hh][1] = ao[hh][0] = ao[hh][1] = _mm512_setzero_ps();
+        for (long j = 0; j < n; ++j) {  /* both registers every key (a 0 mask loads zeros, never stored): the loops
+                                             unroll, and the accumulators stay in registers */
             const uint16_t *vr = vh + (long)ix[j] * D + 16 * b0;
-            for (int pp = 0; pp < 2; ++pp) {
-                __mmask16 mk = pp ? m1 : m0;
-                if (!mk) break;
-                __m512i w = _mm512_maskz_loadu_epi32(mk, vr + 32 * pp);
-                __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-                __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(w, high));
-                for (int hh = 0; hh < G; ++hh) {
-                    __m512 p = _mm512_set1_ps(s[hh * room + j]);
-                    ae[hh][pp] = _mm512_fmadd_ps(p, we, ae[hh][pp]);
-                    ao[hh][pp] = _mm512_fmadd_ps(p, wo, ao[hh][pp]);
+            __m512 we[2], wo[2];
+            UNROLL_ALL for (int pp = 0; pp < 2; ++pp) {
+                __m512i w = _mm512_maskz_loadu_epi32(pp ? m1 : m0, vr + 32 * pp);
+                we[pp] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+                wo[pp] = _mm512_castsi512_ps(_mm512_and_si512(w, high));
+            }
+            UNROLL_ALL for (int hh = 0; hh < G; ++hh) {
+                __m512 p = _mm512_set1_ps(s[hh * room + j]);
+                UNROLL_ALL for (int pp = 0; pp < 2; ++pp) {
+                    ae[hh][pp] = _mm512_fmadd_ps(p, we[pp], ae[hh][pp]);
+                    ao[hh][pp] = _mm512_fmadd_ps(p, wo[pp], ao[hh][pp]);
                 }
             }
         }
-        for (int hh = 0; hh < G; ++hh) {
+        UNROLL_ALL for (int hh = 0; hh < G; ++hh) {
             __m512 inv = _mm512_set1_ps(1.f / sum[hh]);
-            for (int pp = 0; pp < 2; ++pp) {
+            UNROLL_ALL for (int pp = 0; pp < 2; ++pp) {
                 float e[16], d[16];
                 long blocks = left - 2 * pp < 2 ? left - 2 * pp : 2;
-                if (blocks <= 0) break;
                 _mm512_storeu_ps(e, _mm512_mul_ps(ae[hh][pp], inv));
                 _mm512_storeu_ps(d, _mm512_mul_ps(ao[hh][pp], inv));
                 float *o = out + hh * D + 16 * (b0 + 2 * pp);
@@ -236,34 +263,40 @@ static inline __attribute__((always_inline)) void attend_heads512(const int G, c
 #define ATTEND_HEADS attend_heads
 #endif
 
+/* One task of attend_bf16: query heads h0 .. h1-1 of one row (q, out: the row's (H, D)), which read one key/value
+   head (kh, vh), over the row's n visible positions ix; three at a time through attend_heads, so each cache read
+   serves them all. s: 3 * room floats of scratch, room >= n + 16 (score stores run up to 15 past n). */
+void attend_task(const float *q, const uint16_t *kh, const uint16_t *vh, float *out, const int32_t *ix, long n,
+                 long h0, long h1, long D, float scale, float *s, long room) {
+    for (long h = h0; h < h1; h += 3) {
+        const float *qh = q + h * D;
+        float *oh = out + h * D;
+        switch (h1 - h < 3 ? h1 - h : 3) {
+            case 1: ATTEND_HEADS(1, qh, kh, vh, ix, n, D, scale, s, room, oh); break;
+            case 2: ATTEND_HEADS(2, qh, kh, vh, ix, n, D, scale, s, room, oh); break;
+            default: ATTEND_HEADS(3, qh, kh, vh, ix, n, D, scale, s, room, oh); break;
+        }
+    }
+}
+
 /* Row-wise attention over a bf16 KV cache. q (R, H, D) fp32 query rows; k, v: one sequence's cache, key/value
    head j at k + j*hs, position p at + p*D. Row r sees the cache positions idx[off[r] .. off[r+1]), in order.
    Query head h reads key/value head h / (H / KVH). out (R, H, D) fp32 = softmax(q . K^T * scale) . V.
-   One task per (row, key/value head): its query heads go three at a time through attend_heads, so each cache
-   read serves them all. Each (row, head) is one fixed sequence of operations, which depends only on its query
-   and its visible keys, so its bits never depend on R. D % 16 == 0, D <= 256. */
+   One task per (row, key/value head) (attend_task). Each (row, head) is one fixed sequence of operations, which
+   depends only on its query and its visible keys, so its bits never depend on R. D % 16 == 0, D <= 256. */
 void attend_bf16(const float *q, const uint16_t *k, const uint16_t *v, float *out, const int32_t *idx,
                  const int64_t *off, long R, long H, long KVH, long D, long hs, float scale, int threads) {
     long g = H / KVH, maxn = 1;
     for (long r = 0; r < R; ++r) if (off[r + 1] - off[r] > maxn) maxn = off[r + 1] - off[r];
-    long room = maxn + 16;  /* score stores run up to 15 past n */
+    long room = maxn + 16;
     #pragma omp parallel num_threads(threads)
     {
         float *s = (float *)__builtin_malloc(3 * room * sizeof(float));
         #pragma omp for schedule(static)
         for (long t = 0; t < R * KVH; ++t) {
-            long r = t / KVH, j = t % KVH, n = off[r + 1] - off[r];
-            const uint16_t *kh = k + j * hs, *vh = v + j * hs;
-            const int32_t *ix = idx + off[r];
-            for (long h = j * g; h < (j + 1) * g; h += 3) {
-                const float *qh = q + (r * H + h) * D;
-                float *oh = out + (r * H + h) * D;
-                switch ((j + 1) * g - h < 3 ? (j + 1) * g - h : 3) {
-                    case 1: ATTEND_HEADS(1, qh, kh, vh, ix, n, D, scale, s, room, oh); break;
-                    case 2: ATTEND_HEADS(2, qh, kh, vh, ix, n, D, scale, s, room, oh); break;
-                    default: ATTEND_HEADS(3, qh, kh, vh, ix, n, D, scale, s, room, oh); break;
-                }
-            }
+            long r = t / KVH, j = t % KVH;
+            attend_task(q + r * H * D, k + j * hs, v + j * hs, out + r * H * D, idx + off[r], off[r + 1] - off[r],
+                        j * g, (j + 1) * g, D, scale, s, room);
         }
         __builtin_free(s);
     }

@@ -8,6 +8,8 @@ rope rounds q * cos, rotate_half(q) * sin and their sum; silu(gate) and its prod
 residual sum is rounded. So a row's bits depend only on the row, its position and the keys it sees: one token
 alone gets the bits it gets among drafts, and no padding row is needed. One parallel region runs all the layers:
 its threads claim each phase's chunks (a matmul's column groups, rows, (row, head) pairs) as they come (RUN_PHASE). */
+#include <omp.h>
+
 #include "packed.h"
 
 #define PHASES 10  /* a layer's phases (RUN_PHASE) */
@@ -15,6 +17,34 @@ its threads claim each phase's chunks (a matmul's column groups, rows, (row, hea
 #define LAYER_CHUNK 2  /* matmul column groups (32 outputs each) a claim (a -D flag: experiments/probes/kernel_ab.py) */
 #endif
 #define CHUNK LAYER_CHUNK
+
+/* -DPHASE_TIMES (experiments/probes/phase_times.py): each thread adds the nanoseconds it spends in each of a layer's
+   phases, and of those the ones it spends waiting for the others, to phase_ns; llama_phase_times reads and clears
+   them. Off by default: the phases then run as written. */
+#ifdef PHASE_TIMES
+#include <time.h>
+static double phase_ns[PHASES][2][2];  /* phase, thread (0, 1), {in the phase, waiting} */
+static __thread int phase_now;
+static inline double now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e9 + t.tv_nsec;
+}
+#define TIMED(i, ...) do {                                                                          \
+        int t_ = omp_get_thread_num() & 1;                                                        \
+        double s_ = now_ns();                                                                     \
+        phase_now = (i);                                                                          \
+        __VA_ARGS__;                                                                              \
+        phase_ns[i][t_][0] += now_ns() - s_;                                                      \
+    } while (0)
+void phase_waited(double ns) { phase_ns[phase_now][omp_get_thread_num() & 1][1] += ns; }
+void llama_phase_times(double *out) {
+    __builtin_memcpy(out, phase_ns, sizeof phase_ns);
+    __builtin_memset(phase_ns, 0, sizeof phase_ns);
+}
+#else
+#define TIMED(i, ...) __VA_ARGS__
+#endif
 
 static inline long chunks(long N) { return (packed_groups(N) + CHUNK - 1) / CHUNK; }
 
@@ -131,13 +161,16 @@ typedef struct {
     uint16_t *qkv, *gu;                /* q|k|v and gate|up outputs, bf16 */
     xin_t *xn, *att, *act;             /* the matmuls' inputs, as they read them: norms', attention's, the MLP's */
     float *q32, *o32;                  /* attention's fp32 queries and outputs */
+    float *scores;                     /* attention's scratch: 3 x room floats a thread */
+    long room;
 } layer_t;
 
 /* the shape and buffers for n rows of width d (xn: xn_width a row) at the positions and spans llama_layers takes */
 static layer_t layer_alloc(long n, long d, long xn_width, long hd, long H, long KVH, long F, long cap, long slot0,
-                           const int64_t *pos, const int32_t *idx, const int64_t *off, float eps, float scale) {
+                           const int64_t *pos, const int32_t *idx, const int64_t *off, float eps, float scale,
+                           int threads) {
     layer_t L = {n, d, hd, H, KVH, F, H * hd, (H + 2 * KVH) * hd, H / KVH, cap * hd, slot0, eps, scale,
-                 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+                 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     L.qkv = (uint16_t *)__builtin_malloc(n * L.qkvd * 2);
     L.gu = (uint16_t *)__builtin_malloc(n * 2 * F * 2);
     L.xn = (xin_t *)__builtin_malloc(n * xn_width * sizeof(xin_t));
@@ -148,13 +181,16 @@ static layer_t layer_alloc(long n, long d, long xn_width, long hd, long H, long 
     L.at = (int64_t *)__builtin_malloc(n * 3 * sizeof(int64_t));
     L.span = L.at + n;
     L.idx = row_spans(n, pos, slot0, idx, off, L.at, L.span, &L.causal);
+    for (long r = 0; r < n; ++r)
+        if (L.span[2 * r + 1] - L.span[2 * r] + 16 > L.room) L.room = L.span[2 * r + 1] - L.span[2 * r] + 16;
+    L.scores = (float *)__builtin_malloc(threads * 3 * L.room * sizeof(float));
     return L;
 }
 
 static void layer_free(layer_t *L) {
     __builtin_free(L->qkv); __builtin_free(L->gu); __builtin_free(L->xn); __builtin_free(L->att);
     __builtin_free(L->act); __builtin_free(L->q32); __builtin_free(L->o32); __builtin_free(L->at);
-    __builtin_free(L->causal);
+    __builtin_free(L->causal); __builtin_free(L->scores);
 }
 
 /* A layer after its q|k|v matmul, as llama_layers and eagle3_step run it (7 phases from ph, inside the caller's
@@ -163,19 +199,20 @@ static void layer_free(layer_t *L) {
 static void layer_rest(const layer_t *L, phase_t *ph, uint16_t *h, const int64_t *w, uint16_t *kc, uint16_t *vc,
                        const uint16_t *cos, const uint16_t *sin) {
     long n = L->n, d = L->d, hd = L->hd, KVH = L->KVH, F = L->F, qd = L->qd, g = L->g, hs = L->hs;
-    RUN_PHASE(ph + 0, n, r, rope_store_row(L->qkv + r * L->qkvd, L->at[r], L->slot0 + r, cos, sin, kc, vc, hs, L->H,
-                                             KVH, hd, L->q32 + r * qd));
-    RUN_PHASE(ph + 1, n * KVH, t, {  /* one (row, key/value head) a task, its query heads together */
+    TIMED(2, RUN_PHASE(ph + 0, n, r, rope_store_row(L->qkv + r * L->qkvd, L->at[r], L->slot0 + r, cos, sin, kc, vc,
+                                                    hs, L->H, KVH, hd, L->q32 + r * qd)));
+    TIMED(3, RUN_PHASE(ph + 1, n * KVH, t, {  /* one (row, key/value head) a task, its query heads together */
         long r = t / KVH, j = t % KVH, o = r * qd + j * g * hd;
-        attend_bf16(L->q32 + o, kc + j * hs, vc + j * hs, L->o32 + o, L->idx, L->span + 2 * r, 1, g, 1, hd, hs,
-                    L->scale, 1);
+        attend_task(L->q32 + r * qd, kc + j * hs, vc + j * hs, L->o32 + r * qd, L->idx + L->span[2 * r],
+                    L->span[2 * r + 1] - L->span[2 * r], j * g, (j + 1) * g, hd, L->scale,
+                    L->scores + omp_get_thread_num() * 3 * L->room, L->room);
         for (long i = 0; i < g * hd; ++i) L->att[o + i] = x_of_bf16(float_to_bf16(L->o32[o + i]));
-    });
-    RUN_PHASE(ph + 2, chunks(d), c, matmul_chunk(c, L->att, w[0], n, qd, d, h, ADD_BF16));
-    RUN_PHASE(ph + 3, n, r, rmsnorm_row(h + r * d, (const uint16_t *)w[1], L->xn + r * d, d, L->eps, 1));
-    RUN_PHASE(ph + 4, chunks(2 * F), c, matmul_chunk(c, L->xn, w[2], n, d, 2 * F, L->gu, STORE_BF16));
-    RUN_PHASE(ph + 5, n, r, silu_mul_row(L->gu + r * 2 * F, L->gu + r * 2 * F + F, L->act + r * F, F));
-    RUN_PHASE(ph + 6, chunks(d), c, matmul_chunk(c, L->act, w[3], n, F, d, h, ADD_BF16));
+    }));
+    TIMED(4, RUN_PHASE(ph + 2, chunks(d), c, matmul_chunk(c, L->att, w[0], n, qd, d, h, ADD_BF16)));
+    TIMED(5, RUN_PHASE(ph + 3, n, r, rmsnorm_row(h + r * d, (const uint16_t *)w[1], L->xn + r * d, d, L->eps, 1)));
+    TIMED(6, RUN_PHASE(ph + 4, chunks(2 * F), c, matmul_chunk(c, L->xn, w[2], n, d, 2 * F, L->gu, STORE_BF16)));
+    TIMED(7, RUN_PHASE(ph + 5, n, r, silu_mul_row(L->gu + r * 2 * F, L->gu + r * 2 * F + F, L->act + r * F, F)));
+    TIMED(8, RUN_PHASE(ph + 6, chunks(d), c, matmul_chunk(c, L->act, w[3], n, F, d, h, ADD_BF16)));
 }
 
 /* Layers l0 .. l1-1 over h (n, d) bf16, in place. Row r sits at position pos[r] (rope) and cache slot slot0 + r, and
@@ -188,14 +225,14 @@ void llama_layers(uint16_t *h, long n, const int64_t *pos, long slot0, const uin
                   const int64_t *weights, const int64_t *caches, long cap, const int32_t *idx, const int64_t *off,
                   long l0, long l1, uint16_t *states, long d, long hd, long H, long KVH, long F, float eps, float scale,
                   int threads) {
-    layer_t L = layer_alloc(n, d, d, hd, H, KVH, F, cap, slot0, pos, idx, off, eps, scale);
+    layer_t L = layer_alloc(n, d, d, hd, H, KVH, F, cap, slot0, pos, idx, off, eps, scale, threads);
     phase_t *phases = (phase_t *)__builtin_calloc((l1 - l0) * PHASES, sizeof(phase_t));
     #pragma omp parallel num_threads(threads)
     for (long l = l0; l < l1; ++l) {
         const int64_t *wl = weights + 6 * l;
         phase_t *ph = phases + (l - l0) * PHASES;
-        RUN_PHASE(ph + 0, n, r, rmsnorm_row(h + r * d, (const uint16_t *)wl[0], L.xn + r * d, d, eps, 1));
-        RUN_PHASE(ph + 1, chunks(L.qkvd), c, matmul_chunk(c, L.xn, wl[1], n, d, L.qkvd, L.qkv, STORE_BF16));
+        TIMED(0, RUN_PHASE(ph + 0, n, r, rmsnorm_row(h + r * d, (const uint16_t *)wl[0], L.xn + r * d, d, eps, 1)));
+        TIMED(1, RUN_PHASE(ph + 1, chunks(L.qkvd), c, matmul_chunk(c, L.xn, wl[1], n, d, L.qkvd, L.qkv, STORE_BF16)));
         layer_rest(&L, ph + 2, h, wl + 2, (uint16_t *)caches[2 * l], (uint16_t *)caches[2 * l + 1], cos, sin);
         if (states)
             RUN_PHASE(ph + 9, n, r, __builtin_memcpy(states + ((l - l0) * n + r) * d, h + r * d, d * 2));
@@ -230,7 +267,7 @@ void eagle3_step(const uint16_t *feats, long nf, uint16_t *hidden, const uint16_
                  uint16_t *kc, uint16_t *vc, long cap, const int32_t *idx, const int64_t *off, long d, long hd, long H,
                  long KVH, long F, float eps, float scale, int threads) {
     long d2 = 2 * d;
-    layer_t L = layer_alloc(n, d, d2, hd, H, KVH, F, cap, slot0, pos, idx, off, eps, scale);
+    layer_t L = layer_alloc(n, d, d2, hd, H, KVH, F, cap, slot0, pos, idx, off, eps, scale, threads);
     xin_t *fx = feats ? (xin_t *)__builtin_malloc(n * nf * sizeof(xin_t)) : 0;
     const uint16_t *fc_bias = (const uint16_t *)weights[1];
     phase_t ph[12] = {{0}};

@@ -44,6 +44,8 @@ void wait_phase(phase_t *ph, long count);
 
 void attend_bf16(const float *q, const uint16_t *k, const uint16_t *v, float *out, const int32_t *idx,
                  const int64_t *off, long R, long H, long KVH, long D, long hs, float scale, int threads);
+void attend_task(const float *q, const uint16_t *kh, const uint16_t *vh, float *out, const int32_t *ix, long n,
+                 long h0, long h1, long D, float scale, float *s, long room);
 
 static inline float bf16_to_float(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
