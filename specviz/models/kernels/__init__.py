@@ -16,8 +16,8 @@ decoder's (specviz/models/fused.py) packed_linear.c (pack_bf16, linear_packed), 
 The .c files are compiled together once per content version with the system C compiler into a per-user cache
 (about a second) and called through ctypes: for AVX2/FMA; for AVX-512 where the CPU has it, whose attention takes
 16-lane registers and gives the AVX2 build's bits (faster: experiments/results/attend_ab_avx512.txt); and for
-AVX512-BF16, whose packed matmul takes
-vdpbf16ps (its own bits). Where there is no compiler, or the CPU lacks AVX2/FMA,
+AVX512-BF16, whose packed matmul takes vdpbf16ps (its own bits), and whose attention scores bf16 queries with
+vdpbf16ps (the other builds' bits: docs/performance.md). Where there is no compiler, or the CPU lacks AVX2/FMA,
 `available()` is False and the stock torch kernels run (a Space's image without gcc, say): a failed build logs one
 line saying why (logger "specviz.kernels"), and `describe()` names what runs here.
 """
