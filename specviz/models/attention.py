@@ -78,11 +78,16 @@ def visible_index(mask: torch.Tensor | None, q_len: int, kv_len: int) -> tuple[t
     cached = getattr(mask, "_visible_index", None) if mask is not None else _causal_index.get((q_len, kv_len))
     if cached is not None:
         return cached
-    parts = [torch.arange(seen, dtype=torch.int32) if isinstance(seen, int) else seen.to(torch.int32)
-             for seen in visible_keys(mask, q_len, kv_len)]
-    offsets = torch.zeros(len(parts) + 1, dtype=torch.int64)
-    offsets[1:] = torch.tensor([len(p) for p in parts], dtype=torch.int64).cumsum(0)
-    cached = (torch.cat(parts).contiguous(), offsets)
+    if mask is None:
+        parts = [torch.arange(seen, dtype=torch.int32) for seen in visible_keys(mask, q_len, kv_len)]
+        counts = torch.tensor([len(p) for p in parts], dtype=torch.int64)
+        index = torch.cat(parts)
+    else:  # every row's visible keys in cache order, row after row: one nonzero over the mask, not one a row
+        allowed = (mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0).cpu()  # (q, kv)
+        index, counts = allowed.nonzero()[:, 1].to(torch.int32), allowed.sum(1)
+    offsets = torch.zeros(q_len + 1, dtype=torch.int64)
+    offsets[1:] = counts.cumsum(0)
+    cached = (index.contiguous(), offsets)
     if mask is not None:
         mask._visible_index = cached
     else:
