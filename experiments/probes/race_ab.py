@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kernel_ab import build  # noqa: E402
-from race_step import QUESTIONS  # noqa: E402
+from race_step import QUESTIONS, time_forward  # noqa: E402
 
 from specviz import engines, prompts  # noqa: E402
 from specviz.config import DecodeConfig  # noqa: E402
@@ -50,19 +50,7 @@ def main() -> None:
         lane = (engines.build("eagle", target),
                 DecodeConfig(method="eagle", gamma=gamma, lookup=lookup, retrieve=retrieve, **common))
     ar = (engines.build("ar", target), DecodeConfig(method="ar", **common))
-    forward = [0.0]
-
-    def timed(f):
-        def call(*a, **k):
-            start = time.perf_counter()
-            try:
-                return f(*a, **k)
-            finally:
-                forward[0] += time.perf_counter() - start
-        return call
-
-    for name in ("embed", "layers", "norm", "head"):
-        setattr(target.fused, name, timed(getattr(target.fused, name)))
+    forward = time_forward(target)
     rows = prompts.pick(prompts.read(QUESTIONS), limit=args.limit + 1)
     totals: dict = {}
     tokens: dict = {}

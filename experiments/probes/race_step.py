@@ -56,6 +56,27 @@ def run_lanes(target, lanes: dict, rows: list[dict], forward: list[float] | None
     return totals
 
 
+def time_forward(target) -> list[float]:
+    """Timers around the target's fused decoder calls (embed, layers, norm, head): the returned list's one element
+    adds up the seconds spent inside them (run_lanes resets it per lane); never moves where there is no fused
+    decoder."""
+    forward = [0.0]
+
+    def timed(f):
+        def call(*a, **k):
+            start = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                forward[0] += time.perf_counter() - start
+        return call
+
+    if target.fused is not None:
+        for name in ("embed", "layers", "norm", "head"):
+            setattr(target.fused, name, timed(getattr(target.fused, name)))
+    return forward
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("lanes", nargs="+", help="gamma,lookup,retrieve (EAGLE's tree, /torch: its step in torch) or pld:G")
@@ -81,20 +102,7 @@ def main() -> None:
             gamma, lookup, retrieve = (int(x) for x in race.split(","))
             cfg = DecodeConfig(method="eagle", gamma=gamma, lookup=lookup, retrieve=retrieve, **common)
             lanes[lane] = (engine, cfg)
-    forward = [0.0]  # seconds inside the fused decoder's calls
-
-    def timed(f):
-        def call(*a, **k):
-            start = time.perf_counter()
-            try:
-                return f(*a, **k)
-            finally:
-                forward[0] += time.perf_counter() - start
-        return call
-
-    if target.fused is not None:
-        for name in ("embed", "layers", "norm", "head"):
-            setattr(target.fused, name, timed(getattr(target.fused, name)))
+    forward = time_forward(target)
     rows = prompts.pick(prompts.read(QUESTIONS), limit=args.limit + 1)
     print(f"# {cpu_name()}, {kernels.describe()}; {torch.get_num_threads()} threads; {args.limit} Spec-Bench questions "
           f"after one warm-up, {args.max_new_tokens} tokens, temperature {args.temperature}, top-p {args.top_p}")
