@@ -22,6 +22,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kernel_ab import build  # noqa: E402
+
 from specviz.hardware import cpu_name  # noqa: E402
 from specviz.models import fused, kernels  # noqa: E402
 from specviz.models import loader as models  # noqa: E402
@@ -45,14 +49,9 @@ def main() -> None:
     weight_bytes = {1: qkv * d * 2, 4: d * d * 2, 6: 2 * f * d * 2, 8: d * f * 2}  # a layer's, per matmul phase
     rows = [int(r) for r in args.rows.split(",")]
     isa = kernels.best_isa()
+    extra = ["-DPHASE_TIMES", *(f for f in args.flags.split(",") if f)]
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "kernels-timed.so"
-        command = kernels.compile_command(isa, out)
-        extra = ["-DPHASE_TIMES", *(f for f in args.flags.split(",") if f)]
-        command[command.index("-o"):command.index("-o")] = extra
-        import subprocess
-        subprocess.run(command, check=True)
-        lib = fused.load_build(out)
+        _, lib = build(f"timed=.:{','.join(extra)}", isa, Path(tmp))
         lib.llama_phase_times.argtypes = [ctypes.c_void_p]
         buf = torch.zeros(len(PHASES) * 4, dtype=torch.float64)
         totals = {n: torch.zeros(len(PHASES), 2, 2, dtype=torch.float64) for n in rows}

@@ -164,12 +164,10 @@ static inline __attribute__((always_inline)) void attend_heads512(const int G, c
        pair's odd product, then its even one, each rounded as an FMA rounds (products of two bf16 are exact), which is
        what the fp32 paths do, so the bits are theirs; it treats subnormal inputs and results as zero, where an FMA
        keeps them. qp: block b's 8 pairs as bf16 words, in both halves. */
-    int pairs = 1;
-    for (long i = 0; i < G * D; ++i) {
-        uint32_t bits;
-        __builtin_memcpy(&bits, q + i, 4);
-        pairs &= (bits & 0xffffu) == 0;
-    }
+    __mmask16 low = 0;  /* lanes whose fp32 has bits below a bf16's: G * D is a multiple of 16 */
+    for (long i = 0; i < G * D; i += 16)
+        low |= _mm512_test_epi32_mask(_mm512_castps_si512(_mm512_loadu_ps(q + i)), _mm512_set1_epi32(0xffff));
+    int pairs = low == 0;
     __m512bh qp[3][16];
     for (int hh = 0; hh < G && pairs; ++hh)
         for (long b = 0; b < nb; ++b)

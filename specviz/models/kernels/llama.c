@@ -22,14 +22,8 @@ its threads claim each phase's chunks (a matmul's column groups, rows, (row, hea
    phases, and of those the ones it spends waiting for the others, to phase_ns; llama_phase_times reads and clears
    them. Off by default: the phases then run as written. */
 #ifdef PHASE_TIMES
-#include <time.h>
 static double phase_ns[PHASES][2][2];  /* phase, thread (0, 1), {in the phase, waiting} */
 static __thread int phase_now;
-static inline double now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
 #define TIMED(i, ...) do {                                                                          \
         int t_ = omp_get_thread_num() & 1;                                                        \
         double s_ = now_ns();                                                                     \

@@ -42,6 +42,16 @@ typedef struct { long next, done, pad[6]; } phase_t;  /* one cache line each */
 
 void wait_phase(phase_t *ph, long count);
 
+#ifdef PHASE_TIMES  /* experiments/probes/phase_times.py: llama.c times each phase, wait_phase its waits */
+#include <time.h>
+void phase_waited(double ns);
+static inline double now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e9 + t.tv_nsec;
+}
+#endif
+
 void attend_bf16(const float *q, const uint16_t *k, const uint16_t *v, float *out, const int32_t *idx,
                  const int64_t *off, long R, long H, long KVH, long D, long hs, float scale, int threads);
 void attend_task(const float *q, const uint16_t *kh, const uint16_t *vh, float *out, const int32_t *ix, long n,

@@ -277,25 +277,15 @@ void packed_matmul(const xin_t *x, long ldx, const uint16_t *packed, long M, lon
     if (tile != small) __builtin_free(tile);
 }
 
-#ifdef PHASE_TIMES
-#include <time.h>
-void phase_waited(double ns);  /* llama.c */
-static inline double wait_clock(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
-#endif
-
 void wait_phase(phase_t *ph, long count) {
 #ifdef PHASE_TIMES
-    double start = wait_clock();
+    double start = now_ns();
 #endif
     for (long spins = 0; __atomic_load_n(&ph->done, __ATOMIC_ACQUIRE) < count; ++spins) {
         if (spins < 2000) _mm_pause(); else sched_yield();
     }
 #ifdef PHASE_TIMES
-    phase_waited(wait_clock() - start);
+    phase_waited(now_ns() - start);
 #endif
 }
 
