@@ -674,6 +674,8 @@ def test_datastore_branch_keeps_greedy_output_and_shows_its_nodes(tiny_target, k
     try:
         alone = engines.generate(eng, prompt, DecodeConfig(method=kind, max_new_tokens=40, retrieve=4))
         both = engines.generate(eng, prompt, DecodeConfig(method=kind, max_new_tokens=40, lookup=2, retrieve=4))
+        # sampled text leaves the answer at once: a datastore that has every pair of tokens continues any context
+        retrieval.use(tiny_target.name, retrieval.Datastore([[a, b, 7, 8] for a in range(63) for b in range(63)]))
         sampled = engines.generate(eng, prompt, DecodeConfig(method=kind, max_new_tokens=40, retrieve=4,
                                                              temperature=1.0))
     finally:

@@ -5,7 +5,7 @@ import torch
 from specviz import engines
 from specviz.config import DecodeConfig
 from specviz.core.cache import CachedLM
-from specviz.core.lookup import lookup
+from specviz.core.lookup import lookup, match
 from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.speculative import Proposal, SpeculativeEngine, next_gamma
 from specviz.events import Verdict
@@ -88,7 +88,8 @@ def test_scripted_partial_acceptance(tiny_target):
 def test_sampling_events_are_consistent(tiny_target, tiny_draft):
     cfg = DecodeConfig(max_new_tokens=60, gamma=3, temperature=1.0, seed=3)
     run = run_ids(engines.build("vanilla", tiny_target, tiny_draft), PROMPT, cfg)
-    assert len(run.token_ids) == 60
+    assert len(run.token_ids) == 60 or run.events[-1].finish_reason == "eos"
+    assert sum(d.verdict is Verdict.REJECTED for e in run.events for d in e.drafts) >= 3  # refusals were judged
     for e in run.events:
         rejected = [d for d in e.drafts if d.verdict is Verdict.REJECTED]
         if rejected:
@@ -169,6 +170,32 @@ def test_prompt_lookup():
     assert lookup([1, 2, 3, 4, 9, 2], 3, 3, 1) == [3, 4, 9]
     assert lookup([1, 2, 3], 2, 3, 1) == []
     assert lookup([1, 2, 3, 4, 9, 2], 3, 3, 1, stop=frozenset({4})) == [3, 4]  # never past an EOS
+
+
+def _scan_match(tokens, gamma, n_max, n_min, stop):
+    """prompt lookup's rule as written: each n from n_max down, the context scanned from its end"""
+    for n in range(min(n_max, len(tokens) - 1), n_min - 1, -1):
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start:start + n] == tokens[-n:]:
+                follow = tokens[start + n:start + n + gamma]
+                ends = [i for i, t in enumerate(follow) if t in stop]
+                if follow:
+                    return follow[:ends[0] + 1] if ends else follow, n
+    return [], 0
+
+
+def test_lookup_match_is_the_scan_rule():
+    """match finds the n-grams from the last token's places (a C scan), not n scans of the context: the same
+    tokens and n as the plain rule on 20,000 random contexts of small vocabularies (many repeats, ties, stops)."""
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(20000):
+        size, vocab, gamma, n_max = (int(torch.randint(lo, hi, (1,), generator=rng)) for lo, hi in
+                                     ((0, 30), (1, 6), (0, 6), (1, 6)))
+        n_min = int(torch.randint(1, n_max + 1, (1,), generator=rng))
+        tokens = torch.randint(0, vocab, (size,), generator=rng).tolist()
+        stop = frozenset(torch.randint(0, vocab, (int(torch.randint(0, 2, (1,), generator=rng)),),
+                                       generator=rng).tolist())
+        assert match(tokens, gamma, n_max, n_min, stop) == _scan_match(tokens, gamma, n_max, n_min, stop), tokens
 
 
 def test_repeat_split_asks_whether_the_first_draft_copies():

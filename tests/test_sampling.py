@@ -125,3 +125,41 @@ def test_nucleus_widens_past_its_first_ranking():
     probs = torch.full((4 * NUCLEUS_FIRST_K,), 1.0 / (4 * NUCLEUS_FIRST_K))  # the nucleus needs 90% of them
     assert int(torch.count_nonzero(nucleus(probs, 0.9))) == int(torch.count_nonzero(_nucleus_by_full_sort(probs, 0.9)))
     assert int(torch.count_nonzero(nucleus(probs, 0.9))) > NUCLEUS_FIRST_K
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, 0, 1.0), (0.7, 0, 0.95), (1.0, 50, 1.0), (0.3, 0, 0.5)])
+def test_a_row_warped_alone_has_the_bits_plain_decoding_gives_it(temperature, top_k, top_p):
+    """WarpedRows warps a sampled tree step's rows one at a time, as the walk reads them: each row has the bits
+    warp gives that row alone, as plain decoding warps its one row, whichever rows were read before; and the bits of
+    warp over all the rows where top-p ranks them alike (over a flat row it widens its ranking for every row
+    at once, and a longer sum of the same kept values can round differently)."""
+    from specviz.core.sampling import WarpedRows
+
+    cfg = DecodeConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    gen = torch.Generator().manual_seed(1)
+    for scale in (0.5, 3.0, 12.0):  # flat to peaked: top-p keeps most of the vocabulary, or a few tokens
+        logits = (torch.randn(7, 49152, generator=gen) * scale).to(torch.bfloat16).float()
+        logits[3, 100:140] = logits[3].max()  # ties at the top
+        rows = WarpedRows(logits, cfg)
+        for i in (4, 0, 6, 3, -1):
+            assert torch.equal(rows[i], warp(logits[i].clone(), cfg)) and float(rows[i, 120]) == float(rows[i][120])
+        if scale > 1:
+            assert torch.equal(rows.dense(), warp(logits, cfg))
+
+
+def test_pick_draws_from_the_support_as_from_the_whole_distribution():
+    """pick draws over the tokens of nonzero probability only: its draws follow probs (TV within the bound an exact
+    sampler stays under), never land on a zero, and a seeded generator repeats them."""
+    from specviz.core.sampling import pick
+
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.zeros(49152)
+    support = torch.randperm(49152, generator=gen)[:40]
+    probs[support] = torch.rand(40, generator=gen) ** 3
+    probs /= probs.sum()
+    draws = [pick(probs, False, gen) for _ in range(20000)]
+    assert set(draws) <= set(support.tolist())
+    seen = torch.bincount(torch.tensor(draws), minlength=49152).double() / len(draws)
+    assert tv(seen, probs) < tv_bound(probs, len(draws))
+    again = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    assert [pick(probs, False, again[0]) for _ in range(50)] == [pick(probs, False, again[1]) for _ in range(50)]

@@ -4,7 +4,8 @@ import torch
 
 from specviz.core.cache import CachedLM
 from specviz.core.sampling import verify_chain
-from specviz.core.trees import Tree, TreeError, greedy_walk
+from specviz.core.trees import Tree, TreeError, greedy_walk, tree_inputs, tree_visible
+from specviz.models.attention import visible_index
 
 CHOICES = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0)]
 PROMPT = [5, 9, 17, 3, 22, 9, 17, 3]
@@ -105,3 +106,18 @@ def test_keep_path_equals_fresh_prefix(tiny_target, path):
     after = lm.logits(kept + [7])[0]
     fresh = CachedLM(tiny_target.model, tiny_target.device).logits(kept + [7])[0]
     assert torch.allclose(after, fresh, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_prefix,n_fed", [(1, 1), (7, 1), (40, 3), (300, 2)])
+def test_tree_visible_is_what_the_mask_says(n_prefix, n_fed):
+    """The fused decoder's tree rows read tree_visible's slots; they are the ones visible_index takes from
+    tree_inputs' mask (the stock model's), row for row, with the same positions, for trees of every shape here."""
+    for choices in ([(0,)], [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)], [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)],
+                    [(0,), (1,), (2,), (3,), (1, 0), (1, 0, 0), (3, 0), (3, 1)]):
+        tree = Tree.from_choices(choices)
+        positions, mask = tree_inputs(n_prefix, n_fed, tree, "sdpa", torch.bfloat16)
+        index, offsets = visible_index(mask, n_fed + tree.size, n_prefix + tree.size)
+        got_positions, got_index, got_offsets = tree_visible(n_prefix, n_fed, tree)
+        assert got_positions.tolist() == positions[0].tolist()
+        assert got_index.dtype == index.dtype and got_offsets.dtype == offsets.dtype
+        assert got_index.tolist() == index.tolist() and got_offsets.tolist() == offsets.tolist()

@@ -136,16 +136,20 @@ class CachedLM:
         """Feed the unseen committed tokens (the last is the tree's root) and the tree's nodes in one forward,
         each node attending to the context and its own ancestors. Returns (1 + n, V): the root's row, then
         one row per node."""
-        from specviz.core.trees import tree_inputs
+        from specviz.core.trees import tree_inputs, tree_visible
 
         n_fed = len(tokens) - self.seen
         assert n_fed >= 1, "the root (last committed token) must not be in the cache yet"
-        position_ids, mask = tree_inputs(len(tokens), n_fed, tree, self.model.config._attn_implementation,
-                                         next(self.model.parameters()).dtype)
+        if self.fused is not None:  # its attention reads the visible slots, not a mask
+            position_ids, *visible = tree_visible(len(tokens), n_fed, tree)
+            mask = tuple(visible)
+        else:
+            position_ids, mask = tree_inputs(len(tokens), n_fed, tree, self.model.config._attn_implementation,
+                                             next(self.model.parameters()).dtype)
+            position_ids, mask = position_ids.to(self.device), mask.to(self.device)
         input_ids = torch.tensor([list(tokens[self.seen:]) + list(node_tokens)], dtype=torch.long, device=self.device)
-        hidden, states = self._decode(input_ids, isinstance(features, tuple), split=True,
-                                      attention_mask=mask.to(self.device),
-                                      position_ids=position_ids.to(self.device))  # (n_fed + n, d)
+        hidden, states = self._decode(input_ids, isinstance(features, tuple), split=True, attention_mask=mask,
+                                      position_ids=position_ids)  # (n_fed + n, d)
         self.seen += input_ids.shape[1]
         logits = self._head(hidden[n_fed - 1:], split=True)  # (1 + n, V)
         if not features:

@@ -32,6 +32,35 @@ def warp(logits: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
     return probs
 
 
+class WarpedRows:
+    """Rows of logits (r, V), each warped (warp) when it is first read: rows[i] (V,) and rows[i, token]. A sampled
+    tree step reads the root's row and those of the nodes its walk reaches, about 2 of 6, and top-p over a row cost
+    about 0.2 ms there (experiments/LOG.md); a row warped alone has the bits it has warped among the others
+    (tests/test_sampling.py)."""
+
+    def __init__(self, logits: torch.Tensor, cfg: DecodeConfig):
+        self.logits, self.cfg = logits, cfg
+        self._rows: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return self.logits.shape[0]
+
+    def row(self, i: int) -> torch.Tensor:
+        i = int(i) % len(self)
+        if i not in self._rows:
+            self._rows[i] = warp(self.logits[i], self.cfg)
+        return self._rows[i]
+
+    def __getitem__(self, key) -> torch.Tensor:
+        if isinstance(key, tuple):
+            return self.row(key[0])[key[1:]]
+        return self.row(key)
+
+    def dense(self) -> torch.Tensor:
+        """Every row warped, (r, V)."""
+        return torch.stack([self.row(i) for i in range(len(self))])
+
+
 NUCLEUS_FIRST_K = 256  # the most likely tokens nucleus() ranks first; it widens 8× while they hold too little mass
 
 
@@ -67,10 +96,14 @@ def _mass_above(ranked: torch.Tensor) -> torch.Tensor:
 
 
 def pick(probs: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> int:
-    """One token from probs (V,): argmax when greedy, else a draw."""
+    """One token from probs (V,): argmax when greedy, else a draw. The draw is over the tokens of nonzero probability
+    only (after top-p, a few hundred of 49,152): torch's multinomial takes one exponential variate per entry it is
+    given, so the full vocabulary cost about 1 ms a token and the support 0.08 ms, the same distribution
+    (tests/test_sampling.py)."""
     if greedy:
         return argmax_rows(probs[None])[0]
-    return int(torch.multinomial(probs, 1, generator=generator))
+    support = probs.nonzero()[:, 0]
+    return int(support[torch.multinomial(probs[support], 1, generator=generator)])
 
 
 def argmax_rows(probs: torch.Tensor) -> list[int]:
@@ -190,7 +223,7 @@ def verify_tree(
     node_tokens: Sequence[int],        # (n,)
     q_drawn: Optional[Sequence[Optional[torch.Tensor]]],  # (n,) the (V,) distribution each node was drawn from,
                                        # None for a point mass (a chosen candidate: top-ranked, grafted); None: all
-    p_rows: torch.Tensor,              # (1 + n, V) warped target rows: row 0 after the root, i + 1 after node i
+    p_rows,                            # (1 + n, V) warped target rows (a tensor or WarpedRows): row 0 after the root
     generator: Optional[torch.Generator],
 ) -> TreeResult:
     """Exact multi-draft verification of a tree (SpecInfer's sequential rule). At each node, starting at the root

@@ -7,8 +7,10 @@ node by its path of ranks: [(0,), (1,), (0, 0)] is the root's top-2 children and
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -42,6 +44,14 @@ class Tree:
 
     def children(self, node: int) -> list[int]:
         return [i for i, p in enumerate(self.parents) if p == node]
+
+    @functools.cached_property
+    def lineages(self) -> tuple[tuple[int, ...], ...]:
+        """Each node's ancestors and itself, root side first (what ancestry() marks in its row)."""
+        out: list[tuple[int, ...]] = []
+        for i, p in enumerate(self.parents):  # parents come before children (sorted by depth)
+            out.append((out[p] if p >= 0 else ()) + (i,))
+        return tuple(out)
 
     def ancestry(self) -> torch.Tensor:
         """(n, n) bool: [i, j] is True when node j is node i or one of its ancestors."""
@@ -116,6 +126,20 @@ def tree_inputs(n_prefix: int, n_fed: int, tree: Tree, attn_implementation: str,
     else:
         mask = allowed
     return position_ids, mask[None, None]
+
+
+def tree_visible(n_prefix: int, n_fed: int, tree: Tree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What tree_inputs' mask says, as the fused decoder reads it (attention.visible_index's int32 slots, row after
+    row, and int64 row offsets), with the positions (q,): built from the tree's ancestors, not a (q, kv) mask and a
+    nonzero over it each step."""
+    cached = n_prefix - n_fed
+    context = np.arange(n_prefix, dtype=np.int32)
+    rows = [context[:cached + r + 1] for r in range(n_fed)]
+    rows += [np.concatenate([context, n_prefix + np.asarray(up, dtype=np.int32)]) for up in tree.lineages]
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum([len(r) for r in rows], out=offsets[1:])
+    positions = torch.tensor(list(range(cached, n_prefix)) + [n_prefix - 1 + d for d in tree.depths])
+    return positions, torch.from_numpy(np.concatenate(rows)), torch.from_numpy(offsets)
 
 
 def greedy_walk(tree: Tree, node_tokens: list[int], choice: list[int]) -> tuple[list[int], int]:

@@ -40,10 +40,24 @@ class FeatureHistory:
     def __init__(self, drafter: Drafter, vocab_size: int, eos_ids: frozenset[int]):
         self.d, self.vocab_size, self.eos_ids = drafter, vocab_size, eos_ids
         self.features: Features = drafter.features
-        self.feats = torch.empty(0, drafter.feature_size)  # (n, f) the target's features of positions 0..n-1
+        # the target's features of positions 0..n-1 are the first n rows of a buffer grown by doubling (a step
+        # appends a few rows: no copy of the whole history each step)
+        self._rows = torch.empty(0, drafter.feature_size)
+        self._n = 0
+
+    @property
+    def feats(self) -> torch.Tensor:
+        """(n, f) the target's features of positions 0..n-1."""
+        return self._rows[:self._n]
 
     def observe(self, hidden: torch.Tensor) -> None:
-        self.feats = torch.cat([self.feats.to(hidden.dtype), hidden])
+        end = self._n + len(hidden)
+        if end > len(self._rows) or (self._rows.dtype, self._rows.device) != (hidden.dtype, hidden.device):
+            grown = hidden.new_empty(max(end, 2 * len(self._rows), 64), hidden.shape[1])
+            grown[:self._n] = self._rows[:self._n]
+            self._rows = grown
+        self._rows[self._n:end] = hidden
+        self._n = end
 
     def rollback(self, n_valid: int) -> None:
-        self.feats = self.feats[:n_valid]
+        self._n = min(self._n, max(0, n_valid))

@@ -36,7 +36,7 @@ from specviz.config import DecodeConfig
 from specviz.core.cache import CachedLM, clock
 from specviz.core.lookup import match
 from specviz.core.retrieval import Datastore, datastore_for, datastores
-from specviz.core.sampling import TreeResult, argmax_rows, pick, verify_tree, warp
+from specviz.core.sampling import TreeResult, WarpedRows, argmax_rows, pick, verify_tree, warp
 from specviz.core.trees import Tree, greedy_walk
 from specviz.drafters.trained import Drafter
 from specviz.engines.base import commit
@@ -100,7 +100,7 @@ class TreeProposer(Protocol):
         ...
 
 
-def tree_verdicts(prop: TreeProposal, p_rows: torch.Tensor, path: list[int], rejected: bool,
+def tree_verdicts(prop: TreeProposal, p_rows: "torch.Tensor | WarpedRows", path: list[int], rejected: bool,
                   result: TreeResult | None, text_of: Callable[[int], str]) -> list[DraftToken]:
     """Every tree node with its verdict: accepted on the path; rejected when the target judged it and chose
     otherwise (greedy: a child of the path's end; sampling: every candidate refused, the path's end's and the
@@ -144,7 +144,7 @@ class TreeCycle:
     """One tree step: its event, and what lies behind it (for the step-through view)."""
     event: StepEvent
     proposal: TreeProposal | None  # None: the prefill, or no room to draft
-    p_rows: torch.Tensor           # (1 + n, V) warped target distributions: row 0 after the root, i + 1 after node i
+    p_rows: torch.Tensor | WarpedRows  # (1 + n, V) warped target rows (sampling: each when read): row 0 after the root
     result: TreeResult | None      # sampling: every candidate judged, with the residual after each refusal
 
 
@@ -155,7 +155,7 @@ class Verified:
     candidates: list[tuple[int, Verdict, float | None]]  # what to commit, in order, with p_target
     nodes: list[DraftToken]        # every node with its verdict
     kept: torch.Tensor             # the target's features of the positions its cache keeps
-    p_rows: torch.Tensor           # (1 + n, V)
+    p_rows: torch.Tensor | WarpedRows  # (1 + n, V)
     result: TreeResult | None
 
 
@@ -241,11 +241,13 @@ class TreeEngine:
         n_fed = n_ctx - run.target.seen
         # logits (1 + n, V)
         logits, hidden = run.target.tree_logits(run.tokens, tree, node_tokens, features=run.drafts.features)
-        p_rows = warp(logits[:, :self.target.vocab_size], run.cfg)  # row 0: after the root; row i + 1: after node i
-        if run.cfg.greedy:
+        logits = logits[:, :self.target.vocab_size]  # row 0: after the root; row i + 1: after node i
+        if run.cfg.greedy:  # every row's argmax is read
+            p_rows = warp(logits, run.cfg)
             path, nxt = greedy_walk(tree, node_tokens, argmax_rows(p_rows))
             rejected, result = bool(tree.children(path[-1] if path else -1)), None
-        else:
+        else:  # the rows of the nodes the walk reaches, each warped when read
+            p_rows = WarpedRows(logits, run.cfg)
             result = verify_tree(tree.parents, node_tokens, prop.q_drawn, p_rows, run.generator)
             path, nxt, rejected = result.path, result.next_token, result.rejected
         last_row = path[-1] + 1 if path else 0

@@ -21,6 +21,7 @@ compiler) CachedLM runs the stock decoder as before.
 """
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import ctypes
 import functools
@@ -239,14 +240,17 @@ class FusedLlama:
                mask: torch.Tensor | None = None, layers: range | None = None, states: bool = False):
         """Run `layers` (all by default) over hidden (n, d) bf16, whose rows go to cache slots start .. start + n - 1
         at `positions` (n,) (default: their slots), attending causally or as the bool mask (1, 1, n, start + n)
-        allows. Returns (hidden after the last layer (n, d), each layer's output (len(layers), n, d) or None)."""
+        allows (or the (index, offsets) pair attention.visible_index makes of such a mask). Returns (hidden after
+        the last layer (n, d), each layer's output (len(layers), n, d) or None)."""
         hidden = hidden.to(torch.bfloat16).contiguous().clone()  # (n, d), updated in place by the C code
         n = hidden.shape[0]
         layers = range(self.n_layers) if layers is None else layers
         cache.ensure(start + n)
         cos, sin = self._rope_upto(start + n + 1)
         index = offsets = None
-        if mask is not None:
+        if isinstance(mask, tuple):  # the visible slots already as visible_index gives them (trees.tree_visible)
+            index, offsets = mask
+        elif mask is not None:
             index, offsets = attention.visible_index(mask, n, start + n)
         if positions is not None:
             positions = positions.reshape(-1).to(torch.int64).contiguous()
@@ -282,9 +286,27 @@ class FusedLlama:
         embedded = self.embed(ids)
         hidden, out = self.layers(cache, embedded, start, positions, mask, states=hidden_states)
         last = self.norm(hidden)
-        if not hidden_states:
-            return last, None
-        return last, (embedded[None], *(out[i][None] for i in range(self.n_layers - 1)), last[None])
+        return last, HiddenStates(embedded, out, last) if hidden_states else None
+
+
+class HiddenStates(collections.abc.Sequence):
+    """The tuple transformers returns as hidden_states (the embeddings, each layer's output, the last replaced by the
+    final-norm one, each (1, n, d)), each item made when asked for: a reader of EAGLE-3's three layers takes three
+    views, not one per layer each step."""
+
+    def __init__(self, embedded: torch.Tensor, layers: torch.Tensor, last: torch.Tensor):
+        self.embedded, self.layers, self.last = embedded, layers, last
+
+    def __len__(self) -> int:
+        return len(self.layers) + 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self))))
+        i = i + len(self) if i < 0 else i
+        if not 0 <= i < len(self):
+            raise IndexError(f"hidden state {i} of {len(self)}")
+        return (self.embedded if i == 0 else self.last if i == len(self) - 1 else self.layers[i - 1])[None]
 
 
 class FusedEagle3:
