@@ -42,6 +42,7 @@ class Drafter:
         output = target_model.get_output_embeddings()
         weight = output.weight
         self.vocab_ids = vocab_ids  # (N,) or None for the full vocabulary
+        self._vocab_list: list[int] | None = None  # vocab_ids as a list (target_ids)
         if getattr(module, "lm_head", None) is not None:  # a published EAGLE-3 drafter's own head over its vocabulary
             self.head_weight = module.lm_head.weight
         else:
@@ -116,6 +117,14 @@ class Drafter:
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.vocab_ids is None else self.vocab_ids[draft_ids]
+
+    def target_ids(self, draft_ids: list[int]) -> list[int]:
+        """to_target_ids on a list, without a tensor (a tree's nodes each step)."""
+        if self.vocab_ids is None:
+            return [int(i) for i in draft_ids]
+        if self._vocab_list is None:
+            self._vocab_list = self.vocab_ids.tolist()
+        return [self._vocab_list[i] for i in draft_ids]
 
     def scatter(self, probs: torch.Tensor) -> torch.Tensor:
         """A distribution over the draft vocabulary (..., N) as one over the target's (..., V)."""

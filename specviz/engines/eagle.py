@@ -202,6 +202,7 @@ class EagleProposer:
 
     def __init__(self, drafter: Drafter):
         self.d = drafter
+        self._cuts: dict[tuple, tuple[Tree, torch.Tensor]] = {}  # cut()'s trees
 
     def start(self, vocab_size: int, eos_ids: frozenset[int]) -> EagleSession:
         return EagleSession(self.d, vocab_size, eos_ids)
@@ -215,21 +216,20 @@ class EagleProposer:
         if cfg.tree == "dynamic":  # EAGLE-2: a tree grown from the drafter's confidence
             grown = state.grow_tree(feat, cfg, min(cfg.tree_depth, room))
             return TreeProposal(grown.tree, grown.node_tokens, grown.q_nodes, None, grown.forwards)
-        tree = Tree.from_choices([p for p in tree.paths if len(p) <= room])
+        tree, ancestry = self.cut(tree, room)
         node_feat: dict[int, torch.Tensor] = {-1: feat}  # the predicted feature each node's children come from
         small: list[int] = [0] * tree.size
         q_nodes: list[float] = [0.0] * tree.size
         fed: list[int] = []  # tree nodes whose pairs are in `kv`, in order
         kv, forwards = state.kv, 0
-        ancestry = tree.ancestry()
         for depth in range(1, max(tree.depths) + 1):
             level = [i for i in range(tree.size) if tree.depths[i] == depth]
             for parent in sorted({tree.parents[i] for i in level}):
                 probs = warp(self.d.logits(node_feat[parent]).float().cpu(), cfg)  # (N,)
                 kids = [i for i in level if tree.parents[i] == parent]
-                top = torch.topk(probs, 1 + max(tree.ranks[i] for i in kids))
-                for i in kids:
-                    small[i], q_nodes[i] = int(top.indices[tree.ranks[i]]), float(top.values[tree.ranks[i]])
+                values, indices = (t.tolist() for t in torch.topk(probs, 1 + max(tree.ranks[i] for i in kids)))
+                for i in kids:  # (one list each: a tensor read a node cost tens of us right after a forward)
+                    small[i], q_nodes[i] = indices[tree.ranks[i]], values[tree.ranks[i]]
             grow = [i for i in level if tree.children(i)]  # nodes whose children are proposed next
             if not grow:
                 break
@@ -241,8 +241,15 @@ class EagleProposer:
             for row, i in enumerate(grow):
                 node_feat[i] = out[row]
             fed += grow
-        node_tokens = [int(t) for t in self.d.to_target_ids(torch.tensor(small)).tolist()]
-        return TreeProposal(tree, node_tokens, q_nodes, None, forwards + 1)
+        return TreeProposal(tree, self.d.target_ids(small), q_nodes, None, forwards + 1)
+
+    def cut(self, tree: Tree, room: int) -> tuple[Tree, torch.Tensor]:
+        """The stored tree without its nodes deeper than `room`, and its ancestry mask: made once per (tree, room)."""
+        key = (tree.paths, room)
+        if key not in self._cuts:
+            cut = Tree.from_choices([p for p in tree.paths if len(p) <= room])
+            self._cuts[key] = cut, cut.ancestry()
+        return self._cuts[key]
 
 
 def eagle_tree_engine(target: LoadedModel, drafter: Drafter, choices=None) -> TreeEngine:
