@@ -1,18 +1,21 @@
 """Where does a race step's time go outside the target's kernels, function by function? (issue 40, item 3)
 
 Wraps the engine's functions (the tree engine's verify and draft, EAGLE's proposal, the drafter's C step and head,
-the warp, the argmax, the tree's index and mask, the verdicts, the cache's bookkeeping) with wall-clock timers,
-runs a lane on Spec-Bench questions (the first only warms up) and prints each function's milliseconds a step,
-its callees included (so the lines overlap: `verify` holds `tree_logits`, which holds `layers` and `head`). The
-prompts' prefills fall on `layers` and `head` too. Timers cost about a microsecond a call.
+the warp and top-p, the argmax, the sampled tree walk, the draws, prompt lookup and the datastore, the verdicts, the
+cache's bookkeeping) with wall-clock timers, runs a lane on Spec-Bench questions (the first only warms up), greedy or
+sampled, and prints each function's milliseconds a drafted step, mean and median, its callees included (so the lines
+overlap: `verify` holds `tree_logits`, which holds `layers` and `head`). The prompts' prefills are left out. Timers
+cost about a microsecond a call.
 
-    .venv/bin/python experiments/probes/step_parts.py --lane 1,4,0 --limit 8 \\
+    .venv/bin/python experiments/probes/step_parts.py --lane 1,4,2 --limit 8 \\
         > experiments/results/step_parts-avx512bf16.txt
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from race_step import QUESTIONS  # noqa: E402
 
 import specviz.core.cache as cache  # noqa: E402
+import specviz.core.retrieval as retrieval  # noqa: E402
+import specviz.core.sampling as sampling  # noqa: E402
 import specviz.core.trees as trees  # noqa: E402
 import specviz.drafters.trained as trained  # noqa: E402
 import specviz.engines.eagle as eagle  # noqa: E402
@@ -44,15 +49,20 @@ WRAPPED = [(tree.TreeEngine, "verify"), (tree.TreeEngine, "draft"), (tree.TreeEn
            (fused.FusedLlama, "head"), (fused.FusedLlama, "norm"), (eagle.EagleProposer, "propose"),
            (eagle.EagleSession, "context_feature"), (fused.FusedEagle3, "step"), (trained.Drafter, "logits"),
            (features.FeatureHistory, "observe"), (tree, "warp"), (tree, "argmax_rows"), (tree, "tree_verdicts"),
-           (tree, "commit"), (trees, "tree_inputs"), (attention, "visible_index"), (cache, "fused")]
+           (tree, "commit"), (trees, "tree_inputs"), (attention, "visible_index"), (cache, "fused"),
+           (tree.TreeEngine, "cycle"), (tree.TreeEngine, "prefill"), (tree, "match"), (tree, "graft"),
+           (retrieval.Datastore, "drafts"), (tree, "verify_tree"), (sampling, "nucleus"), (tree, "pick"),
+           (trees, "tree_visible")]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--lane", default="1,4,0", help="gamma,lookup,retrieve of EAGLE's tree")
+    ap.add_argument("--lane", default="1,4,2", help="gamma,lookup,retrieve of EAGLE's tree")
     ap.add_argument("--limit", type=int, default=8)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
     args = ap.parse_args()
-    seconds: dict[str, float] = {}
+    step: dict[str, float] = collections.defaultdict(float)  # this step's seconds per function
 
     def timed(name, f):
         @functools.wraps(f)
@@ -61,7 +71,7 @@ def main() -> None:
             try:
                 return f(*a, **k)
             finally:
-                seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
+                step[name] += time.perf_counter() - start
         return call
 
     for owner, name in WRAPPED:
@@ -69,22 +79,29 @@ def main() -> None:
     target = models.get("smollm2-135m", torch.device("cpu"), torch.bfloat16)
     engine = engines.build("eagle", target)
     gamma, lookup, retrieve = (int(x) for x in args.lane.split(","))
-    cfg = DecodeConfig(method="eagle", gamma=gamma, lookup=lookup, retrieve=retrieve, max_new_tokens=128)
+    cfg = DecodeConfig(method="eagle", gamma=gamma, lookup=lookup, retrieve=retrieve, max_new_tokens=128,
+                       temperature=args.temperature, top_p=args.top_p)
     rows = prompts.pick(prompts.read(QUESTIONS), limit=args.limit + 1)
     ids = [target.encode_prompt(r["prompt"]) for r in rows]
     list(engine.steps(ids[0], cfg))
-    seconds.clear()
-    steps, start = 0, time.perf_counter()
+    drafted: list[dict[str, float]] = []
     for prompt in ids[1:]:
-        steps += len(list(engine.steps(prompt, cfg)))
-    total = time.perf_counter() - start
+        run = tree.TreeEngine.start(engine, prompt, cfg)  # EAGLE's engine is the tree engine
+        while run.finish_reason is None:
+            step.clear()
+            tree.TreeEngine.cycle(engine, run)
+            if "prefill" not in step:  # the prompt's forward, or no room left to draft
+                drafted.append(dict(step))
     print(f"# python {' '.join(sys.argv)}")
-    print(f"# {cpu_name()}; {kernels.describe()}; {kernels.threads()} threads; eagle:{args.lane}, greedy, 128 tokens, "
-          f"{args.limit} Spec-Bench questions after one warm-up: {steps} steps, {1e3 * total / steps:.2f} ms a step")
-    print("| function | ms a step (callees included) |")
-    print("|---|---|")
-    for name, s in sorted(seconds.items(), key=lambda kv: -kv[1]):
-        print(f"| {name} | {1e3 * s / steps:.3f} |")
+    print(f"# {cpu_name()}; {kernels.describe()}; {kernels.threads()} threads; eagle:{args.lane}, temperature "
+          f"{args.temperature}, top-p {args.top_p}, 128 tokens, {args.limit} Spec-Bench questions after one warm-up: "
+          f"{len(drafted)} drafted steps (prefills left out)")
+    print("| function | ms a step, mean | median |")
+    print("|---|---|---|")
+    names = {k for d in drafted for k in d}
+    for name in sorted(names, key=lambda k: -sum(d.get(k, 0.0) for d in drafted)):
+        seconds = [d.get(name, 0.0) for d in drafted]
+        print(f"| {name} | {1e3 * statistics.fmean(seconds):.3f} | {1e3 * statistics.median(seconds):.3f} |")
 
 
 if __name__ == "__main__":
