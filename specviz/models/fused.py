@@ -237,7 +237,8 @@ class FusedLlama:
 
     @torch.inference_mode()
     def layers(self, cache: KVBuffer, hidden: torch.Tensor, start: int, positions: torch.Tensor | None = None,
-               mask: torch.Tensor | None = None, layers: range | None = None, states: bool = False):
+               mask: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None, layers: range | None = None,
+               states: bool = False):
         """Run `layers` (all by default) over hidden (n, d) bf16, whose rows go to cache slots start .. start + n - 1
         at `positions` (n,) (default: their slots), attending causally or as the bool mask (1, 1, n, start + n)
         allows (or the (index, offsets) pair attention.visible_index makes of such a mask). Returns (hidden after
@@ -300,9 +301,7 @@ class HiddenStates(collections.abc.Sequence):
     def __len__(self) -> int:
         return len(self.layers) + 1
 
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return tuple(self[j] for j in range(*i.indices(len(self))))
+    def __getitem__(self, i: int) -> torch.Tensor:
         i = i + len(self) if i < 0 else i
         if not 0 <= i < len(self):
             raise IndexError(f"hidden state {i} of {len(self)}")
