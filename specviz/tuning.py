@@ -171,11 +171,12 @@ class Choice:
         t = ", ".join(f"T({k})/T(1) {r:.2f}" for k, r in zip((2, 4, 8), self.ratios))
         if not self.pays:
             return (f"default race {self.race}: nothing predicted faster than AR on this machine ({t}); racing the "
-                    f"best chain, predicted {self.predicted:.2f}x AR (τ {self.tau:.2f}, {self.rows:.1f} rows a step)")
+                    f"best chain, predicted {self.predicted:.2f}x AR greedy (τ {self.tau:.2f}, {self.rows:.1f} rows a "
+                    "step)")
         tree = (f"; best EAGLE tree {self.best_tree} {self.best_tree_predicted:.2f}x"
                 if self.best_tree and self.best_tree != self.race else "")
-        return (f"default race {self.race}: predicted {self.predicted:.2f}x AR on this machine (τ {self.tau:.2f}, "
-                f"{self.rows:.1f} rows a step; {t}{tree})")
+        return (f"default race {self.race}: predicted {self.predicted:.2f}x AR on this machine, greedy (τ "
+                f"{self.tau:.2f}, {self.rows:.1f} rows a step; {t}{tree})")
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in ("race", "method", "gamma", "lookup", "retrieve", "predicted", "tau",

@@ -789,6 +789,43 @@ def test_custom_loss_replaces_the_kinds_loss(tmp_path):
     assert training.count(True) == 2 and training.count(False) >= 1
 
 
+def test_eagle3_context_in_one_call_has_the_bits_of_its_parts(target_bf16):
+    """EAGLE's context step as one C call (fused.FusedEagle3.context: the drafter's step from the target's features
+    with the tokens' embeddings gathered in C, its readout and the packed draft head over the last row) gives the bits
+    of the calls it replaces (step, readout, linear_packed): the rows' outputs, the draft logits and the drafter's
+    cache, on a first call and on one that continues the cache; a token off by one is told apart. EAGLE's session
+    drafts through it."""
+    from specviz.engines.eagle import EagleSession
+    from specviz.models import kernels
+
+    if not kernels.available():
+        pytest.skip("no C compiler or no AVX2/FMA here: the drafter stays in torch")
+    d = drafters.load(Path(__file__).parents[1] / "assets" / "drafters" / "smollm2-135m-eagle", target_bf16)
+    assert EagleSession(d, target_bf16.vocab_size, frozenset())._table is not None
+    ids = target_bf16.encode_prompt("Name three rivers and the seas they reach.")
+    answer = engines.generate(engines.build("ar", target_bf16), ids,
+                              DecodeConfig(method="ar", max_new_tokens=16)).token_ids
+    with torch.inference_mode():
+        out = target_bf16.model(torch.tensor([ids + answer]), output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[i] for i in d.cfg.feature_layers], -1)[0, :-1].to(torch.bfloat16)
+        nxt = (ids + answer)[1:]
+        n, table, n_head = feats.shape[0], d.target_embed.weight, d.head_weight.shape[0]
+        parts, whole = d.fused.new_cache(), d.fused.new_cache()
+        for start, end in ((0, n - 3), (n - 3, n)):  # the prompt's pairs, then three more past them
+            rows = feats[start:end].contiguous()
+            ref = d.fused.step(parts, d.embed(torch.tensor(nxt[start:end])), start, torch.arange(start, end),
+                               feats=rows)
+            ref_logits = d.logits(ref[-1]).float()
+            mine, logits = d.fused.context(whole, table, nxt[start:end], rows, start, d.head_packed, n_head)
+            assert torch.equal(mine, ref) and torch.equal(logits, ref_logits)
+        assert torch.equal(whole.keys[:, :, :n], parts.keys[:, :, :n])
+        assert torch.equal(whole.values[:, :, :n], parts.values[:, :, :n])
+        _, off = d.fused.context(d.fused.new_cache(), table, [t + 1 for t in nxt[:n - 3]], feats[:n - 3].contiguous(),
+                                 0, d.head_packed, n_head)
+        assert not torch.equal(off, d.logits(d.fused.step(d.fused.new_cache(), d.embed(torch.tensor(nxt[:n - 3])), 0,
+                                                          torch.arange(n - 3), feats=feats[:n - 3])[-1]).float())
+
+
 def test_eagle3_step_in_one_call_drafts_as_the_module(target_bf16):
     """Beside a bf16 CPU target the shipped EAGLE-3 drafter's step runs as one C call (fused.FusedEagle3): on a real
     answer's features its outputs are the torch module's up to attention's summation order (a few bf16 steps at the

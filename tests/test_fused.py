@@ -199,6 +199,29 @@ def test_every_build_decodes_row_invariantly(pair, monkeypatch, isa):
         assert torch.equal(together, alone[:k]), (isa, k)
 
 
+def test_a_trees_rows_read_the_slots_its_mask_allows(pair):
+    """A tree forward's rows reach the C layers as attention.Visible (the context's length per row, then each node's
+    lineage, spelled out by llama.c's row_spans): the layers give them the bits they give under the stock mask that
+    tree_inputs builds (its slots taken by visible_index), for fed rows before the tree and a branching tree."""
+    from specviz.core.trees import tree_inputs, tree_visible
+
+    target, _ = pair
+    decoder = target.fused
+    ids = (target.encode_prompt(PROMPT) * 2)[:40]
+    tree = Tree.from_choices([[0], [1], [0, 0], [1, 0], [1, 1], [0, 0, 0]])
+    hidden = decoder.embed(torch.tensor(ids[:3] + [11, 101, 12, 13, 102, 14]))  # 3 fed rows, then the 6 nodes
+    outs = []
+    for by_mask in (False, True):
+        cache = decoder.new_cache()
+        decoder.layers(cache, decoder.embed(torch.tensor(ids[3:31])), 0)  # 28 cached slots
+        if by_mask:
+            positions, mask = tree_inputs(31, 3, tree, "sdpa", torch.bfloat16)
+        else:
+            positions, mask = tree_visible(31, 3, tree)
+        outs.append(decoder.layers(cache, hidden, 28, positions.reshape(-1), mask)[0])
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_kv_buffer_growth_and_kept_paths_change_no_bit(pair):
     """Fed one token at a time through a buffer that starts at 16 slots (grown 3 times), the last logits equal one
     forward of the whole sequence; a tree's kept path leaves what one-token decoding of that path leaves."""

@@ -1,4 +1,6 @@
 """The datastore of the target's own answers (specviz/core/retrieval.py): what a retrieval draft continues with."""
+import numpy as np
+
 from specviz.config import DEFAULT_TARGET
 from specviz.core import retrieval
 from specviz.core.retrieval import Datastore
@@ -58,3 +60,21 @@ def test_the_embedded_target_has_its_answers_as_datastore():
     assert len(store) > 2_500_000 and store.max_order == retrieval.MAX_ORDER
     assert DEFAULT_TARGET in retrieval.datastores()
     assert retrieval.datastore_for("someone/else") is None
+
+
+def test_the_voters_are_spaced_as_linspace_spaces_them_and_the_largest_key_is_found():
+    """With more occurrences than CANDIDATES, the ones that vote are those np.linspace spaces evenly over all of them
+    (in key order); a suffix whose key is the largest a uint64 holds (16-bit ids, four of the largest) is found."""
+    store = Datastore([[5, 6, t % 7] for t in range(1000)])
+    keys, where = store.tables[2]
+    key = np.uint64(store._key([5, 6]))
+    lo, hi = np.searchsorted(keys, key, "left"), np.searchsorted(keys, key, "right")
+    assert hi - lo == 1000 > retrieval.CANDIDATES
+    expected = where[np.linspace(lo, hi - 1, retrieval.CANDIDATES).astype(np.int64)]
+    assert np.array_equal(store.occurrences([5, 6]), expected)
+    assert np.array_equal(store.occurrences([0, 5, 6]), expected)  # (0, 5, 6) never occurs: the pair decides
+    top = (1 << 16) - 1
+    big = Datastore([[top] * 6, [1, 2, 3]])
+    assert big.bits == 16 and big.max_order == 4 and big._key([top] * 4) == retrieval.MAX_KEY
+    assert big.occurrences([top] * 4).tolist() == [3, 4, 5]
+    assert big.drafts([top] * 4, 2) == [[top, top]]

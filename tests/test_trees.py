@@ -108,6 +108,16 @@ def test_keep_path_equals_fresh_prefix(tiny_target, path):
     assert torch.allclose(after, fresh, atol=1e-5)
 
 
+def spelled_out(visible) -> tuple[torch.Tensor, torch.Tensor]:
+    """An attention.Visible's rows as visible_index gives them (flat int32 slots, int64 row offsets): what llama.c's
+    row_spans spells out."""
+    rows = [list(range(lead)) + [visible.base + i for i in visible.index[a:b].tolist()]
+            for lead, a, b in zip(visible.lead.tolist(), visible.offsets[:-1].tolist(), visible.offsets[1:].tolist())]
+    offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor([len(r) for r in rows], dtype=torch.int64).cumsum(0)
+    return torch.tensor([i for r in rows for i in r], dtype=torch.int32), offsets
+
+
 @pytest.mark.parametrize("n_prefix,n_fed", [(1, 1), (7, 1), (40, 3), (300, 2)])
 def test_tree_visible_is_what_the_mask_says(n_prefix, n_fed):
     """The fused decoder's tree rows read tree_visible's slots; they are the ones visible_index takes from
@@ -117,7 +127,8 @@ def test_tree_visible_is_what_the_mask_says(n_prefix, n_fed):
         tree = Tree.from_choices(choices)
         positions, mask = tree_inputs(n_prefix, n_fed, tree, "sdpa", torch.bfloat16)
         index, offsets = visible_index(mask, n_fed + tree.size, n_prefix + tree.size)
-        got_positions, got_index, got_offsets = tree_visible(n_prefix, n_fed, tree)
+        got_positions, visible = tree_visible(n_prefix, n_fed, tree)
+        got_index, got_offsets = spelled_out(visible)
         assert got_positions.tolist() == positions[0].tolist()
-        assert got_index.dtype == index.dtype and got_offsets.dtype == offsets.dtype
+        assert visible.index.dtype == index.dtype and visible.offsets.dtype == offsets.dtype
         assert got_index.tolist() == index.tolist() and got_offsets.tolist() == offsets.tolist()

@@ -81,11 +81,12 @@ for n, row in enumerate(rows):
     for t in range(len(answer) - 1):
         ctx, rest = seq[:len(ids) + t + 1], answer[t + 1:]  # the root is answer[t]; rest what follows it
         state.observe(hidden[len(state.feats):len(ctx) - 1])
-        feat = state.context_feature(ctx)
+        root = state.context(ctx)
+        feat = root[0]
         for k in KS:
             cfg = DecodeConfig(method="eagle", tree="dynamic", tree_depth=DEPTH, tree_topk=k)
             object.__setattr__(cfg, "tree_nodes", 10**6)  # keep every drafted node (past the field's range)
-            grown = state.grow_tree(feat, cfg, DEPTH)
+            grown = state.grow_tree(root, cfg, DEPTH)
             paths = node_paths(grown.tree.parents, grown.node_tokens)
             scores = []
             for i, p in enumerate(grown.tree.parents):

@@ -47,7 +47,8 @@ from specviz.models import loader as models  # noqa: E402
 WRAPPED = [(tree.TreeEngine, "verify"), (tree.TreeEngine, "draft"), (tree.TreeEngine, "graft_branches"),
            (cache.CachedLM, "tree_logits"), (cache.CachedLM, "keep_path"), (fused.FusedLlama, "layers"),
            (fused.FusedLlama, "head"), (fused.FusedLlama, "norm"), (eagle.EagleProposer, "propose"),
-           (eagle.EagleSession, "context_feature"), (fused.FusedEagle3, "step"), (trained.Drafter, "logits"),
+           (eagle.EagleSession, "context"), (fused.FusedEagle3, "step"), (fused.FusedEagle3, "context"),
+           (trained.Drafter, "logits"),
            (features.FeatureHistory, "observe"), (tree, "warp"), (tree, "argmax_rows"), (tree, "tree_verdicts"),
            (tree, "commit"), (trees, "tree_inputs"), (attention, "visible_index"), (cache, "fused"),
            (tree.TreeEngine, "cycle"), (tree.TreeEngine, "prefill"), (tree, "match"), (tree, "graft"),
@@ -74,8 +75,9 @@ def main() -> None:
                 step[name] += time.perf_counter() - start
         return call
 
-    for owner, name in WRAPPED:
-        setattr(owner, name, timed(name, getattr(owner, name)))
+    for owner, name in WRAPPED:  # a name two owners share is told apart by its owner's
+        shared = sum(n == name for _, n in WRAPPED) > 1
+        setattr(owner, name, timed(f"{owner.__name__}.{name}" if shared else name, getattr(owner, name)))
     target = models.get("smollm2-135m", torch.device("cpu"), torch.bfloat16)
     engine = engines.build("eagle", target)
     gamma, lookup, retrieve = (int(x) for x in args.lane.split(","))

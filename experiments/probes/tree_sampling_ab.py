@@ -36,9 +36,10 @@ class DrawnSiblingsProposer(EagleProposer):
     def propose(self, state, tokens, tree, cfg, room, generator):
         if cfg.greedy:
             return super().propose(state, tokens, tree, cfg, room, generator)
-        feat = state.context_feature(tokens)
-        if feat is None:
+        root = state.context(tokens)
+        if root is None:
             return None
+        feat = root[0]
         paths = [p for p in tree.paths if len(p) <= room]
         node_feat = {(): feat}  # the predicted feature each drawn node's children come from
         chosen: dict[tuple, tuple[int, torch.Tensor]] = {}  # path -> (draft-vocabulary index, q it was drawn from)

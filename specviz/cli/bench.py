@@ -35,6 +35,18 @@ def _bench_methods(specs: list[str], args) -> dict[str, tuple[str, str | None, d
     return out
 
 
+def _in_full(spec: str, args) -> str:
+    """A bench entry with the branches it leaves out written in: a tree drafter's entry without +pld or +ret grafts
+    the branch --lookup / --retrieve give, else this machine's default race's (config_of), and its label names it."""
+    name, _, grafts, _, _ = method_spec(spec)
+    head, at, drafter = spec.partition("@")
+    branches = config_of(args, name)
+    for kind, key in (("pld", "lookup"), ("ret", "retrieve")):
+        if key in registry.spec(name).grafts and key not in grafts and getattr(branches, key):
+            head += f"+{kind}:{getattr(branches, key)}"
+    return head + at + drafter
+
+
 def _bench_configs(methods: dict, args) -> dict[str, DecodeConfig]:
     """Each entry's decode settings: the command line's, its own γ and branches over them."""
     return {label: config_of(args, m, grafts).with_(**({"gamma": parse_gamma(g)} if g else {}))
@@ -89,6 +101,11 @@ def cmd_bench(args) -> int:
         args.method = specs = [hardware.default_pair().race() if m == DEFAULT_RACE else m for m in specs]
         print(f"specviz: bench --method {DEFAULT_RACE} races {specs[0] if len(specs) == 1 else specs}",
               file=sys.stderr)
+    named = [_in_full(m, args) for m in specs]
+    if named != specs:  # a tree entry without +pld/+ret races this machine's branches: its label says which
+        print(f"specviz: bench --method {' '.join(specs)} races {' '.join(named)} (the branches left out are this "
+              "machine's default race's; +pld:0+ret:0 races the tree alone)", file=sys.stderr)
+        args.method = specs = named
     methods = _bench_methods(specs, args)
     cfgs = _bench_configs(methods, args)
     base = config_of(args, "ar", {"lookup": 0, "retrieve": 0, "tree": "static"})

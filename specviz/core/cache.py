@@ -141,8 +141,7 @@ class CachedLM:
         n_fed = len(tokens) - self.seen
         assert n_fed >= 1, "the root (last committed token) must not be in the cache yet"
         if self.fused is not None:  # its attention reads the visible slots, not a mask
-            position_ids, index, offsets = tree_visible(len(tokens), n_fed, tree)
-            mask = (index, offsets)
+            position_ids, mask = tree_visible(len(tokens), n_fed, tree)
         else:
             position_ids, mask = tree_inputs(len(tokens), n_fed, tree, self.model.config._attn_implementation,
                                              next(self.model.parameters()).dtype)

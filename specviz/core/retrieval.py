@@ -28,6 +28,7 @@ CANDIDATES = 256   # occurrences that vote, evenly spaced over all of them (dete
 MIN_SHARE = 0.1    # a node needs this share of the votes of the occurrences agreeing with its parent
 DATASTORE_FILE = "datastore.npy"  # a drafter trained on your own data keeps its answers beside its weights
 MAX_DEPTH = 8      # the deepest node drafted: a large budget goes to forks rather than ever deeper guesses
+MAX_KEY = (1 << 64) - 1  # the largest n-gram key (uint64)
 
 
 class Datastore:
@@ -74,29 +75,38 @@ class Datastore:
         return key
 
     def occurrences(self, tokens: list[int]) -> np.ndarray:
-        """Where the longest suffix of `tokens` found here ends (up to CANDIDATES of them, evenly spaced); empty when
-        no suffix of MIN_ORDER tokens or more occurs."""
+        """Where the longest suffix of `tokens` found here ends (up to CANDIDATES of them, evenly spaced as
+        np.linspace spaces them); empty when no suffix of MIN_ORDER tokens or more occurs. Three numpy calls an order
+        tried: right after the target's forward each costs tens of microseconds (experiments/LOG.md)."""
         for n in range(min(self.max_order, len(tokens)), MIN_ORDER - 1, -1):
             suffix = tokens[-n:]
             if max(suffix) >= 1 << self.bits or min(suffix) < 0:
                 continue  # a token the datastore has never seen
             keys, where = self.tables[n]
-            key = np.uint64(self._key(suffix))
-            lo, hi = np.searchsorted(keys, key, "left"), np.searchsorted(keys, key, "right")
+            key = self._key(suffix)
+            lo, hi = keys.searchsorted(np.array([key, min(key + 1, MAX_KEY)], dtype=np.uint64)).tolist()
+            hi = len(keys) if key == MAX_KEY else hi  # keys are integers: the first above key is the first >= key + 1
             if hi > lo:
-                return where[np.linspace(lo, hi - 1, min(CANDIDATES, hi - lo)).astype(np.int64)]
+                count = min(CANDIDATES, hi - lo)
+                if count == 1:
+                    return where[lo:lo + 1]
+                step = (hi - 1 - lo) / (count - 1)  # np.linspace(lo, hi - 1, count)'s float64 steps, truncated
+                return where[[int(i * step + lo) for i in range(count - 1)] + [hi - 1]]
         return np.zeros(0, dtype=np.int64)
 
     def drafts(self, tokens: list[int], nodes: int, depth: int = MAX_DEPTH) -> list[list[int]]:
         """The tree of up to `nodes` tokens (no deeper than `depth`) that most often followed the longest suffix of
-        `tokens` found here, as its root-to-leaf chains, the most voted first."""
+        `tokens` found here, as its root-to-leaf chains, the most voted first. The vote runs over Python lists of at
+        most CANDIDATES rows (one numpy read)."""
         ends = self.occurrences(tokens) if nodes > 0 else np.zeros(0, dtype=np.int64)
         depth = min(depth, nodes, MAX_DEPTH)
         if not len(ends) or depth <= 0:
             return []
-        follow = self.tokens[np.minimum(ends[:, None] + np.arange(1, depth + 1), len(self.tokens) - 1)]  # (c, depth)
+        last = len(self.tokens) - 1
+        flat = self.tokens[[min(e + k, last) for e in ends.tolist() for k in range(1, depth + 1)]].tolist()
+        follow = [flat[i:i + depth] for i in range(0, len(flat), depth)]  # (c, depth): what followed each end
         order = itertools.count()  # ties: the first pushed first
-        frontier = [(-len(ends), next(order), (), np.ones(len(ends), dtype=bool))]  # (-votes, tie, path, agreeing)
+        frontier = [(-len(follow), next(order), (), list(range(len(follow))))]  # (-votes, tie, path, agreeing rows)
         chosen: list[tuple[int, ...]] = []
         while frontier and len(chosen) < nodes:
             _, _, path, alive = heapq.heappop(frontier)
@@ -104,12 +114,12 @@ class Datastore:
                 chosen.append(path)
             if len(path) == depth:
                 continue
-            column = follow[alive, len(path)]
-            for token, votes in Counter(column[column >= 0].tolist()).most_common():
-                if votes < MIN_SHARE * alive.sum():
+            at = len(path)
+            for token, votes in Counter(t for t in (follow[i][at] for i in alive) if t >= 0).most_common():
+                if votes < MIN_SHARE * len(alive):
                     break
                 heapq.heappush(frontier, (-votes, next(order), path + (token,),
-                                          alive & (follow[:, len(path)] == token)))
+                                          [i for i in alive if follow[i][at] == token]))
         rank = {p: i for i, p in enumerate(chosen)}
         leaves = [p for p in chosen if not any(len(q) > len(p) and q[:len(p)] == p for q in chosen)]
         leaves.sort(key=lambda p: [rank[p[:k]] for k in range(1, len(p) + 1)])  # the first chosen branches first

@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import numpy as np
 import torch
+
+from specviz.models.attention import Visible
 
 
 class TreeError(ValueError):
@@ -128,18 +129,26 @@ def tree_inputs(n_prefix: int, n_fed: int, tree: Tree, attn_implementation: str,
     return position_ids, mask[None, None]
 
 
-def tree_visible(n_prefix: int, n_fed: int, tree: Tree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What tree_inputs' mask says, as the fused decoder reads it (attention.visible_index's int32 slots, row after
-    row, and int64 row offsets), with the positions (q,): built from the tree's ancestors, not a (q, kv) mask and a
-    nonzero over it each step."""
+def tree_visible(n_prefix: int, n_fed: int, tree: Tree) -> tuple[torch.Tensor, Visible]:
+    """What tree_inputs' mask says, as the fused decoder reads it, with the positions (q,): the n_fed fed rows see
+    the context causally, each node the whole context and then its ancestors and itself (attention.Visible, its
+    lineages made once per tree and n_fed). Two small tensors a step: not a (q, kv) mask and a nonzero over it, nor
+    the context's slots spelled out for every row (C does that)."""
     cached = n_prefix - n_fed
-    context = np.arange(n_prefix, dtype=np.int32)
-    rows = [context[:cached + r + 1] for r in range(n_fed)]
-    rows += [np.concatenate([context, n_prefix + np.asarray(up, dtype=np.int32)]) for up in tree.lineages]
-    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum([len(r) for r in rows], out=offsets[1:])
+    index, offsets = _lineage_slots(tree, n_fed)
+    lead = torch.tensor(list(range(cached + 1, n_prefix + 1)) + [n_prefix] * tree.size)
     positions = torch.tensor(list(range(cached, n_prefix)) + [n_prefix - 1 + d for d in tree.depths])
-    return positions, torch.from_numpy(np.concatenate(rows)), torch.from_numpy(offsets)
+    return positions, Visible(lead, index, offsets, n_prefix)
+
+
+@functools.lru_cache(maxsize=256)
+def _lineage_slots(tree: Tree, n_fed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each node's ancestors and itself as slots past the context (int32, row after row), and the row offsets of
+    n_fed fed rows (none) and the nodes (int64)."""
+    index = torch.tensor([i for up in tree.lineages for i in up], dtype=torch.int32)
+    offsets = torch.zeros(n_fed + tree.size + 1, dtype=torch.int64)
+    offsets[n_fed + 1:] = torch.tensor([len(up) for up in tree.lineages]).cumsum(0)
+    return index, offsets
 
 
 def greedy_walk(tree: Tree, node_tokens: list[int], choice: list[int]) -> tuple[list[int], int]:

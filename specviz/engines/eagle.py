@@ -58,6 +58,10 @@ class EagleSession(FeatureHistory):
         # fused step's count of slots filled in `buffer` (a drafted node's slots are simply written over)
         self.kv = 0 if self.fused is not None else None
         self.kv_len = 0
+        # the target's embeddings, where context() runs as one C call: the fused step, a packed head, bf16 rows
+        table = drafter.target_embed.weight
+        self._table = (table if self.fused is not None and drafter.head_packed is not None
+                       and table.dtype == torch.bfloat16 and table.is_contiguous() else None)
 
     def rollback(self, n_valid: int) -> None:
         super().rollback(n_valid)
@@ -81,19 +85,26 @@ class EagleSession(FeatureHistory):
         return out[0], kv
 
     @torch.inference_mode()
-    def context_feature(self, tokens: list[int]) -> torch.Tensor | None:
-        """Feed the pairs (true feature, next token) not yet in the drafter's cache; return the predicted
-        feature of the last committed token's position, which the first draft token is read from. None
-        before the target's first forward (no features yet)."""
-        m = len(self.feats)
+    def context(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Feed the pairs (true feature, next token) not yet in the drafter's cache; return the predicted feature of
+        the last committed token's position, which the first draft tokens are read from, and the draft logits read
+        from it (N,) float32. None before the target's first forward (no features yet). Beside the fused step, one C
+        call (fused.FusedEagle3.context) does it all."""
+        m = self._n
         if m == 0 or m < len(tokens) - 1:
             return None
-        device = self.d.head_weight.device
-        ids = torch.tensor(tokens[self.kv_len + 1:m + 1], dtype=torch.long, device=device)
-        out, self.kv = self._layer(self.kv, self.feats[self.kv_len:m], ids, torch.arange(self.kv_len, m, device=device),
-                                   lift=True)
+        new, feats = tokens[self.kv_len + 1:m + 1], self._rows[self.kv_len:m]
+        if self._table is not None and feats.dtype == torch.bfloat16:
+            out, logits = self.fused.context(self.buffer, self._table, new, feats, self.kv, self.d.head_packed,
+                                             self.d.head_weight.shape[0])
+            self.kv += len(new)
+        else:
+            device = self.d.head_weight.device
+            ids = torch.tensor(new, dtype=torch.long, device=device)
+            out, self.kv = self._layer(self.kv, feats, ids, torch.arange(self.kv_len, m, device=device), lift=True)
+            logits = self.d.logits(out[-1]).float().cpu()
         self.kv_len = m
-        return out[-1]
+        return out[-1], logits
 
     @torch.inference_mode()
     def feed_nodes(self, kv, inputs: torch.Tensor, ids: torch.Tensor, visible: torch.Tensor, depth: int):
@@ -109,11 +120,11 @@ class EagleSession(FeatureHistory):
         return self._layer(kv, inputs, ids.to(device), positions, mask)
 
     @torch.inference_mode()
-    def grow_tree(self, feat: torch.Tensor, cfg: DecodeConfig, depth: int) -> "GrownTree":
-        """EAGLE-2's dynamic tree from the root's predicted feature (context_feature): the root's top-k children,
-        then for each further level up to `depth` one drafter call over the k nodes of the level with the highest
-        path probability (the product of the drafter's probabilities, warped as the target's are, along the path),
-        each proposing its top-k children; then the cfg.tree_nodes drafted nodes of highest path probability
+    def grow_tree(self, root: tuple[torch.Tensor, torch.Tensor], cfg: DecodeConfig, depth: int) -> "GrownTree":
+        """EAGLE-2's dynamic tree from the root's predicted feature and draft logits (context): the root's top-k
+        children, then for each further level up to `depth` one drafter call over the k nodes of the level with the
+        highest path probability (the product of the drafter's probabilities, warped as the target's are, along the
+        path), each proposing its top-k children; then the cfg.tree_nodes drafted nodes of highest path probability
         (trees.best_nodes)."""
         k = cfg.tree_topk
         parents: list[int] = []   # every drafted node, level by level: its parent (-1 = the root)
@@ -132,7 +143,8 @@ class EagleSession(FeatureHistory):
                 score.append(base * min(value, 1.0))  # a renormalised probability may round past 1
                 ranks.append(rank)
 
-        propose_children(-1, warp(self.d.logits(feat).float().cpu(), cfg))
+        feat, logits = root
+        propose_children(-1, warp(logits, cfg))
         kv, fed, forwards = self.kv, [], 0  # fed: the drafted nodes whose pairs are in kv, in order
         level = list(range(len(parents)))
         node_feat = {-1: feat}  # the predicted feature each fed node's children are read from
@@ -167,15 +179,15 @@ class EagleSession(FeatureHistory):
 
     @torch.inference_mode()
     def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, generator: torch.Generator) -> Proposal:
-        feat = self.context_feature(tokens) if gamma > 0 else None
-        if feat is None:  # the first step is the target's prefill
+        root = self.context(tokens) if gamma > 0 else None
+        if root is None:  # the first step is the target's prefill
             return Proposal.empty(self.vocab_size)
-        device = self.d.head_weight.device
+        (feat, logits), device = root, self.d.head_weight.device
         kv, pos = self.kv, self.kv_len
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
         while True:
-            token, q, confidence = self.d.draw(self.d.logits(feat), cfg, generator)
+            token, q, confidence = self.d.draw(logits, cfg, generator)
             drafted.append(token)
             qs.append(q)
             if len(drafted) >= gamma or stop_drafting(token, confidence, self.eos_ids, cfg):
@@ -183,6 +195,7 @@ class EagleSession(FeatureHistory):
             ids, positions = torch.tensor([token], device=device), torch.tensor([pos], device=device)
             out, kv = self._layer(kv, feat[None], ids, positions)
             feat, pos = out[-1], pos + 1
+            logits = self.d.logits(feat)
         return Proposal(drafted, torch.stack(qs), len(drafted))
 
 
@@ -210,14 +223,14 @@ class EagleProposer:
     @torch.inference_mode()
     def propose(self, state: EagleSession, tokens: list[int], tree: Tree, cfg: DecodeConfig, room: int,
                 generator: torch.Generator) -> TreeProposal | None:
-        feat = state.context_feature(tokens)  # greedy or sampling: the top-ranked tree (point masses when sampling)
-        if feat is None:
+        root = state.context(tokens)  # greedy or sampling: the top-ranked tree (point masses when sampling)
+        if root is None:
             return None
         if cfg.tree == "dynamic":  # EAGLE-2: a tree grown from the drafter's confidence
-            grown = state.grow_tree(feat, cfg, min(cfg.tree_depth, room))
+            grown = state.grow_tree(root, cfg, min(cfg.tree_depth, room))
             return TreeProposal(grown.tree, grown.node_tokens, grown.q_nodes, None, grown.forwards)
         tree, ancestry = self.cut(tree, room)
-        node_feat: dict[int, torch.Tensor] = {-1: feat}  # the predicted feature each node's children come from
+        node_feat: dict[int, torch.Tensor] = {-1: root[0]}  # the predicted feature each node's children come from
         small: list[int] = [0] * tree.size
         q_nodes: list[float] = [0.0] * tree.size
         fed: list[int] = []  # tree nodes whose pairs are in `kv`, in order
@@ -225,7 +238,8 @@ class EagleProposer:
         for depth in range(1, max(tree.depths) + 1):
             level = [i for i in range(tree.size) if tree.depths[i] == depth]
             for parent in sorted({tree.parents[i] for i in level}):
-                probs = warp(self.d.logits(node_feat[parent]).float().cpu(), cfg)  # (N,)
+                logits = root[1] if parent < 0 else self.d.logits(node_feat[parent]).float().cpu()
+                probs = warp(logits, cfg)  # (N,)
                 kids = [i for i in level if tree.parents[i] == parent]
                 values, indices = (t.tolist() for t in torch.topk(probs, 1 + max(tree.ranks[i] for i in kids)))
                 for i in kids:  # (one list each: a tensor read a node cost tens of us right after a forward)

@@ -18,6 +18,8 @@ their A/B runs: experiments/LOG.md). Elsewhere the torch ops below run, row by r
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from specviz.models import kernels
@@ -70,6 +72,16 @@ def visible_keys(mask: torch.Tensor | None, q_len: int, kv_len: int) -> list:
             rows.append(n if n and int(index[-1]) == n - 1 else index)
         mask._visible_rows = rows
     return rows
+
+
+class Visible(NamedTuple):
+    """The cache slots each of n query rows sees, compact: row r sees slots 0 .. lead[r] - 1, then base +
+    index[offsets[r]:offsets[r + 1]] (a tree's rows: the context, then their ancestors and themselves;
+    trees.tree_visible). The fused decoder spells it out in C (kernels/llama.c: row_spans)."""
+    lead: torch.Tensor     # (n,) int64
+    index: torch.Tensor    # int32
+    offsets: torch.Tensor  # (n + 1,) int64
+    base: int
 
 
 def visible_index(mask: torch.Tensor | None, q_len: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:

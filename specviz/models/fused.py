@@ -41,11 +41,14 @@ def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.pack_bf16.argtypes = [ptr, ptr, long, long, ctypes.c_int]
     lib.linear_packed.argtypes = [ptr, ptr, ptr, long, long, long, ctypes.c_int, ctypes.c_int]
     lib.rmsnorm_rows.argtypes = [ptr, ptr, ptr, long, long, ctypes.c_float]
-    lib.llama_layers.argtypes = ([ptr, long, ptr, long, ptr, ptr, ptr, ptr, long, ptr, ptr, long, long, ptr]
+    lib.llama_layers.argtypes = ([ptr, long, ptr, long, ptr, ptr, ptr, ptr, long, ptr, ptr, ptr, long, long, long, ptr]
                                  + [long] * 5 + [ctypes.c_float, ctypes.c_float, ctypes.c_int])
     lib.eagle3_step.argtypes = ([ptr, long, ptr, ptr, long, ptr, long, ptr, ptr, ptr, ptr, ptr, long, ptr, ptr]
                                 + [long] * 5 + [ctypes.c_float, ctypes.c_float, ctypes.c_int])
-    for f in (lib.pack_bf16, lib.linear_packed, lib.rmsnorm_rows, lib.llama_layers, lib.eagle3_step):
+    lib.eagle3_context.argtypes = ([ptr, long, ptr, ptr, ptr, long, long, ptr, ptr, ptr, ptr, ptr, long] + [long] * 5
+                                   + [ctypes.c_float, ctypes.c_float, ptr, ptr, long, ptr, ctypes.c_int])
+    for f in (lib.pack_bf16, lib.linear_packed, lib.rmsnorm_rows, lib.llama_layers, lib.eagle3_step,
+              lib.eagle3_context):
         f.restype = None
     return lib
 
@@ -237,20 +240,21 @@ class FusedLlama:
 
     @torch.inference_mode()
     def layers(self, cache: KVBuffer, hidden: torch.Tensor, start: int, positions: torch.Tensor | None = None,
-               mask: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None, layers: range | None = None,
+               mask: torch.Tensor | attention.Visible | None = None, layers: range | None = None,
                states: bool = False):
         """Run `layers` (all by default) over hidden (n, d) bf16, whose rows go to cache slots start .. start + n - 1
         at `positions` (n,) (default: their slots), attending causally or as the bool mask (1, 1, n, start + n)
-        allows (or the (index, offsets) pair attention.visible_index makes of such a mask). Returns (hidden after
-        the last layer (n, d), each layer's output (len(layers), n, d) or None)."""
+        allows (or as an attention.Visible says: a tree's rows, trees.tree_visible). Returns (hidden after the last
+        layer (n, d), each layer's output (len(layers), n, d) or None)."""
         hidden = hidden.to(torch.bfloat16).contiguous().clone()  # (n, d), updated in place by the C code
         n = hidden.shape[0]
         layers = range(self.n_layers) if layers is None else layers
         cache.ensure(start + n)
         cos, sin = self._rope_upto(start + n + 1)
-        index = offsets = None
-        if isinstance(mask, tuple):  # the visible slots already as visible_index gives them (trees.tree_visible)
-            index, offsets = mask
+        index = offsets = lead = None
+        base = 0
+        if isinstance(mask, attention.Visible):  # a tree's rows: C spells out their slots
+            lead, index, offsets, base = mask
         elif mask is not None:
             index, offsets = attention.visible_index(mask, n, start + n)
         if positions is not None:
@@ -259,8 +263,8 @@ class FusedLlama:
         ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
         _lib().llama_layers(hidden.data_ptr(), n, ptr(positions), start, cos.data_ptr(), sin.data_ptr(),
                             self.weights.data_ptr(), cache.table.data_ptr(), cache.capacity, ptr(index), ptr(offsets),
-                            layers.start, layers.stop, ptr(out), self.d, self.head_dim, self.heads, self.kv_heads,
-                            self.ffn, self.eps, self.scale, kernels.threads())
+                            ptr(lead), base, layers.start, layers.stop, ptr(out), self.d, self.head_dim, self.heads,
+                            self.kv_heads, self.ffn, self.eps, self.scale, kernels.threads())
         return hidden, out
 
     def matmuls(self, layer: int) -> list[tuple[torch.Tensor, int, int]]:
@@ -373,6 +377,28 @@ class FusedEagle3:
                            self.d, self.head_dim, self.heads, self.kv_heads, self.ffn, self.eps, self.scale,
                            kernels.threads())
         return out
+
+    @torch.inference_mode()
+    def context(self, cache: KVBuffer, table: torch.Tensor, tokens: list[int], feats: torch.Tensor, start: int,
+                head: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`step` over the target's features feats (n, nf) bf16 with the embeddings of `tokens` (rows of `table`, the
+        target's bf16 embeddings) at positions start .. start + n - 1, causal, then the readout of the last row and the
+        draft head (packed by `pack`, n_head rows) over it: one C call, the bits of step, readout and linear_packed
+        (tests/test_drafters.py). Returns the rows' outputs (n, d) bf16 and the last row's draft logits (n_head,)
+        float32. A step right after the target's forward pays tens of microseconds for every torch call it makes
+        (experiments/LOG.md), so this one makes two."""
+        n = len(tokens)
+        cache.ensure(start + n)
+        cos, sin = self._rope_upto(start + n)
+        out = torch.empty(n, self.d, dtype=torch.bfloat16)
+        logits = torch.empty(n_head, dtype=torch.float32)
+        ids = (ctypes.c_int64 * n)(*tokens)
+        _lib().eagle3_context(feats.data_ptr(), self.nf, out.data_ptr(), table.data_ptr(), ctypes.addressof(ids), n,
+                              start, cos.data_ptr(), sin.data_ptr(), self.weights.data_ptr(), cache.keys.data_ptr(),
+                              cache.values.data_ptr(), cache.capacity, self.d, self.head_dim, self.heads,
+                              self.kv_heads, self.ffn, self.eps, self.scale, self.final_norm.data_ptr(),
+                              head.data_ptr(), n_head, logits.data_ptr(), kernels.threads())
+        return out, logits
 
 
 def build(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> FusedLlama | None:

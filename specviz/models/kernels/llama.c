@@ -14,7 +14,8 @@ its threads claim each phase's chunks (a matmul's column groups, rows, (row, hea
 
 #define PHASES 10  /* a layer's phases (RUN_PHASE) */
 #ifndef LAYER_CHUNK
-#define LAYER_CHUNK 2  /* matmul column groups (32 outputs each) a claim (a -D flag: experiments/probes/kernel_ab.py) */
+#define LAYER_CHUNK 4  /* matmul column groups (32 outputs each) a claim (a -D flag: experiments/probes/kernel_ab.py);
+                          4 rather than 2 lets 3 of 4 groups prefetch the next (packed_linear.c: NEXT_GROUP) */
 #endif
 #define CHUNK LAYER_CHUNK
 
@@ -116,20 +117,33 @@ static void silu_mul_row(const uint16_t *gate, const uint16_t *up, xin_t *out, l
     }
 }
 
-/* the rows' rope positions at[r] and their visible slots span[2r] .. span[2r+1] of idx (llama_layers' rules: pos NULL:
-   slot0 + r; off NULL: causal, with *causal (returned, the caller frees it) as the index 0 .. slot0 + n - 1) */
+/* the rows' rope positions at[r] and their visible slots span[2r] .. span[2r+1] of the index returned (llama_layers'
+   rules: pos NULL: slot0 + r; off NULL: causal, as the index 0 .. slot0 + n - 1; lead: row r sees slots 0 ..
+   lead[r] - 1, then base + idx[off[r] .. off[r+1]), spelled out here). *made: the index made here (the caller frees
+   it), or NULL where it is idx itself */
 static const int32_t *row_spans(long n, const int64_t *pos, long slot0, const int32_t *idx, const int64_t *off,
-                                int64_t *at, int64_t *span, int32_t **causal) {
-    for (long r = 0; r < n; ++r) {
-        at[r] = pos ? pos[r] : slot0 + r;
-        span[2 * r] = off ? off[r] : 0;
-        span[2 * r + 1] = off ? off[r + 1] : slot0 + r + 1;
+                                const int64_t *lead, long base, int64_t *at, int64_t *span, int32_t **made) {
+    for (long r = 0; r < n; ++r) at[r] = pos ? pos[r] : slot0 + r;
+    *made = 0;
+    if (off && !lead) {
+        for (long r = 0; r < n; ++r) span[2 * r] = off[r], span[2 * r + 1] = off[r + 1];
+        return idx;
     }
-    *causal = 0;
-    if (off) return idx;
-    *causal = (int32_t *)__builtin_malloc((slot0 + n) * sizeof(int32_t));
-    for (long i = 0; i < slot0 + n; ++i) (*causal)[i] = (int32_t)i;
-    return *causal;
+    long total = lead ? 0 : slot0 + n;
+    for (long r = 0; lead && r < n; ++r) total += lead[r] + (off ? off[r + 1] - off[r] : 0);
+    int32_t *out = *made = (int32_t *)__builtin_malloc((total + 1) * sizeof(int32_t));
+    if (!lead) {  /* causal: every row's span is a prefix of one index 0 .. slot0 + n - 1 */
+        for (long i = 0; i < slot0 + n; ++i) out[i] = (int32_t)i;
+        for (long r = 0; r < n; ++r) span[2 * r] = 0, span[2 * r + 1] = slot0 + r + 1;
+        return out;
+    }
+    for (long r = 0, k = 0; r < n; ++r) {
+        span[2 * r] = k;
+        for (long i = 0; i < lead[r]; ++i) out[k++] = (int32_t)i;
+        for (long j = off ? off[r] : 0; off && j < off[r + 1]; ++j) out[k++] = (int32_t)(base + idx[j]);
+        span[2 * r + 1] = k;
+    }
+    return out;
 }
 
 /* one row's q|k|v (qkvd wide) at position `at`: rope on q and k, k and v into cache slot `slot` (caches (KVH, hs)),
@@ -151,7 +165,7 @@ typedef struct {
     float eps, scale;
     const int32_t *idx;                /* the visible slots, per row span[2r] .. span[2r+1] (row_spans) */
     int64_t *at, *span;                /* rows' rope positions; their [begin, end) into idx */
-    int32_t *causal;                   /* the causal index row_spans made, or NULL */
+    int32_t *made;                     /* the index row_spans made, or NULL */
     uint16_t *qkv, *gu;                /* q|k|v and gate|up outputs, bf16 */
     xin_t *xn, *att, *act;             /* the matmuls' inputs, as they read them: norms', attention's, the MLP's */
     float *q32, *o32;                  /* attention's fp32 queries and outputs */
@@ -161,8 +175,8 @@ typedef struct {
 
 /* the shape and buffers for n rows of width d (xn: xn_width a row) at the positions and spans llama_layers takes */
 static layer_t layer_alloc(long n, long d, long xn_width, long hd, long H, long KVH, long F, long cap, long slot0,
-                           const int64_t *pos, const int32_t *idx, const int64_t *off, float eps, float scale,
-                           int threads) {
+                           const int64_t *pos, const int32_t *idx, const int64_t *off, const int64_t *lead, long base,
+                           float eps, float scale, int threads) {
     layer_t L = {n, d, hd, H, KVH, F, H * hd, (H + 2 * KVH) * hd, H / KVH, cap * hd, slot0, eps, scale,
                  0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     L.qkv = (uint16_t *)__builtin_malloc(n * L.qkvd * 2);
@@ -174,7 +188,7 @@ static layer_t layer_alloc(long n, long d, long xn_width, long hd, long H, long 
     L.o32 = (float *)__builtin_malloc(n * L.qd * 4);
     L.at = (int64_t *)__builtin_malloc(n * 3 * sizeof(int64_t));
     L.span = L.at + n;
-    L.idx = row_spans(n, pos, slot0, idx, off, L.at, L.span, &L.causal);
+    L.idx = row_spans(n, pos, slot0, idx, off, lead, base, L.at, L.span, &L.made);
     for (long r = 0; r < n; ++r)
         if (L.span[2 * r + 1] - L.span[2 * r] + 16 > L.room) L.room = L.span[2 * r + 1] - L.span[2 * r] + 16;
     L.scores = (float *)__builtin_malloc(threads * 3 * L.room * sizeof(float));
@@ -184,7 +198,7 @@ static layer_t layer_alloc(long n, long d, long xn_width, long hd, long H, long 
 static void layer_free(layer_t *L) {
     __builtin_free(L->qkv); __builtin_free(L->gu); __builtin_free(L->xn); __builtin_free(L->att);
     __builtin_free(L->act); __builtin_free(L->q32); __builtin_free(L->o32); __builtin_free(L->at);
-    __builtin_free(L->causal); __builtin_free(L->scores);
+    __builtin_free(L->made); __builtin_free(L->scores);
 }
 
 /* A layer after its q|k|v matmul, as llama_layers and eagle3_step run it (7 phases from ph, inside the caller's
@@ -210,16 +224,17 @@ static void layer_rest(const layer_t *L, phase_t *ph, uint16_t *h, const int64_t
 }
 
 /* Layers l0 .. l1-1 over h (n, d) bf16, in place. Row r sits at position pos[r] (rope) and cache slot slot0 + r, and
-   attends over the slots idx[off[r] .. off[r+1]) (attend.c); pos NULL: positions slot0 + r; off NULL: causal, row r
-   over the slots 0 .. slot0 + r (idx unused). weights: 6 addresses a layer: input norm (d), q|k|v
-   packed ((H + 2 KVH) hd rows), o packed (d rows), post-attention norm (d), gate|up packed (2 F rows), down packed
-   (d rows). caches: 2 addresses a layer: keys, values, each (KVH, cap, hd) bf16. cos, sin: (positions, hd) bf16
-   tables. states (l1 - l0, n, d) or NULL: h after each layer. d, hd, F multiples of 16. */
+   attends over the slots idx[off[r] .. off[r+1]) (attend.c); with lead, over the slots 0 .. lead[r] - 1 and then base
+   + idx[off[r] .. off[r+1]) (a tree's rows: the context, then their ancestors and themselves); pos NULL: positions
+   slot0 + r; off and lead NULL: causal, row r over the slots 0 .. slot0 + r (idx unused). weights: 6 addresses a
+   layer: input norm (d), q|k|v packed ((H + 2 KVH) hd rows), o packed (d rows), post-attention norm (d), gate|up
+   packed (2 F rows), down packed (d rows). caches: 2 addresses a layer: keys, values, each (KVH, cap, hd) bf16. cos,
+   sin: (positions, hd) bf16 tables. states (l1 - l0, n, d) or NULL: h after each layer. d, hd, F multiples of 16. */
 void llama_layers(uint16_t *h, long n, const int64_t *pos, long slot0, const uint16_t *cos, const uint16_t *sin,
                   const int64_t *weights, const int64_t *caches, long cap, const int32_t *idx, const int64_t *off,
-                  long l0, long l1, uint16_t *states, long d, long hd, long H, long KVH, long F, float eps, float scale,
-                  int threads) {
-    layer_t L = layer_alloc(n, d, d, hd, H, KVH, F, cap, slot0, pos, idx, off, eps, scale, threads);
+                  const int64_t *lead, long base, long l0, long l1, uint16_t *states, long d, long hd, long H, long KVH,
+                  long F, float eps, float scale, int threads) {
+    layer_t L = layer_alloc(n, d, d, hd, H, KVH, F, cap, slot0, pos, idx, off, lead, base, eps, scale, threads);
     phase_t *phases = (phase_t *)__builtin_calloc((l1 - l0) * PHASES, sizeof(phase_t));
     #pragma omp parallel num_threads(threads)
     for (long l = l0; l < l1; ++l) {
@@ -261,7 +276,7 @@ void eagle3_step(const uint16_t *feats, long nf, uint16_t *hidden, const uint16_
                  uint16_t *kc, uint16_t *vc, long cap, const int32_t *idx, const int64_t *off, long d, long hd, long H,
                  long KVH, long F, float eps, float scale, int threads) {
     long d2 = 2 * d;
-    layer_t L = layer_alloc(n, d, d2, hd, H, KVH, F, cap, slot0, pos, idx, off, eps, scale, threads);
+    layer_t L = layer_alloc(n, d, d2, hd, H, KVH, F, cap, slot0, pos, idx, off, 0, 0, eps, scale, threads);
     xin_t *fx = feats ? (xin_t *)__builtin_malloc(n * nf * sizeof(xin_t)) : 0;
     const uint16_t *fc_bias = (const uint16_t *)weights[1];
     phase_t ph[12] = {{0}};
@@ -281,4 +296,22 @@ void eagle3_step(const uint16_t *feats, long nf, uint16_t *hidden, const uint16_
     }
     __builtin_free(fx);
     layer_free(&L);
+}
+
+/* EAGLE-3's context step and the first draft logits in one call: eagle3_step over n rows whose embeddings are the rows
+   ids[r] of `table` (the target's, bf16), at positions slot0 + r, causal, from the target's features; then the
+   module's readout (its final norm, `norm`) of the last row and the draft head (packed, N rows) into logits (N floats,
+   each the bf16 rounding of its sum): what fused.FusedEagle3.step, .readout and the packed head compute in three
+   calls and a dozen small torch operations. hidden: (n, d) bf16, the rows' outputs. */
+void eagle3_context(const uint16_t *feats, long nf, uint16_t *hidden, const uint16_t *table, const int64_t *ids, long n,
+                    long slot0, const uint16_t *cos, const uint16_t *sin, const int64_t *weights, uint16_t *kc,
+                    uint16_t *vc, long cap, long d, long hd, long H, long KVH, long F, float eps, float scale,
+                    const uint16_t *norm, const uint16_t *head, long N, float *logits, int threads) {
+    uint16_t *emb = (uint16_t *)__builtin_malloc((n * d + d) * 2), *x = emb + n * d;
+    for (long r = 0; r < n; ++r) __builtin_memcpy(emb + r * d, table + ids[r] * d, d * 2);
+    eagle3_step(feats, nf, hidden, emb, n, 0, slot0, cos, sin, weights, kc, vc, cap, 0, 0, d, hd, H, KVH, F, eps, scale,
+                threads);
+    rmsnorm_row(hidden + (n - 1) * d, norm, x, d, eps, 0);
+    linear_packed(x, head, logits, 1, d, N, STORE_F32, threads);
+    __builtin_free(emb);
 }

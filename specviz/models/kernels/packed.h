@@ -24,6 +24,9 @@ void packed_matmul(const xin_t *x, long ldx, const uint16_t *packed, long M, lon
 
 static inline long packed_groups(long N) { return (N + 31) / 32; }
 
+/* y (M, N) = x (M, K) bf16 . W^T on `threads` OpenMP threads (packed_linear.c) */
+void linear_packed(const uint16_t *x, const uint16_t *packed, void *y, long M, long K, long N, int mode, int threads);
+
 /* Work sharing without barriers: a phase is `count` chunks that threads claim one at a time; a thread waits only for
    chunks claimed and not yet finished before it starts the next phase, never for a thread that has not arrived (on
    shared cores a descheduled thread would hold an OpenMP barrier for a whole time slice; here the others take its

@@ -73,7 +73,7 @@ static inline int pair_at(const uint16_t *x) {
 #define UNROLL _Pragma("GCC unroll 16")  /* every row and block loop of a tile: its accumulators stay in registers */
 #define KERNEL_HEAD(B, R) \
     static void k##B##_##R(const xin_t *x, long ldx, const uint32_t *w, long P, long p0, long p1, float *tile, \
-                           long ldt)
+                           long ldt, long ahead)
 #if defined(__AVX512BF16__)
 #define ROWS_BUILD 8      /* rows a pass at most (16, and 12 with two blocks, fit; passes of 8 ran faster) */
 #define TWO_ROWS_BUILD 8  /* rows a pass of two blocks at most: 2 R accumulators + 2 weights of 32 registers */
@@ -85,7 +85,7 @@ static inline int pair_at(const uint16_t *x) {
     for (long p = p0; p < p1; ++p) {                                                                         \
         __m512i wv[B];                                                                                       \
         UNROLL for (int b = 0; b < B; ++b) {                                                                 \
-            PREFETCH(R, w + (b * P + p + PREFETCH_LINES) * 16);                                              \
+            PREFETCH(R, w + (b * P + p + ahead) * 16);                                                       \
             wv[b] = _mm512_loadu_si512((const void *)(w + (b * P + p) * 16));                                \
         }                                                                                                    \
         UNROLL for (int r = 0; r < R; ++r) {                                                                 \
@@ -109,7 +109,7 @@ static inline int pair_at(const uint16_t *x) {
     for (long p = p0; p < p1; ++p) {                                                                         \
         __m512 we[B], wo[B];                                                                                 \
         UNROLL for (int b = 0; b < B; ++b) {                                                                 \
-            PREFETCH(R, w + (b * P + p + PREFETCH_LINES) * 16);                                              \
+            PREFETCH(R, w + (b * P + p + ahead) * 16);                                                       \
             __m512i wv = _mm512_loadu_si512((const void *)(w + (b * P + p) * 16));                           \
             we[b] = _mm512_castsi512_ps(_mm512_slli_epi32(wv, 16));                                          \
             wo[b] = _mm512_castsi512_ps(_mm512_and_si512(wv, high));                                         \
@@ -144,7 +144,7 @@ static inline int pair_at(const uint16_t *x) {
                 xo[r] = _mm256_broadcast_ss(x + r * ldx + 2 * p + 1);                                        \
             }                                                                                                \
             UNROLL for (int v = 0; v < 2 * B; ++v) { /* v: the 8 outputs 8 (v % 2) .. of block v / 2 */      \
-                if (v % 2 == 0) PREFETCH(R, w + ((v / 2) * P + p + PREFETCH_LINES) * 16);                    \
+                if (v % 2 == 0) PREFETCH(R, w + ((v / 2) * P + p + ahead) * 16);                             \
                 __m256i wv = _mm256_loadu_si256((const __m256i *)(w + ((v / 2) * P + p) * 16 + 8 * (v % 2))); \
                 __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(wv, 16));                                  \
                 __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(wv, high));                                 \
@@ -155,7 +155,7 @@ static inline int pair_at(const uint16_t *x) {
             }                                                                                                \
         } else {  /* weights held, x broadcast one row at a time */                                          \
             __m256 we[2 * B], wo[2 * B];                                                                     \
-            PREFETCH(R, w + (p + PREFETCH_LINES) * 16);                                                      \
+            PREFETCH(R, w + (p + ahead) * 16);                                                               \
             UNROLL for (int v = 0; v < 2 * B; ++v) {                                                         \
                 __m256i wv = _mm256_loadu_si256((const __m256i *)(w + p * 16 + 8 * v));                      \
                 we[v] = _mm256_castsi256_ps(_mm256_slli_epi32(wv, 16));                                      \
@@ -181,7 +181,7 @@ static inline int pair_at(const uint16_t *x) {
 #define TWO_ROWS TWO_ROWS_BUILD
 #endif
 
-typedef void (*kernel_fn)(const xin_t *, long, const uint32_t *, long, long, long, float *, long);
+typedef void (*kernel_fn)(const xin_t *, long, const uint32_t *, long, long, long, float *, long, long);
 
 KERNEL(1, 1) KERNEL(1, 2) KERNEL(1, 3) KERNEL(1, 4) KERNEL(1, 5) KERNEL(2, 1) KERNEL(2, 2)
 #if defined(__AVX512F__)  /* ROWS and TWO_ROWS up to 16 and 12 (-D flags: experiments/probes/kernel_ab.py) */
@@ -237,6 +237,10 @@ static inline long pass_rows(long M) {
     return M / passes + (M % passes != 0);
 }
 
+#ifndef NEXT_GROUP
+#define NEXT_GROUP 1  /* 0: off; 1: a group of several passes prefetches the next group of its chunk (passes) */
+#endif
+
 #ifndef SLICE
 #define SLICE 0  /* 0: off; else the pairs (64-byte lines of a block) each pass takes in turn past one pass of rows */
 #endif
@@ -245,14 +249,18 @@ static inline long pass_rows(long M) {
    a pass of up to TWO_ROWS rows takes both blocks at once, a longer one each block in turn. tile: M rows, ldt apart;
    each output's accumulator in it, taken up where the pairs before p0 left it */
 static void passes(const xin_t *x, long ldx, const uint32_t *w, long P, long p0, long p1, long M, long nb,
-                   float *tile, long ldt) {
+                   float *tile, long ldt, int next) {
     for (long m0 = 0, R; m0 < M; m0 += R) {
         R = pass_rows(M - m0);
+        /* the last of several passes reads the group from L2 (the first brought it in): it prefetches the next
+           group's weights, so that the memory streams while the passes compute, and the next group's first pass
+           finds them in L2 */
+        long ahead = NEXT_GROUP && next && m0 > 0 && m0 + R >= M ? nb * P : PREFETCH_LINES;
         if (nb == 2 && R <= TWO_ROWS) {
-            TWO[R](x + m0 * ldx, ldx, w, P, p0, p1, tile + m0 * ldt, ldt);
+            TWO[R](x + m0 * ldx, ldx, w, P, p0, p1, tile + m0 * ldt, ldt, ahead);
         } else {
             for (long b = 0; b < nb; ++b)
-                ONE[R](x + m0 * ldx, ldx, w + b * P * 16, P, p0, p1, tile + m0 * ldt + b * 16, ldt);
+                ONE[R](x + m0 * ldx, ldx, w + b * P * 16, P, p0, p1, tile + m0 * ldt + b * 16, ldt, ahead);
         }
     }
 }
@@ -271,7 +279,7 @@ void packed_matmul(const xin_t *x, long ldx, const uint16_t *packed, long M, lon
     for (long g = g0; g < g1; ++g) {  /* two blocks (32 outputs) a group */
         long b0 = 2 * g, nb = NB - b0 < 2 ? NB - b0 : 2;
         for (long p0 = 0; p0 < P; p0 += slice)
-            passes(x, ldx, w + b0 * P * 16, P, p0, p0 + slice < P ? p0 + slice : P, M, nb, tile, 32);
+            passes(x, ldx, w + b0 * P * 16, P, p0, p0 + slice < P ? p0 + slice : P, M, nb, tile, 32, g + 1 < g1);
         finish(tile, M, 32, 0, b0 * 16, N, y, ldy, mode);
     }
     if (tile != small) __builtin_free(tile);
