@@ -118,9 +118,9 @@ static void silu_mul_row(const uint16_t *gate, const uint16_t *up, xin_t *out, l
 }
 
 /* the rows' rope positions at[r] and their visible slots span[2r] .. span[2r+1] of the index returned (llama_layers'
-   rules: pos NULL: slot0 + r; off NULL: causal, as the index 0 .. slot0 + n - 1; lead: row r sees slots 0 ..
-   lead[r] - 1, then base + idx[off[r] .. off[r+1]), spelled out here). *made: the index made here (the caller frees
-   it), or NULL where it is idx itself */
+   rules: pos NULL: slot0 + r; off NULL: causal, as the index 0 .. slot0 + n - 1; lead (always with off): row r sees
+   slots 0 .. lead[r] - 1, then base + idx[off[r] .. off[r+1]), spelled out here). *made: the index made here (the
+   caller frees it), or NULL where it is idx itself */
 static const int32_t *row_spans(long n, const int64_t *pos, long slot0, const int32_t *idx, const int64_t *off,
                                 const int64_t *lead, long base, int64_t *at, int64_t *span, int32_t **made) {
     for (long r = 0; r < n; ++r) at[r] = pos ? pos[r] : slot0 + r;
@@ -130,7 +130,7 @@ static const int32_t *row_spans(long n, const int64_t *pos, long slot0, const in
         return idx;
     }
     long total = lead ? 0 : slot0 + n;
-    for (long r = 0; lead && r < n; ++r) total += lead[r] + (off ? off[r + 1] - off[r] : 0);
+    for (long r = 0; lead && r < n; ++r) total += lead[r] + off[r + 1] - off[r];
     int32_t *out = *made = (int32_t *)__builtin_malloc((total + 1) * sizeof(int32_t));
     if (!lead) {  /* causal: every row's span is a prefix of one index 0 .. slot0 + n - 1 */
         for (long i = 0; i < slot0 + n; ++i) out[i] = (int32_t)i;
@@ -140,7 +140,7 @@ static const int32_t *row_spans(long n, const int64_t *pos, long slot0, const in
     for (long r = 0, k = 0; r < n; ++r) {
         span[2 * r] = k;
         for (long i = 0; i < lead[r]; ++i) out[k++] = (int32_t)i;
-        for (long j = off ? off[r] : 0; off && j < off[r + 1]; ++j) out[k++] = (int32_t)(base + idx[j]);
+        for (long j = off[r]; j < off[r + 1]; ++j) out[k++] = (int32_t)(base + idx[j]);
         span[2 * r + 1] = k;
     }
     return out;
