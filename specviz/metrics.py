@@ -1,15 +1,27 @@
-"""Events -> numbers. Definitions (DESIGN.md): α = accepted / judged drafted tokens; τ = tokens emitted
-per target forward (the resampled/bonus token included; AR has τ = 1); tok/s = emitted tokens / engine
-compute seconds; c = seconds of one draft forward / seconds of one AR target forward. No torch here."""
+"""Events -> numbers. Definitions (DESIGN.md): α = accepted / judged drafted tokens (ACCEPTANCE); τ = tokens
+emitted per target forward (the resampled/bonus token included; AR has τ = 1); tok/s = emitted tokens / engine
+compute seconds; c = seconds of one draft forward / seconds of one AR target forward. Where the kept guesses came
+from (the drafter, prompt lookup, the datastore) and why a measured speedup differs from its prediction: why_line.
+No torch here."""
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Optional
 
 from specviz import methods
 from specviz.errors import ConfigError
-from specviz.events import StepEvent, Verdict
+from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD, StepEvent, Verdict
+
+# The one definition of acceptance that the race, bench, check and the app's summary show (RunSummary.alpha) ...
+ACCEPTANCE = ("α = drafted tokens the target kept / drafted tokens it judged (kept or refused): a chain's drafts up "
+              "to its first refusal, a tree's nodes on the verified path and the refused children of its end")
+# ... and the one the app's /metrics exports and Watch shows (RunSummary.proposed), as vLLM counts it
+PROPOSED_ACCEPTANCE = ("kept / every drafted token, judged or not (a chain's γ, a tree's every node), as vLLM's "
+                       "spec_decode counters and the app's /metrics count them")
+# where a kept guess came from (source_of): the trained or draft model, prompt lookup's copies, the datastore
+DRAFTER, LOOKUP, DATASTORE = "drafter", "lookup", "datastore"
 
 
 @dataclass(frozen=True)
@@ -28,6 +40,14 @@ class RunSummary:
     tau: float
     alpha_by_position: list[Optional[float]] = field(default_factory=list)
     finish_reason: Optional[str] = None
+    proposed: int = 0               # every drafted token, judged or not (PROPOSED_ACCEPTANCE: accepted / proposed)
+    kept_from: dict[str, int] = field(default_factory=dict)  # accepted drafted tokens by source_of (0: it proposed
+                                                             # guesses, none kept)
+
+    @property
+    def proposed_acceptance(self) -> Optional[float]:
+        """accepted / every drafted token (PROPOSED_ACCEPTANCE): what /metrics and Watch show for this run."""
+        return _ratio(self.accepted, self.proposed)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -37,8 +57,27 @@ def _ratio(a: float, b: float) -> Optional[float]:
     return a / b if b else None
 
 
+def source_of(d, method: str) -> str:
+    """Where drafted token `d` came from: a grafted branch's source (prompt lookup, the datastore), prompt lookup for
+    a lookup method's chain, else the method's drafter. A guess two sources shared is its first proposer's (the
+    drafter's: grafting follows the nodes that already carry its tokens)."""
+    if d.head == LOOKUP_HEAD:
+        return LOOKUP
+    if d.head == RETRIEVAL_HEAD:
+        return DATASTORE
+    try:
+        return LOOKUP if methods.spec(method).family == "lookup" else DRAFTER
+    except ConfigError:  # a name the registry does not know: its drafter
+        return DRAFTER
+
+
 def summarize(method: str, events: Iterable[StepEvent]) -> RunSummary:
     events = list(events)
+    kept_from: dict[str, int] = {}  # every source that proposed a guess, with how many of its guesses were kept
+    for e in events:
+        for d in e.drafts:
+            source = source_of(d, method)
+            kept_from[source] = kept_from.get(source, 0) + (d.verdict is Verdict.ACCEPTED)
     new_tokens = sum(len(e.emitted) for e in events)
     seconds = sum(e.seconds for e in events)
     drafted = sum(e.n_judged for e in events)
@@ -70,6 +109,8 @@ def summarize(method: str, events: Iterable[StepEvent]) -> RunSummary:
         tau=_ratio(new_tokens, len(events)) or 0.0,
         alpha_by_position=[_ratio(k, r) for k, r in zip(kept, reached)],
         finish_reason=events[-1].finish_reason if events else None,
+        proposed=sum(len(e.drafts) for e in events),
+        kept_from=kept_from,
     )
 
 
@@ -150,6 +191,7 @@ class Comparison:
     identical: Optional[bool]           # greedy: token ids equal; None when sampling
     first_divergence: Optional[int]     # index of the first differing token, if any
     prediction_formula: Optional[str] = None  # TREE_FORMULA | CHAIN_FORMULA (None: no prediction)
+    gap: Optional["Gap"] = None         # why measured and predicted differ (None without a prediction)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -213,19 +255,122 @@ def compare(ar_events: list[StepEvent], spec_events: list[StepEvent], method: st
     c = cost_ratio(spec, ar)
     gammas = [e.gamma for e in spec_events if e.gamma]
     mean_gamma = sum(gammas) / len(gammas) if gammas else None
-    predicted, formula = None, None
+    predicted, formula, tokens, cost = None, None, None, None
     if drafts_tree(method, spec_events):
         tree = tree_prediction(spec_events, c or 0.0, profile)  # c None: no drafter forwards to price
         if tree:
-            b = step_overhead(ar_events, spec_events, profile)
-            predicted, formula = tree.tokens_per_step / (tree.cost_per_step + b), TREE_FORMULA
+            tokens, cost = tree.tokens_per_step, tree.cost_per_step + step_overhead(ar_events, spec_events, profile)
+            predicted, formula = tokens / cost, TREE_FORMULA
     elif spec.alpha is not None and c is not None and mean_gamma:
         g = round(mean_gamma)
         predicted = profiled_speedup(spec.alpha, g, c, profile) if profile else predicted_speedup(spec.alpha, g, c)
+        tokens, cost = expected_tokens_per_step(spec.alpha, g), g * c + (profile.ratio(g + 1) if profile else 1.0)
         formula = CHAIN_FORMULA
     div = first_divergence(ar_ids, spec_ids) if greedy else None
     identical = (div is None) if greedy else None
-    return Comparison(ar, spec, speedup, c, mean_gamma, predicted, identical, div, formula)
+    gap = gap_of(ar_events, spec_events, speedup, tokens, cost, profile is not None) if predicted else None
+    return Comparison(ar, spec, speedup, c, mean_gamma, predicted, identical, div, formula, gap)
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Why a measured speedup differs from its prediction: three factors whose product is measured / predicted.
+    tokens: the decode steps' tokens a step / the predicted tokens a step; cost: the predicted cost of a step / its
+    measured cost (both in AR decode steps); prefill: the whole run's speedup / its decode steps' alone (the prompt's
+    first forward, which speculation cannot shorten, counts in the measured figure only)."""
+    tokens: float
+    cost: float
+    prefill: float
+    prefill_share: float  # the share of the speculative lane's seconds its first forward (the prefill) took
+    profiled: bool = False  # rows were priced by this machine's verify profile (else each row as a full step)
+    undrafted: float = 0.0  # the share of decode steps that drafted nothing (prompt lookup without a match)
+
+
+def gap_of(ar_events: list[StepEvent], spec_events: list[StepEvent], speedup: Optional[float],
+           tokens: Optional[float], cost: Optional[float], profiled: bool = False) -> Optional[Gap]:
+    """The Gap of a race whose prediction is `tokens` a step at `cost` AR steps a step (None where either lane has no
+    decode step or any figure is missing)."""
+    ar, spec = ar_events[1:], spec_events[1:]
+    ar_tokens, ar_s = sum(len(e.emitted) for e in ar), sum(e.seconds for e in ar)
+    spec_tokens, spec_s = sum(len(e.emitted) for e in spec), sum(e.seconds for e in spec)
+    if not (speedup and tokens and cost and ar_tokens and ar_s and spec_tokens and spec_s):
+        return None
+    tau = spec_tokens / len(spec)
+    measured_cost = (spec_s / len(spec)) / (ar_s / ar_tokens)
+    total = spec_s + spec_events[0].seconds
+    return Gap(tau / tokens, cost / measured_cost, speedup / (tau / measured_cost), spec_events[0].seconds / total,
+               profiled, sum(not e.drafts for e in spec) / len(spec))
+
+
+REPEATS = 0.2      # copies of earlier text (prompt lookup's kept guesses) this share of the answer: it repeats itself
+NO_REPEATS = 0.05  # ... below this share, where lookup was asked for: it hardly does
+GAP = 0.15         # measured and predicted further apart than this: why_line says why
+FACTOR = 0.07      # a Gap factor further from 1 than this is named as a reason
+
+
+def kept_line(spec: RunSummary, method: str) -> str:
+    """Where the kept guesses came from, in words: "61% of kept guesses were copies of earlier text (prompt lookup),
+    39% EAGLE's own: this answer repeats itself"."""
+    if not spec.proposed:
+        return "Nothing was drafted: every token took a full target forward, as plain decoding does"
+    if not spec.accepted:
+        return "No guess was kept: every step gave one token, as plain decoding does, and paid for the guessing"
+    try:
+        label = methods.spec(method).label
+    except ConfigError:
+        label = method
+    names = {LOOKUP: "copies of earlier text (prompt lookup)", DRAFTER: f"{label}'s own guesses",
+             DATASTORE: "the datastore's continuations of past answers"}
+    shares = sorted(((n / spec.accepted, s) for s, n in spec.kept_from.items() if n), reverse=True)
+    first, *rest = shares
+    if rest:
+        line = f"{first[0]:.0%} of kept guesses were {names[first[1]]}"
+        line += "".join(f", {share:.0%} {names[s]}" for share, s in rest)
+    else:
+        line = f"all {spec.accepted} kept guesses were {names[first[1]]}"
+    copies = spec.kept_from.get(LOOKUP, 0) / spec.new_tokens if spec.new_tokens else 0.0
+    if copies >= REPEATS:
+        line += f": this answer repeats itself ({copies:.0%} of it copied), which prompt lookup turns into speed"
+    elif LOOKUP in spec.kept_from and copies < NO_REPEATS:
+        line += f": this answer hardly repeats itself ({copies:.0%} of it copied), so copying earlier text adds little"
+    return line
+
+
+def gap_line(c: Comparison) -> str:
+    """Why measured and predicted differ, when they differ by more than GAP ("" otherwise): the Gap's factors
+    furthest from 1, in words."""
+    if not (c.gap and c.speedup and c.predicted_speedup) or abs(c.speedup / c.predicted_speedup - 1) <= GAP:
+        return ""
+    g = c.gap
+    said = {
+        "tokens": (f"kept guesses came in runs (a repeat, once found, keeps matching): {g.tokens - 1:.0%} more "
+                   "tokens a step than the average acceptance predicts") if g.tokens > 1 else
+                  (f"{1 - g.tokens:.0%} fewer tokens a step than the average acceptance predicts: "
+                   + (f"{g.undrafted:.0%} of steps found nothing to guess and gave one token" if g.undrafted > FACTOR
+                      else "refusals came early in the steps")),
+        "cost": (f"a step cost {1 - 1 / g.cost:.0%} less than priced" + (
+                 "" if g.profiled else " (no verify profile of this machine: each verified row priced as a full "
+                 "step)")) if g.cost > 1 else
+                (f"a step cost {1 / g.cost - 1:.0%} more than priced (drafting, verifying, bookkeeping: a busy "
+                 "machine, or costs the profile misses)"),
+        "prefill": (f"the prompt's first pass, {g.prefill_share:.0%} of the time, cannot be sped up (a short run)"
+                    if g.prefill < 1 else "the two lanes' first passes took different times (noise)"),
+    }
+    factors = sorted(((abs(math.log(f)), k) for k, f in (("tokens", g.tokens), ("cost", g.cost),
+                                                          ("prefill", g.prefill)) if abs(f - 1) > FACTOR),
+                     reverse=True)[:2]
+    side = "faster" if c.speedup > c.predicted_speedup else "slower"
+    why = "; ".join(said[k] for _, k in factors) or "no one cause stands out"
+    line = f"measured ×{c.speedup:.2f} is {side} than predicted ×{c.predicted_speedup:.2f}: {why}"
+    if c.identical is None:
+        line += "; sampled, so acceptance is lower than greedy and varies from run to run"
+    return line
+
+
+def why_line(c: Comparison) -> str:
+    """One plain line, words first: where the kept guesses came from and, when measured and predicted differ by more
+    than GAP, why."""
+    return ". ".join(x for x in (kept_line(c.spec, c.spec.method), gap_line(c)) if x) + "."
 
 
 def vocab_sentence(vocab: dict) -> str:
