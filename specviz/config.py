@@ -178,4 +178,18 @@ def check_prompt(prompt) -> str:
         raise ConfigError("prompt is empty: type a question or an instruction")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise ConfigError(f"prompt has {len(prompt)} characters: the limit is {MAX_PROMPT_CHARS}")
+    at = unencodable(prompt)
+    if at is not None:
+        raise ConfigError(f"prompt has a lone surrogate U+{ord(prompt[at]):04X} at character {at}, which no text "
+                          "encoding holds: paste the text again (an emoji cut in half?)")
     return prompt
+
+
+def unencodable(text: str) -> int | None:
+    """The index of the first character UTF-8 cannot encode (a lone surrogate, e.g. half an emoji pair from a JSON
+    escape or a script), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None

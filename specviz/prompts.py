@@ -7,6 +7,8 @@ import gzip
 import json
 from pathlib import Path
 
+from specviz.config import unencodable
+
 
 class PromptFileError(ValueError):
     """A prompt file that is missing, unreadable or malformed; the message is one line."""
@@ -46,6 +48,10 @@ def read(path: str | Path, jsonl_only: bool = False, fields: tuple[str, ...] = T
                     except json.JSONDecodeError:
                         raise PromptFileError(f"{path}:{n} is not valid JSON") from None
                     text = _text(obj, fields)
+                    at = None if text is None else unencodable(text)
+                    if at is not None:
+                        raise PromptFileError(f"{path}:{n} holds a lone surrogate U+{ord(text[at]):04X} (half of a "
+                                              "\\u escape pair), which no text encoding holds: fix the line")
                     if text is None:
                         raise PromptFileError(f"{path}:{n} has no {fields[0]!r} text"
                                               + (f" (nor {' or '.join(map(repr, fields[1:]))})" if fields[1:] else ""))

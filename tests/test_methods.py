@@ -45,7 +45,7 @@ def test_registry_order_and_fields():
 def test_derived_name_lists_match_the_registry():
     from specviz import hardware
     from specviz.check import run as check
-    from specviz.core import profile
+    from specviz.engines import costs
     from specviz.ui import logic
 
     names = methods.names
@@ -60,7 +60,7 @@ def test_derived_name_lists_match_the_registry():
     assert shipped(names(lambda s: "lookup" in s.grafts)) == ("eagle", "medusa")
     assert shipped(drafters.SMALL_KINDS) == ("eagle", "medusa", "layerskip")
     assert shipped(check.CHECKED_TRAINED) == ("eagle", "medusa", "draft")
-    assert shipped(profile.COST_METHODS) == ("vanilla", "eagle", "medusa", "layerskip", "draft")
+    assert shipped(costs.COST_METHODS) == ("vanilla", "eagle", "medusa", "layerskip", "draft")
     assert shipped(tuple(m for m, _ in hardware.CPU_LOOKUPS)) == ("eagle", "medusa")
     assert {n for _, n in hardware.CPU_LOOKUPS} == {hardware.CPU_LOOKUP}
     assert {n for _, n in hardware.CPU_RETRIEVES} == {hardware.CPU_RETRIEVE}

@@ -55,7 +55,9 @@ def test_saved_and_loaded_it_drafts_the_same(tmp_path):
 
 
 def test_the_embedded_target_has_its_answers_as_datastore():
-    store = retrieval.datastore_for(DEFAULT_TARGET)
+    from specviz.engines.tree import ANSWERS
+
+    store = retrieval.datastore_for(DEFAULT_TARGET, ANSWERS[DEFAULT_TARGET])  # the engines hand the source
     assert store is retrieval.datastore_for(DEFAULT_TARGET)  # built once per process
     assert len(store) > 2_500_000 and store.max_order == retrieval.MAX_ORDER
     assert DEFAULT_TARGET in retrieval.datastores()

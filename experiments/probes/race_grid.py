@@ -36,6 +36,7 @@ from specviz import engines, prompts, tuning  # noqa: E402
 from specviz.config import DecodeConfig  # noqa: E402
 from specviz.core.lookup import match  # noqa: E402
 from specviz.core.retrieval import datastore_for  # noqa: E402
+from specviz.engines.tree import ANSWERS  # noqa: E402
 from specviz.hardware import cpu_name  # noqa: E402
 from specviz.models import loader as models  # noqa: E402
 from specviz.paths import TRAIN_PROMPTS  # noqa: E402
@@ -101,7 +102,7 @@ def main() -> None:
     torch.set_grad_enabled(False)
     cpu = torch.device("cpu")
     target = models.get("smollm2-135m", cpu, models.default_dtype(cpu))
-    engine, store = engines.build("eagle", target), datastore_for(target.name)
+    engine, store = engines.build("eagle", target), datastore_for(target.name, ANSWERS[target.name])
     cfg = LARGEST.with_(max_new_tokens=args.max_new_tokens)
     rows = prompts.pick(prompts.read(TRAIN_PROMPTS)[HELD_OUT_FROM:], limit=args.limit)
     steps, t0 = [], time.time()

@@ -107,15 +107,70 @@ def tune(args, target, methods) -> None:
 
 
 def load_target(args):
-    import torch
-
     from specviz.models import loader as models
 
-    device = torch.device(args.device) if args.device else models.default_device()
-    if device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
-        raise ConfigError(f"device={args.device!r} is not available: use cpu"
-                          + (" or cuda" if torch.cuda.is_available() else ""))
+    device = models.parse_device(args.device)
     return models.get(args.target, device, models.parse_dtype(args.dtype, device))
+
+
+def check_inputs(args) -> None:
+    """What a command names on disk or by value, checked before any model loads (the target takes ~30 s): the
+    device, the target spec, and each race's --draft / --drafter (a trained drafter's config.json is read and
+    validated here too). One line (ModelError / ConfigError) naming the value otherwise."""
+    if getattr(args, "device", None):
+        from specviz.models import loader as models
+
+        models.parse_device(args.device)
+    if args.command not in ("generate", "bench", "check", "profile"):
+        return
+    from specviz.models import loader as models
+
+    if isinstance(getattr(args, "target", None), str):
+        models.resolve(args.target)
+    for method, draft in races_of(args):
+        check_draft(method, draft)
+
+
+def races_of(args) -> list[tuple[str, str | None]]:
+    """(method, what it drafts with) for each race the command runs (bench: its entries' @drafter or --drafter)."""
+    if args.command == "profile":
+        return [("vanilla", args.draft)]
+    if isinstance(args.method, list):  # bench's entries: name[:gamma][+...][@drafter]
+        out = []
+        for entry in args.method:
+            if entry == DEFAULT_RACE:  # the shipped drafters of this machine's race
+                continue
+            method, _, _, at, what = method_spec(entry)
+            if method in METHODS:
+                out.append((method, what if at else draft_for(args, method)))
+        return out
+    method = args.method or "vanilla"
+    draft = args.draft if args.command == "check" else draft_for(args, method)
+    return [(method, draft)] if method in METHODS else []
+
+
+def check_draft(method: str, draft: str | None) -> None:
+    """A race's draft model spec (`int8` or one models.resolve takes) or trained drafter folder, checked without
+    loading it: a folder's config.json must parse and hold valid settings (drafters.config)."""
+    from pathlib import Path
+
+    from specviz.config import DEFAULT_DRAFT
+    from specviz.drafters.config import DrafterConfig, read_config
+    from specviz.models import loader as models
+
+    spec = registry.spec(method)
+    if not draft or draft == DEFAULT_DRAFT or not spec.has_weights:
+        return
+    if spec.uses_draft_model:
+        models.resolve(draft)
+        return
+    if Path(draft).expanduser().is_dir():
+        raw = read_config(Path(draft).expanduser())
+        if "kind" in raw:
+            DrafterConfig.from_dict(raw, f"drafter {draft!r}")
+    elif draft.startswith((".", "/", "~")) or draft.count("/") != 1:  # not a folder, not a Hub id ORG/NAME
+        raise ConfigError(f"drafter folder {draft!r} does not exist: give a folder written by python -m specviz "
+                          f"train {method}, or omit --drafter for the shipped one")
 
 
 def draft_for(args, method: str) -> str | None:

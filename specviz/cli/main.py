@@ -15,6 +15,7 @@ from specviz.cli.common import (
     DEFAULTS,
     PAIR_HELP,
     InputError,
+    check_inputs,
     config_of,
     decode_args,
     default_pair,
@@ -35,7 +36,7 @@ from specviz.train.loop import DRAFT_VOCAB, PRECISIONS, TREE_HELD_OUT, TrainOpti
 def cmd_generate(args) -> int:
     from specviz import metrics
     from specviz.config import check_prompt
-    from specviz.core import session
+    from specviz.engines import session
     from specviz.serving.export import Exporter
     from specviz.ui import render
     from specviz.ui.logic import short_label
@@ -459,6 +460,7 @@ def cmd_distill(args) -> int:
 def cmd_profile(args) -> int:
     from specviz import hardware, metrics
     from specviz.core import profile, roofline
+    from specviz.engines.costs import drafter_costs, format_costs
 
     sizes = profile.SIZES
     if args.sizes:
@@ -473,13 +475,13 @@ def cmd_profile(args) -> int:
     print(profile.format_profile(prof))
     roof = roofline.roofline(target.model, target.dtype, prof, roofline.read_bandwidth(target.device))
     print(roofline.format_roofline(roof))
-    costs = [] if args.no_drafters else profile.drafter_costs(target, draft=args.draft)
+    costs = [] if args.no_drafters else drafter_costs(target, draft=args.draft)
     if costs:
         for row in costs:
             if row.get("c") is not None and row.get("alpha") is not None:
                 row["best_gamma"] = metrics.best_gamma(row["alpha"], row["c"], prof)
                 row["predicted_speedup"] = metrics.profiled_speedup(row["alpha"], row["best_gamma"], row["c"], prof)
-        print(profile.format_costs(costs))
+        print(format_costs(costs))
     if args.json:
         out = {"command": "python -m specviz " + " ".join(sys.argv[1:]), "target": target.name,
                "hardware": hardware.describe(target.device, target.dtype), "cpu": hardware.cpu_name(),
@@ -499,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
+        check_inputs(args)  # the device, paths and drafter configs, before any model loads
         default_pair(args)  # reads the bench --method entries: a malformed one is a one-line error too
         return {"generate": cmd_generate, "bench": cmd_bench, "check": cmd_check, "profile": cmd_profile,
                 "train": cmd_train, "distill": cmd_distill, "tree": cmd_tree,

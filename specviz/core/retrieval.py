@@ -16,11 +16,9 @@ import itertools
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
-
-from specviz.config import DEFAULT_TARGET
 
 MAX_ORDER = 4      # longest suffix looked up (tokens)
 MIN_ORDER = 2      # shortest: one token alone matches too much of everything
@@ -128,20 +126,12 @@ class Datastore:
 
 _stores: dict[str, Datastore] = {}
 _lock = threading.Lock()
-
-
-def _distilled_answers() -> Iterable[list[int]]:
-    from specviz.train import distill
-
-    return (row["answer_ids"] for row in distill.committed_examples())
-
-
-SOURCES = {DEFAULT_TARGET: _distilled_answers}  # target -> its answers (the committed self-distillation ids)
+Source = Callable[[], Iterable[list[int]]]  # a target's own answers (token ids), read when its datastore is built
 
 
 def datastores() -> set[str]:
-    """The targets that have a datastore (built or buildable)."""
-    return set(SOURCES) | set(_stores)
+    """The targets whose datastore is built or registered (use) in this process."""
+    return set(_stores)
 
 
 def use(target_name: str, store: Datastore) -> None:
@@ -151,14 +141,15 @@ def use(target_name: str, store: Datastore) -> None:
 
 
 def forget(target_name: str) -> None:
-    """Drop a target's datastore (the next datastore_for builds it again, if it has a source)."""
+    """Drop a target's datastore (the next datastore_for builds it again, if given its source)."""
     with _lock:
         _stores.pop(target_name, None)
 
 
-def datastore_for(target_name: str) -> Datastore | None:
-    """The datastore of a target's own answers, built once per process; None when there is none for it."""
+def datastore_for(target_name: str, source: Source | None = None) -> Datastore | None:
+    """The datastore of a target's own answers, built once per process from `source` (the caller's: the engines hand
+    the embedded target's committed self-distillation answers, engines.tree.ANSWERS); None when there is none."""
     with _lock:
-        if target_name not in _stores and target_name in SOURCES:
-            _stores[target_name] = Datastore(SOURCES[target_name]())
+        if target_name not in _stores and source is not None:
+            _stores[target_name] = Datastore(source())
         return _stores.get(target_name)

@@ -259,7 +259,17 @@ class DraftLM(nn.Module):
 
 
 def load_into(module: nn.Module, state: dict, name: str) -> None:
-    missing, unexpected = module.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    """The weights into the module built from its config, each name and shape checked first (one line naming the
+    first that does not fit, never torch's multi-line size-mismatch error)."""
+    own = module.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     if missing or unexpected:
-        raise DrafterError(f"drafter weights {name!r} do not match the layout: missing {sorted(missing)[:3]}, "
-                           f"unexpected {sorted(unexpected)[:3]}")
+        raise DrafterError(f"drafter weights {name!r} do not match the layout: missing {missing[:3]}, "
+                           f"unexpected {unexpected[:3]}")
+    wrong = [k for k in own if tuple(state[k].shape) != tuple(own[k].shape)]
+    if wrong:
+        k = wrong[0]
+        raise DrafterError(f"drafter weights {name!r} do not fit its config.json: {k} is {list(state[k].shape)}, the "
+                           f"config makes it {list(own[k].shape)}" + (f" ({len(wrong) - 1} more differ)"
+                                                                       if len(wrong) > 1 else ""))
+    module.load_state_dict({k: v.float() for k, v in state.items()})

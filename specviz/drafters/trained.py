@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from specviz import methods
-from specviz.drafters.config import KINDS, DrafterConfig, DrafterError
+from specviz.drafters.config import KINDS, DrafterConfig, DrafterError, read_config
 from specviz.drafters.modules import Eagle, Eagle3, load_into, rotary
 from specviz.models import fused, kernels
 
@@ -235,13 +235,22 @@ def read_layout(folder: Path, target) -> tuple[DrafterConfig, dict[str, torch.Te
     with fc.weight and layers.0.*). Weights are read as safetensors or weights_only tensors, never code."""
     from specviz.models.weights import load_state_dict
 
-    if not (folder / "config.json").is_file():
-        raise DrafterError(f"drafter folder {str(folder)!r} has no config.json: train one with python -m specviz train")
-    raw = json.loads((folder / "config.json").read_text())
+    raw = read_config(folder)
     if "kind" in raw:
-        known = set(DrafterConfig.__dataclass_fields__)
-        return DrafterConfig(**{k: v for k, v in raw.items() if k in known}), load_state_dict(
+        return DrafterConfig.from_dict(raw, f"drafter {str(folder)!r}"), load_state_dict(
             _weights_file(folder, ("model.safetensors",)))
+    try:
+        cfg, state = _published_layout(folder, raw, target)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a field of the wrong type or shape
+        raise DrafterError(f"drafter {str(folder)!r}: its config.json or weights do not fit a published layout "
+                           f"({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})") from None
+    return DrafterConfig.from_dict(asdict(cfg), f"drafter {str(folder)!r}"), state  # the fields it took, checked
+
+
+def _published_layout(folder: Path, raw: dict, target) -> tuple[DrafterConfig, dict[str, torch.Tensor]]:
+    """read_layout for Medusa-1, EAGLE-1 and EAGLE-3 checkpoints (config.json without "kind")."""
+    from specviz.models.weights import load_state_dict
+
     mc = target.model.config
     if "medusa_num_heads" in raw:
         if int(raw.get("medusa_num_layers", 1)) != 1:
@@ -314,6 +323,7 @@ def load(folder: str | Path, target) -> Drafter:
                            f"{cfg.vocab_size}); the target {target.name} has hidden {target.model.config.hidden_size}, "
                            f"vocab {target.vocab_size}")
     vocab_ids = state.pop("vocab_ids", None)
+    check_vocab_ids(vocab_ids, cfg, str(folder))
     module = build_module(cfg)
     load_into(module, state, str(folder))
     dtype = module_dtype(cfg, target)
@@ -322,6 +332,21 @@ def load(folder: str | Path, target) -> Drafter:
                                                                      or target.matmul == "specviz row kernel"):
         kernels.swap_in(module, bias=True, kind=fused.PackedLinear)  # its Linears on the packed matmul, as its head
     return Drafter(module, cfg, target.model, None if vocab_ids is None else vocab_ids.long().to(target.device), folder)
+
+
+def check_vocab_ids(vocab_ids: torch.Tensor | None, cfg: DrafterConfig, name: str) -> None:
+    """A compressed draft vocabulary holds draft_vocab distinct target ids (one line naming what is wrong)."""
+    if vocab_ids is None:
+        if cfg.draft_vocab and not cfg.own_lm_head:
+            raise DrafterError(f"drafter {name!r}: config.json names a {cfg.draft_vocab}-token draft vocabulary but "
+                               "the weights hold no vocab_ids")
+        return
+    if vocab_ids.dim() != 1 or vocab_ids.is_floating_point() or (cfg.draft_vocab and len(vocab_ids) != cfg.draft_vocab):
+        raise DrafterError(f"drafter {name!r}: vocab_ids is {list(vocab_ids.shape)} {str(vocab_ids.dtype)[6:]}, not "
+                           f"{cfg.draft_vocab or 'N'} integer token ids")
+    if len(vocab_ids) and not (0 <= int(vocab_ids.min()) and int(vocab_ids.max()) < cfg.vocab_size):
+        raise DrafterError(f"drafter {name!r}: vocab_ids reach {int(vocab_ids.max())}, outside the target's "
+                           f"vocabulary of {cfg.vocab_size}")
 
 
 SMALL_KINDS = methods.names(lambda s: s.small)  # one-layer drafters: a few rows through small matmuls per call

@@ -28,11 +28,11 @@ committed per target forward, the resampled or bonus token included.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterable, Iterator, Protocol
 
 import torch
 
-from specviz.config import DecodeConfig
+from specviz.config import DEFAULT_TARGET, DecodeConfig
 from specviz.core.cache import CachedLM, clock
 from specviz.core.lookup import match
 from specviz.core.retrieval import Datastore, datastore_for, datastores
@@ -159,6 +159,16 @@ class Verified:
     result: TreeResult | None
 
 
+def committed_answers() -> Iterable[list[int]]:
+    """The embedded target's own answers: its committed self-distillation ids (what `make drafters` trains on)."""
+    from specviz.train import distill
+
+    return (row["answer_ids"] for row in distill.committed_examples())
+
+
+ANSWERS = {DEFAULT_TARGET: committed_answers}  # target -> its answers, handed to retrieval.datastore_for
+
+
 class TreeEngine:
     def __init__(self, method: str, target: LoadedModel, proposer: TreeProposer, choices):
         self.method, self.target, self.proposer = method, target, proposer
@@ -170,10 +180,12 @@ class TreeEngine:
             yield self.cycle(run).event
 
     def start(self, prompt_ids: list[int], cfg: DecodeConfig) -> TreeRun:
-        store = (self.proposer.d.datastore or datastore_for(self.target.name)) if cfg.retrieve else None
+        store = (self.proposer.d.datastore or datastore_for(self.target.name, ANSWERS.get(self.target.name))
+                 if cfg.retrieve else None)
         if cfg.retrieve and store is None:
+            have = " and ".join(sorted(datastores() | set(ANSWERS)))
             raise ConfigError(f"retrieve={cfg.retrieve} needs a datastore of the target's own answers: there is one "
-                              f"for {' and '.join(sorted(datastores()))} and for drafters trained on your own data "
+                              f"for {have} and for drafters trained on your own data "
                               f"(python -m specviz train --data), not for {self.target.name}")
         return TreeRun(cfg=cfg, target=CachedLM.of(self.target),
                        drafts=self.proposer.start(self.target.vocab_size, self.target.eos_ids),

@@ -14,6 +14,7 @@ import dataclasses
 import importlib.util
 import os
 import pickle
+import re
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -114,6 +115,24 @@ class LoadedModel:
 
 def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+DEVICE_NAME = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def parse_device(name: str | None) -> torch.device:
+    """A device a run can use: cpu, or cuda (cuda:N) where CUDA is available; None or "" (and "auto") is the default
+    (default_device). A one-line ModelError naming the value and what is accepted otherwise, before anything loads."""
+    if name in (None, "", "auto"):
+        return default_device()
+    accepted = "cpu" + (" or cuda" if torch.cuda.is_available() else "")
+    if not isinstance(name, str) or not DEVICE_NAME.fullmatch(name.strip()):
+        raise ModelError(f"device={name!r} is unknown: use {accepted}")
+    device = torch.device(name.strip())
+    if device.type == "cuda" and (not torch.cuda.is_available()
+                                  or (device.index or 0) >= torch.cuda.device_count()):
+        raise ModelError(f"device={name!r} is not available here: use {accepted}")
+    return device
 
 
 # On a Xeon with AMX (torch 2.13) a bf16 matmul gives each row the same bits for any row count from 2 to 32;

@@ -23,7 +23,7 @@ def run_local(rows: list[dict], drafter: str, gamma: int, max_new_tokens: int, d
     import torch
 
     from specviz.config import DecodeConfig
-    from specviz.core import session
+    from specviz.engines import session
     from specviz.events import Verdict
     from specviz.models import loader
 

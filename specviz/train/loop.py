@@ -236,6 +236,28 @@ def build_drafter(opts: TrainOptions, spec: methods.MethodSpec, init, target, se
     return module, cfg, vocab_ids
 
 
+CHECKPOINT_KEYS = ("module", "optim", "schedule", "step", "seconds", "rng", "best")
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A training checkpoint (Run.save) loaded with torch.load(weights_only=True): tensors, numbers, strings and
+    containers only; a file holding anything else (pickled code) or missing a part is refused in one line."""
+    import pickle
+
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise DrafterError(f"checkpoint {str(path)!r} refused: it holds more than tensors and plain values (pickled "
+                           "code?); delete it, or drop --resume") from None
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        raise DrafterError(f"checkpoint {str(path)!r} cannot be read ({type(exc).__name__}): delete it, or drop "
+                           "--resume") from None
+    if not isinstance(ckpt, dict) or any(k not in ckpt for k in CHECKPOINT_KEYS):
+        raise DrafterError(f"checkpoint {str(path)!r} is not one `train` wrote (it needs {', '.join(CHECKPOINT_KEYS)})"
+                           ": delete it, or drop --resume")
+    return ckpt
+
+
 @dataclass
 class Run:
     """Stage 3's state: the module, the loss and what it reads (the target's head rows over the draft vocabulary,
@@ -255,12 +277,18 @@ class Run:
     best: tuple = (float("-inf"), None)
 
     def resume(self, path: Path, log) -> None:
-        ckpt = torch.load(path, weights_only=False)
-        self.module.load_state_dict(ckpt["module"])
-        self.optim.load_state_dict(ckpt["optim"])
-        self.schedule.load_state_dict(ckpt["schedule"])
-        self.step, self.seconds = ckpt["step"], ckpt["seconds"]
-        self.batches.rng.setstate(ckpt["rng"])
+        """Continue from a checkpoint that save() wrote, read as tensors and plain values only (never code: a
+        checkpoint from someone else cannot run anything); one line (DrafterError) for any other file."""
+        ckpt = read_checkpoint(path)
+        try:
+            self.module.load_state_dict(ckpt["module"])
+            self.optim.load_state_dict(ckpt["optim"])
+            self.schedule.load_state_dict(ckpt["schedule"])
+            self.batches.rng.setstate(ckpt["rng"])
+        except (RuntimeError, ValueError, TypeError, KeyError) as exc:
+            raise DrafterError(f"checkpoint {str(path)!r} is of another drafter or layout ({type(exc).__name__}): "
+                               "train into a new --out, or drop --resume") from None
+        self.step, self.seconds = int(ckpt["step"]), float(ckpt["seconds"])
         self.best = ckpt["best"]
         log(f"resumed from {path} at step {self.step}")
 

@@ -188,7 +188,7 @@ def race_stream(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT,
     first, 'loading' snapshot)."""
     from specviz import hardware
     from specviz.core.profile import profile_of
-    from specviz.core.session import prepare  # torch and the engines load on first use, not at import
+    from specviz.engines.session import prepare  # torch and the engines load on first use, not at import
 
     snap = RaceSnapshot(cfg, draft)
     yield snap

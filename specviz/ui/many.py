@@ -45,6 +45,9 @@ def parse_lanes(text: str, cfg: DecodeConfig, pair: hardware.Pair) -> dict[str, 
     """The lanes a form or a script names, comma-separated (empty: DEFAULT_LANES) → {lane name (`default` says which
     race it is here): (its settings, its draft)}, each with `cfg`'s temperature, top-p, length and seed. Raises
     ConfigError with one line naming the value and what is accepted."""
+    if text is not None and not isinstance(text, str):
+        raise ConfigError(f"lanes={text!r} is not text: name up to {MAX_LANES} races, comma-separated, e.g. "
+                          f"{DEFAULT_LANES!r}")
     names = [n.strip() for n in (text or DEFAULT_LANES).split(",") if n.strip()] or DEFAULT_LANES.split(", ")
     if len(names) > MAX_LANES:
         raise ConfigError(f"lanes={text!r} names {len(names)} races: give 1 to {MAX_LANES}, comma-separated")
@@ -109,7 +112,7 @@ def lanes_stream(prompt: str, lanes: dict[str, tuple[DecodeConfig, str]], target
     """Yield the snapshot once before loading, after every step of any lane, and once when done (with each lane's
     comparison against AR). Raises ConfigError / ModelError for bad input, RunFailed (logged) for anything else."""
     from specviz.core.profile import profile_of
-    from specviz.core.session import prepare_lanes
+    from specviz.engines.session import prepare_lanes
 
     snap = LanesSnapshot({name: cfg for name, (cfg, _) in lanes.items()})
     yield snap

@@ -127,7 +127,7 @@ class TeachSession:
 
 def start(prompt: str, cfg: DecodeConfig, target: str = DEFAULT_TARGET, draft: str = DEFAULT_DRAFT) -> TeachSession:
     """Validate and load as the race does (session.prepare: policy, caps, the shared models), then open a run."""
-    from specviz.core.session import prepare
+    from specviz.engines.session import prepare
 
     # one cycle per click: a chain drafter's chain, a tree drafter's tree (the race's own engine)
     prepared = prepare(prompt, cfg, target, draft, chain=not methods.spec(cfg.method).tree)
