@@ -11,7 +11,10 @@ environment variables (read once per call, so tests and operators can change the
   SPECVIZ_MAX_RUN_SECONDS=120
   SPECVIZ_TRUST_REMOTE_CODE=1      let transformers run a model repo's own code (off by default, any mode)
   SPECVIZ_WATCH_HOSTS=a,b          hosts the "Watch a server" tab may scrape in public mode (default: none; loopback
-                                   and private addresses are refused even when listed: specviz/serving/access.py)
+                                   and private addresses are refused even when listed); outside it, the non-public
+                                   hosts or addresses it may scrape: link-local ones (cloud metadata) always need
+                                   naming, loopback and private ones too when the app listens beyond loopback
+                                   (GRADIO_SERVER_NAME=0.0.0.0): specviz/serving/access.py
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """`python -m specviz watch URL`: scrape a serving engine's /metrics every interval, take windows between scrapes,
 and show them live (a rich panel on a terminal, one plain line a window otherwise); at the end a summary over the
 whole watch, and with json_path the series and the summary as JSON. A failed scrape mid-watch is one line and the
-series is kept; a counter reset (a server restart) is one line and counting restarts from the new values."""
+series is kept; a counter reset (a server restart) is one line and counting restarts from the new values. When τ
+stays near 1.0 or acceptance halves against its start (serving/alarm.py), an ALARM line (red on a terminal)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, TextIO
 
+from specviz.serving.alarm import Alarm, alarm
 from specviz.serving.prometheus import ServerError, Snapshot, Watch, Window, metrics_url, no_speculation, scrape
 
 INTERVAL = 2.0  # seconds between scrapes
@@ -47,6 +49,7 @@ def summary_lines(s: dict) -> list[str]:
                      f"c={s['cost_ratio']:g}: {s['predicted_speedup']:.2f}×")
     if s["resets"] or s["failed_scrapes"]:
         lines.append(f"{s['resets']} server restart(s), {len(s['failed_scrapes'])} failed scrape(s)")
+    lines += [f"+{a['at']:.1f}s {a['line']}" for a in s.get("alarms", [])]
     lines.append("verdict: " + s["verdict"])
     return lines
 
@@ -64,6 +67,10 @@ class PlainView:
     def note(self, line: str) -> None:
         print(line, file=self.out, flush=True)
 
+    def raise_alarm(self, a: Optional[Alarm], line: str) -> None:
+        if line:
+            print(line, file=self.out, flush=True)
+
     def close(self) -> None:
         pass
 
@@ -75,7 +82,7 @@ class LiveView:
         from rich.console import Console
         from rich.live import Live
 
-        self.url, self.since, self.notes = metrics_url(url), since, []
+        self.url, self.since, self.notes, self.alarm = metrics_url(url), since, [], None
         self.live = Live(self._render(None, None), console=Console(file=out), refresh_per_second=4)
         self.live.start()
 
@@ -98,6 +105,8 @@ class LiveView:
                       _f(s["draft_tokens_per_s"], ".1f"), _f(s["accepted_tokens_per_s"], ".1f"),
                       _f(s["requests_running"], ".1f"))
         parts = [Text(s["verdict"], style=f"bold {colour}"), table]
+        if self.alarm is not None:
+            parts.insert(0, Text(self.alarm.line, style="bold white on red"))
         if s["per_position"]:
             pos = Table(box=None, title="acceptance by draft position")
             for col in ("position", "share of drafts", "α_i", ""):
@@ -117,6 +126,9 @@ class LiveView:
     def note(self, line: str) -> None:
         self.notes.append(line)
 
+    def raise_alarm(self, a: Optional[Alarm], line: str) -> None:
+        self.alarm = a
+
     def close(self) -> None:
         self.live.stop()
 
@@ -135,7 +147,7 @@ def run(url: str, interval: float = INTERVAL, duration: Optional[float] = None, 
     since = first.t
     live = out.isatty() if live is None else live
     view = (LiveView if live else PlainView)(out, url, since)
-    ticks = 0
+    ticks, raised = 0, []  # raised: each change of the alarm (None: it ended)
     try:
         while duration is None or time.monotonic() - since < duration:
             ticks += 1
@@ -153,12 +165,18 @@ def run(url: str, interval: float = INTERVAL, duration: Optional[float] = None, 
             if w.reset:
                 view.note(f"+{w.t1 - since:.1f}s the server restarted (counters went backwards): counting again from "
                           "its new values")
+            now = alarm(watch.series, collapse_tau=watch.collapse_tau)
+            if (now and now.kind) != (raised[-1].kind if raised and raised[-1] else None):  # raised, changed, ended
+                raised.append(now)
+                view.raise_alarm(now, f"+{w.t1 - since:.1f}s {now.line}" if now else
+                                 f"+{w.t1 - since:.1f}s the alarm has ended: the last windows are healthy again")
             view.update(watch, w)
     except KeyboardInterrupt:
         pass
     finally:
         view.close()
     summary = watch.summary()
+    summary["alarms"] = [{"at": a.t1 - since, "kind": a.kind, "line": a.line} for a in raised if a]
     for line in summary_lines(summary):
         print(line, file=out)
     if json_path:

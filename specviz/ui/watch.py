@@ -1,19 +1,23 @@
 """The app's "Watch a server" tab: scrape a serving engine's /metrics (vLLM, llama.cpp, SGLang, TensorRT-LLM, or
 specviz itself) every few seconds and draw its draft acceptance, τ and acceptance by position live, the verdict on
-top. The scraping, parsing and windows are specviz/serving/prometheus.py's (the `watch` command's); which URLs may be
-fetched, serving/access.py's. Errors are one line in the tab, and a watch in progress keeps its series.
+top, and an alarm above it when τ stays near 1 or acceptance halves (serving/alarm.py). The scraping, parsing and
+windows are specviz/serving/prometheus.py's (the `watch` command's); which URLs may be fetched, serving/access.py's.
+Errors are one line in the tab, and a watch in progress keeps its series.
 """
 from __future__ import annotations
 
 import html
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
 import gradio as gr
 
+from specviz import methods
 from specviz.errors import ConfigError
 from specviz.policy import Policy
 from specviz.serving import access
+from specviz.serving.alarm import alarm
 from specviz.serving.prometheus import ServerError, Watch, metrics_url, no_speculation, scrape
 from specviz.ui import watch_plots
 from specviz.ui.common import cards_html, num, tab_intro, verdict_html
@@ -23,6 +27,18 @@ WATCH_QUEUE = "watch"  # scrapes never wait for a race on the device queue (a wa
 INTERVAL_DEFAULT = 2.0    # seconds between two scrapes
 INTERVAL_MIN, INTERVAL_MAX = 1.0, 60.0
 JSON_WINDOWS = 120        # the data view shows the last this many windows (the plots show them all)
+PORT_ENV, PORT_DEFAULT = "GRADIO_SERVER_PORT", 7860  # where app.py serves unless told otherwise
+
+
+def drafter_choices() -> list[tuple[str, str]]:
+    """The drafter-kind field: (label, value) for every speculative method in the registry; a lookup method drafts
+    n-gram copies, which serving engines call "ngram" (the value the verdict judges)."""
+    out = [("not given (the verdict only describes the shape)", "")]
+    for name in methods.SPECULATIVE:
+        s = methods.spec(name)
+        value = "ngram" if s.family == "lookup" else name
+        out.append((f"{s.label} ({value})", value))
+    return out
 
 
 @dataclass
@@ -93,16 +109,30 @@ def figures(state: Optional[WatchState]) -> tuple:
 
 def data_of(state: WatchState) -> dict:
     w = state.watch
+    now = alarm(w.series, collapse_tau=w.collapse_tau)
     return {"url": state.url, "metrics_url": metrics_url(state.url), "running": state.running,
             "interval": state.interval, "error": state.error, "summary": w.summary(),
+            "alarm": now.line if now else None,
             "series": [x.to_dict() for x in w.series[-JSON_WINDOWS:]]}
+
+
+def watch_verdict_html(state: WatchState) -> str:
+    """The verdict box, with the alarm above it (a red, bold line) while one stands."""
+    s = state.watch.summary()
+    now = alarm(state.watch.series, collapse_tau=state.watch.collapse_tau)
+    box = verdict_html(s["verdict"], "bad" if now else verdict_kind(s["verdict"]))
+    if now is None:
+        return box
+    return (f'<div class="sv-alarm" id="watch-alarm" role="alert" style="background:#b00020;color:#fff;'
+            f'font-weight:700;padding:8px 12px;border-radius:6px;margin-bottom:6px">⚠ {html.escape(now.line)}</div>'
+            + box)
 
 
 def view(state: WatchState, message: str, kind: str = "info") -> tuple:
     """(status, verdict, figures, 4 plots, data) for the watch as it stands."""
     s = state.watch.summary()
-    return (status_html(message, kind), verdict_html(s["verdict"], verdict_kind(s["verdict"])), watch_cards_html(s),
-            *figures(state), data_of(state))
+    return (status_html(message, kind), watch_verdict_html(state), watch_cards_html(s), *figures(state),
+            data_of(state))
 
 
 def _message(exc: BaseException) -> str:
@@ -115,13 +145,25 @@ def _sentence(line: str) -> str:
     return line if line.endswith((".", "!", "?")) else line + "."
 
 
-def watch_start(url: str = "", interval: float = INTERVAL_DEFAULT, state: Optional[WatchState] = None):
-    """Start watching a server's /metrics (the first scrape now, then one every `interval` seconds). A refused or
-    unreadable URL is a one-line message, and a watch already running goes on."""
+def drafter_of(value) -> Optional[str]:
+    """The drafter-kind field's value -> Watch.drafter (None: not given); ConfigError for a value not offered."""
+    kinds = [v for _, v in drafter_choices() if v]
+    value = str(value or "").strip()
+    if value and value not in kinds:
+        raise ConfigError(f"drafter kind {value!r} is unknown: pick one of {', '.join(kinds)}, or leave it empty")
+    return value or None
+
+
+def watch_start(url: str = "", interval: float = INTERVAL_DEFAULT, state: Optional[WatchState] = None,
+                drafter: str = ""):
+    """Start watching a server's /metrics (the first scrape now, then one every `interval` seconds), judging its
+    acceptance by position against the drafter kind. A refused or unreadable URL is a one-line message, and a watch
+    already running goes on."""
     try:
         seconds = interval_of(interval)
+        kind = drafter_of(drafter)
         snap = read(url)
-        new = WatchState(url=str(url).strip(), interval=seconds)
+        new = WatchState(url=str(url).strip(), interval=seconds, watch=Watch(drafter=kind))
         new.watch.add(snap)
         return (new, gr.Timer(value=seconds, active=True),
                 *view(new, f"Watching {metrics_url(new.url)} every {seconds:g} s ({snap.engine}); the first window "
@@ -152,6 +194,17 @@ def watch_tick(state: Optional[WatchState] = None):
                 *([gr.skip()] * 6), data_of(state))
 
 
+def watch_drafter(drafter: str = "", state: Optional[WatchState] = None):
+    """The drafter kind changed: the verdict of the watch in progress judges against the new kind."""
+    if state is None:
+        return gr.skip(), gr.skip()
+    try:
+        state.watch.drafter = drafter_of(drafter)
+    except ConfigError as exc:
+        return gr.skip(), verdict_html(f"⚠ {_sentence(str(exc))}", "bad")
+    return state, watch_verdict_html(state)
+
+
 def watch_stop(state: Optional[WatchState] = None):
     """Stop scraping; the series stays on screen."""
     if state is None:
@@ -161,30 +214,63 @@ def watch_stop(state: Optional[WatchState] = None):
             status_html(f"Stopped watching {metrics_url(state.url)} after {len(state.watch.series)} windows.", "ok"))
 
 
-def intro_html() -> str:
+def served_port(request: Optional[gr.Request] = None) -> int:
+    """The port this app is served on: the socket a browser's request came in on (the real one), else
+    GRADIO_SERVER_PORT (what app.py passes to launch), else Gradio's default."""
+    try:
+        server = request.request.scope.get("server") if request is not None else None
+        if server and server[1]:
+            return int(server[1])
+    except (AttributeError, TypeError, ValueError):
+        pass
+    try:
+        return int(os.environ.get(PORT_ENV, PORT_DEFAULT))
+    except ValueError:
+        return PORT_DEFAULT
+
+
+def intro_html(port: Optional[int] = None) -> str:
     rules = access.Access.from_env()
+    own = f"http://127.0.0.1:{served_port() if port is None else port}"
     if rules.public:
         where = ("This is a public deployment: it watches only the hosts its operator allows ("
                  + (html.escape(", ".join(rules.hosts)) if rules.hosts else f"none yet: set {access.HOSTS_ENV}")
                  + "), and never loopback or private addresses.")
+    elif rules.exposed:
+        where = (f"This app listens beyond this machine ({access.LISTEN_ENV}={html.escape(rules.listen)}), so it "
+                 "watches public addresses only: loopback, private and link-local ones (this app's own "
+                 f"<code>{own}</code>, a <code>serve</code> engine on 127.0.0.1) only when <code>{access.HOSTS_ENV}"
+                 "</code> names them" + (f" (it names {html.escape(', '.join(rules.hosts))})" if rules.hosts else "")
+                 + ".")
     else:
-        where = ("Any http(s) URL works here, this app's own included: <code>http://127.0.0.1:7860</code> "
-                 "while a race runs.")
+        where = (f"Any http(s) URL but a link-local one (169.254.x.x, fe80::, where cloud metadata answers; "
+                 f"<code>{access.HOSTS_ENV}</code> allows one) works here: this app's own <code>{own}</code> while "
+                 "a race runs, or a <code>python -m specviz serve</code> engine on 127.0.0.1.")
     return tab_intro("Watch a <b>served</b> drafter: specviz scrapes the server's Prometheus <code>/metrics</code> "
                      "(vLLM, llama.cpp's <code>llama-server --metrics</code>, SGLang <code>--enable-metrics</code>, "
                      "TensorRT-LLM, or specviz's own) and draws, window by window, the draft acceptance, τ = 1 + "
                      "accepted / drafts and the acceptance by draft position, with a verdict: idle, collapsed (τ near "
-                     "1: the output stays correct, so nothing else fails) or healthy. The same as "
-                     f"<code>python -m specviz watch URL</code>. {where}")
+                     "1: the output stays correct, so nothing else fails) or healthy, and an <b>alarm</b> when τ stays "
+                     "near 1 or acceptance halves against its start. Give the drafter kind to have acceptance by "
+                     "position judged against what that kind leads one to expect. The same as "
+                     f"<code>python -m specviz watch URL --drafter KIND</code>. {where}")
+
+
+def intro_for(request: gr.Request) -> str:
+    """The intro on each page load, naming the port this app really answers on."""
+    return intro_html(served_port(request))
 
 
 def watch_tab() -> None:
     """Build the "Watch a server" tab inside the caller's gr.Blocks."""
     with gr.Tab("Watch a server", elem_id="tab-watch"):
-        gr.HTML(intro_html())
+        gr.HTML(intro_for, elem_id="watch-intro")
         with gr.Row(equal_height=True):
             url = gr.Textbox(label="Server URL", placeholder="http://HOST:8000 (its /metrics is scraped)", scale=4,
                              elem_id="watch-url")
+            drafter = gr.Dropdown(drafter_choices(), value="", label="Drafter kind on the server", scale=2,
+                                  info="what drafts there: the verdict judges acceptance by position against it",
+                                  elem_id="watch-drafter")
             interval = gr.Slider(INTERVAL_MIN, INTERVAL_MAX, value=INTERVAL_DEFAULT, step=0.5,
                                  label="Scrape every (seconds)", scale=2, elem_id="watch-interval")
             with gr.Column(scale=1, min_width=160):
@@ -207,9 +293,11 @@ def watch_tab() -> None:
 
         shown = [status, verdict, cards, plot_acceptance, plot_tau, plot_position, plot_rate, data]
         common = dict(concurrency_limit=8, concurrency_id=WATCH_QUEUE, show_progress="hidden")
-        start.click(watch_start, inputs=[url, interval, state], outputs=[state, timer, *shown], api_name="watch_start",
-                    **common)
-        url.submit(watch_start, inputs=[url, interval, state], outputs=[state, timer, *shown],
+        start.click(watch_start, inputs=[url, interval, state, drafter], outputs=[state, timer, *shown],
+                    api_name="watch_start", **common)
+        url.submit(watch_start, inputs=[url, interval, state, drafter], outputs=[state, timer, *shown],
                    api_visibility="private", **common)
+        drafter.change(watch_drafter, inputs=[drafter, state], outputs=[state, verdict], api_visibility="private",
+                       **common)
         timer.tick(watch_tick, inputs=[state], outputs=[state, *shown], api_name="watch_tick", **common)
         stop.click(watch_stop, inputs=[state], outputs=[state, timer, status], api_name="watch_stop", **common)
