@@ -167,3 +167,24 @@ def test_spaces_are_not_underlined_or_struck():
     out = render.to_html(render.spans([PARTIAL]))
     assert '<span class="sv-sp"> </span>sky' in out
     assert re.search(r"\.sv-sp \{[^}]*inline-block", render.CSS)
+
+
+# a chat model's turn ends: the special token arrives as a bonus token after a kept draft
+TURN_END = StepEvent(step=0, drafts=(D(20, " done.", V.ACCEPTED, 0.9, 0.9, 1.0, -1, 0),
+                                     D(21, "<|im_end|>", V.REJECTED, 0.5, 0.1, 0.2, 0, 1)),
+                     emitted=(E(20, " done.", V.ACCEPTED, 0.9), E(2, "<|im_end|>", V.RESAMPLED, 0.9)),
+                     draft_s=0.0, verify_s=0.02, draft_forwards=2, target_forwards=1, gamma=2)
+
+
+def test_special_tokens_are_labelled_chips_not_raw_markup():
+    body = render.pane_body_html([TURN_END])
+    assert "<|im_end|>" not in body and "&lt;|im_end|&gt;" not in re.sub(r'title="[^"]*"', "", body)
+    chips = re.findall(r'<span class="sv-special"[^>]*title="special token &lt;\|im_end\|&gt;">([^<]*)</span>', body)
+    assert chips == ["end of turn", "end of turn"]  # the refused draft and the target's own token
+    assert render.special_label("<|endoftext|>") == "end of text" and render.special_label("</s>") == "end of text"
+    assert render.special_label("<|fim_middle|>") == "special: fim_middle"
+    assert render.to_html(render.spans([FULL])).count("sv-special") == 0  # "<b>" is text, not a special token
+    assert "&lt;b&gt;" in render.to_html(render.spans([FULL]))
+    assert "[end of turn]" in render.to_ansi(render.spans([TURN_END]))
+    assert render.to_ansi(render.spans([TURN_END]), colour=False) == " done.<|im_end|>"  # a pipe gets the text
+    assert committed_text(body) == " done.end of turn"  # a reader sees the label where the turn ends

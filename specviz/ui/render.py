@@ -7,7 +7,8 @@ resampled or bonus token. Colour always comes with a second cue (underline, stri
 The app's panes read as text (`pane_body_html`): each target forward's tokens share a band, and only the one
 refused draft on the verified path stays inline; the drafts never on that path (other branches of a tree,
 drafts after a refusal) are marked `off_path`, hidden by the stylesheet (style.css) behind a per-step count
-unless "show every draft" is on.
+unless "show every draft" is on. A special token (`<|im_end|>`, `</s>`, ...) shows as a small labelled chip ("end of
+turn"), the raw token in its hover title, never as raw markup in the text.
 """
 from __future__ import annotations
 
@@ -39,6 +40,34 @@ MEANINGS = {
 UNCOMMITTED = (Verdict.REJECTED, Verdict.DISCARDED)  # drafted tokens that are not part of the text
 _SPACES = re.compile(r" +")
 DECORATED = (Verdict.ACCEPTED, Verdict.REJECTED, Verdict.DISCARDED)  # underlined or struck: their spaces are kept out
+# special tokens as tokenizers write them: <|name|> (ChatML, GPT, Llama 3), and the SentencePiece / T5 family's
+SPECIAL = re.compile(r"<\|[A-Za-z0-9_.:\- ]{1,40}\|>|</s>|<eos>|<bos>|<pad>|<unk>")
+SPECIAL_LABELS = {  # the token's name (without <| |> or < >) -> what a reader is told
+    "im_end": "end of turn", "eot_id": "end of turn", "end_of_turn": "end of turn", "eom_id": "end of message",
+    "im_start": "start of turn", "start_header_id": "start of header", "end_header_id": "end of header",
+    "endoftext": "end of text", "end_of_text": "end of text", "/s": "end of text", "eos": "end of text",
+    "begin_of_text": "start of text", "bos": "start of text", "pad": "padding", "unk": "unknown token",
+}
+CHIP_STYLE = ("display:inline-block;font:600 0.72em/1.3 system-ui,sans-serif;padding:0 5px;margin:0 2px;"
+              "border:1px solid currentColor;border-radius:8px;vertical-align:0.12em;opacity:0.85;white-space:nowrap")
+
+
+def special_label(token: str) -> str:
+    """What a chip says for a special token: "end of turn" for <|im_end|>, "special: foo" for one not known."""
+    name = token[2:-2] if token.startswith("<|") else token[1:-1]
+    return SPECIAL_LABELS.get(name.strip().lower(), f"special: {name.strip()}")
+
+
+def _text_html(text: str, newline: str) -> str:
+    """A token's text as HTML: escaped, newlines shown, special tokens as chips."""
+    out, at = [], 0
+    for m in SPECIAL.finditer(text):
+        out.append(html.escape(text[at:m.start()]).replace("\n", newline))
+        out.append(f'<span class="sv-special" style="{CHIP_STYLE}" title="special token {html.escape(m.group())}">'
+                   f"{html.escape(special_label(m.group()))}</span>")
+        at = m.end()
+    out.append(html.escape(text[at:]).replace("\n", newline))
+    return "".join(out)
 
 
 @dataclass(frozen=True)
@@ -103,8 +132,8 @@ def to_html(items: list[Span]) -> str:
 def _token_html(s: Span, step: Optional[int] = None) -> str:
     """One token; with `step`, the token is that step's band too (a step of one token)."""
     newline = "↵" if s.verdict in UNCOMMITTED else "↵<br>"  # a refused newline breaks no line of the text
-    text = html.escape(s.text).replace("\n", newline) if s.text else "∅"
-    if s.verdict in DECORATED:
+    text = _text_html(s.text, newline) if s.text else "∅"
+    if s.verdict in DECORATED and not SPECIAL.search(s.text):
         text = _SPACES.sub(r'<span class="sv-sp">\g<0></span>', text)  # no underline or strike through the spaces
     classes = f"sv-tok sv-{s.verdict.value}" + " sv-off" * s.off_path
     step_attr = ""
@@ -164,10 +193,16 @@ ANSI = {
 RESET = "\x1b[0m"
 
 
+def _ansi_text(text: str) -> str:
+    return SPECIAL.sub(lambda m: f"[{special_label(m.group())}]", text)
+
+
 def to_ansi(items: list[Span], colour: bool = True) -> str:
+    """A terminal's view (special tokens as [end of turn]); without colour, the text as generated, for a pipe."""
     if not colour:
-        return "".join(s.text for s in items if s.verdict not in (Verdict.REJECTED, Verdict.DISCARDED))
-    return "".join(f"{ANSI[s.verdict]}{s.text}{RESET}" if ANSI[s.verdict] else s.text for s in items)
+        return "".join(s.text for s in items if s.verdict not in (Verdict.REJECTED, Verdict.DISCARDED))  # raw: piped
+    return "".join(f"{ANSI[s.verdict]}{_ansi_text(s.text)}{RESET}" if ANSI[s.verdict] else _ansi_text(s.text)
+                   for s in items)
 
 
 def legend_ansi() -> str:
