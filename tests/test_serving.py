@@ -14,6 +14,7 @@ import pytest
 from specviz import metrics as leviathan
 from specviz.cli.main import main
 from specviz.serving import probe, watch
+from specviz.serving.alarm import Alarm
 from specviz.serving.prometheus import (
     ServerError,
     Unreachable,
@@ -333,10 +334,16 @@ def test_live_view_draws_the_verdict_and_positions():
     last = w.add(parse(vllm_page(10, 40, 20, [9, 6, 4, 1]), t=2.0))
     view = watch.LiveView.__new__(watch.LiveView)
     view.url, view.since, view.notes = "http://x/metrics", 0.0, ["+2.0s scrape failed: boom"]
+    view.alarm = None
     out = io.StringIO()
     Console(file=out, width=120).print(view._render(w, last))
     text = out.getvalue()
     assert "healthy: τ=3.00" in text and "acceptance by draft position" in text and "scrape failed: boom" in text
+    assert "ALARM" not in text
+    view.raise_alarm(Alarm("collapsed", "ALARM: τ stayed near 1.0", 2.0), "")
+    out = io.StringIO()
+    Console(file=out, width=120).print(view._render(w, last))
+    assert out.getvalue().index("ALARM: τ stayed near 1.0") < out.getvalue().index("healthy")  # on top
 
 
 def test_probe_reads_llamacpp_and_sglang_responses():

@@ -110,7 +110,13 @@ def cmd_probe(args) -> int:
                 base_url(url)
         rows = read_prompts(args.prompts, None, args.limit)
         options = probe.ProbeOptions(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed)
-        data = probe.run_probe(args.url, rows, options, args.reference, log=lambda line: print(line, flush=True))
+        expect = None
+        if args.local:  # the served vocabulary must be the target's that --local runs (serving/local.py)
+            from specviz.serving import local, vocab
+
+            expect = vocab.expected_for(local.TARGET)
+        data = probe.run_probe(args.url, rows, options, args.reference, log=lambda line: print(line, flush=True),
+                               expect=expect)
     except ServerError as exc:
         raise InputError(str(exc)) from None
     data["command"] = "python -m specviz " + " ".join(sys.argv[1:])

@@ -14,6 +14,7 @@ from specviz.serving import engines
 
 AGREE = 0.05          # served and local acceptance at a position this close agree (issue 41's tolerance)
 METHOD = {"ngram": "pld", "eagle": "eagle", "medusa": "medusa", "draft": "draft"}
+TARGET = "smollm2-135m"  # the target the served exports come from, run here (and its vocabulary, checked first)
 
 
 def run_local(rows: list[dict], drafter: str, gamma: int, max_new_tokens: int, dtype: str = "float32",
@@ -29,7 +30,7 @@ def run_local(rows: list[dict], drafter: str, gamma: int, max_new_tokens: int, d
 
     kind, folder = engines.drafter_kind(drafter)
     method = METHOD[kind]
-    target = loader.get("smollm2-135m", dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype])
+    target = loader.get(TARGET, dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype])
     cfg = DecodeConfig(method=method, gamma=gamma, temperature=0.0, max_new_tokens=max_new_tokens,
                        pld_ngram_max=engines.NGRAM["max"], pld_ngram_min=engines.NGRAM["min"])
     drafts, accepted, prompts = 0, [0] * gamma, []

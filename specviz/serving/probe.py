@@ -1,9 +1,12 @@
 """`python -m specviz probe URL --prompts FILE`: a prompt file through a server's OpenAI-compatible chat API, one
 request at a time, greedy and sampled; each request's speculative figures from the response where the engine puts
-them there (llama.cpp `timings.draft_n` / `draft_n_accepted`, SGLang `meta_info.spec_verify_ct`), and from the
-server's /metrics around the request where it exports them (drafts and acceptance by position). With a reference
-server (the same model without speculation) every greedy answer is compared with the reference's, and the first
-divergence is shown with its context and, where the reference returns log-probabilities, its top-2 gap there.
+them there (llama.cpp `timings.draft_n` / `draft_n_accepted`, SGLang `meta_info.spec_verify_ct`, vLLM's
+`metrics.speculative_decoding` with --per-request-spec-decode-metrics: drafts, tokens and accepted lengths), and
+from the server's /metrics around the request where it exports them (drafts and acceptance by position). With a
+reference server (the same model without speculation) every greedy answer is compared with the reference's, and the
+first divergence is shown with its context and, where the reference returns log-probabilities, its top-2 gap there.
+Before any of it, the server's vocabulary is checked against the one it is judged by (serving/vocab.py): a server
+running another tokenizer is refused in one line.
 
 Definitions (DESIGN.md, vLLM): draft acceptance = accepted / drafted tokens; τ = 1 + accepted / drafts (tokens per
 drafted step, the bonus token included); tokens per target forward = n / (n − accepted) for n generated tokens (every
@@ -28,6 +31,7 @@ from specviz.serving.prometheus import (
     scrape,
     window,
 )
+from specviz.serving.vocab import Expected, check_served
 
 SAMPLED_TEMPERATURE = 1.0   # the sampled pass's temperature, as check's sampling part (0 = greedy only)
 NEAR_TIE = 1e-3             # a greedy divergence where the reference's top-2 log-prob gap is below this is numerical,
@@ -79,8 +83,14 @@ def figures(resp: dict) -> dict:
     text = (choice.get("message") or {}).get("content") or ""
     out = {"text": text, "finish_reason": choice.get("finish_reason"), "model": resp.get("model"),
            "completion_tokens": usage.get("completion_tokens"), "prompt_tokens": usage.get("prompt_tokens"),
-           "draft_tokens": None, "accepted_tokens": None,
+           "draft_tokens": None, "accepted_tokens": None, "drafts": None, "accepted_lengths": None,
            "verify_steps": None, "server_tok_per_s": None, "source": None}
+    spec = (resp.get("metrics") or {}).get("speculative_decoding") if isinstance(resp.get("metrics"), dict) else None
+    if isinstance(spec, dict) and "num_draft_tokens" in spec:  # vLLM, --per-request-spec-decode-metrics
+        histogram = spec.get("acceptance_histogram")
+        out.update(draft_tokens=spec["num_draft_tokens"], accepted_tokens=spec.get("num_accepted_draft_tokens"),
+                   drafts=spec.get("num_spec_steps"), source="metrics.speculative_decoding",
+                   accepted_lengths=list(histogram) if isinstance(histogram, list) else None)
     timings = resp.get("timings") or {}
     if "predicted_n" in timings:  # llama.cpp: draft_n is left out when the request drafted nothing
         out.update(draft_tokens=timings.get("draft_n", 0), accepted_tokens=timings.get("draft_n_accepted", 0),
@@ -127,9 +137,10 @@ def _gap_at(tokens: Optional[list[dict]], char_index: int) -> Optional[float]:
 
 
 def run_probe(url: str, rows: list[dict], options: ProbeOptions = ProbeOptions(), reference: Optional[str] = None,
-              log: Callable[[str], None] = print) -> dict:
+              log: Callable[[str], None] = print, expect: Optional[Expected] = None) -> dict:
     """Every prompt greedy (and sampled when options.temperature > 0) through `url`, greedy through `reference`.
-    ServerError when the first request fails; a later failed request is recorded and reported."""
+    ServerError when the first request fails; a later failed request is recorded and reported; VocabMismatch, before
+    any request, when the server tokenizes otherwise than `expect` or the reference."""
     try:
         before: Optional[Snapshot] = scrape(url)
     except Unreachable:
@@ -137,6 +148,7 @@ def run_probe(url: str, rows: list[dict], options: ProbeOptions = ProbeOptions()
     except ServerError as exc:
         log(f"no metrics from the server ({exc}): per-response figures only")
         before = None
+    vocabulary = check_served(url, expect, reference, log)
     modes = [("greedy", 0.0)] + ([("sampled", options.temperature)] if options.temperature > 0 else [])
     requests, engine, model = [], before.engine if before and before.speculative else None, None
     for n, row in enumerate(rows):
@@ -156,8 +168,9 @@ def run_probe(url: str, rows: list[dict], options: ProbeOptions = ProbeOptions()
             rec.update(figures(resp), seconds=seconds)
             model = model or rec["model"]
             if engine is None:
-                engine = {"timings": "llamacpp", "meta_info": "sglang"}.get(rec["source"])
-            rec.update(drafts=None, per_position_counts=[], metrics_draft_tokens=None, metrics_accepted_tokens=None)
+                engine = {"timings": "llamacpp", "meta_info": "sglang", "metrics.speculative_decoding": "vllm"}.get(
+                    rec["source"])
+            rec.update(per_position_counts=[], metrics_draft_tokens=None, metrics_accepted_tokens=None)
             if before is not None:
                 try:
                     after = scrape(url)
@@ -166,7 +179,8 @@ def run_probe(url: str, rows: list[dict], options: ProbeOptions = ProbeOptions()
                     after = None
                 if after is not None:
                     w = window(before, after)
-                    rec.update(drafts=w.drafts, per_position_counts=[a * w.drafts for a in w.per_position],
+                    rec.update(drafts=rec["drafts"] if rec["drafts"] is not None else w.drafts,
+                               per_position_counts=[a * w.drafts for a in w.per_position],
                                metrics_draft_tokens=w.draft_tokens, metrics_accepted_tokens=w.accepted_tokens)
                     if rec["source"] is None and after.speculative:
                         rec.update(draft_tokens=w.draft_tokens, accepted_tokens=w.accepted_tokens, source="metrics")
@@ -182,7 +196,9 @@ def run_probe(url: str, rows: list[dict], options: ProbeOptions = ProbeOptions()
             f"{r['mode']} acceptance {_f(r.get('acceptance_rate'))} τ/forward {_f(r.get('tokens_per_forward'))}"
             for r in requests if r["id"] == row["id"] and r["mode"] in ("greedy", "sampled") and not r["error"])
             + ("" if not reference else f" · identical: {_identity_word(requests[-1])}"))
-    return assemble(url, reference, engine or "unknown", model, options, requests)
+    data = assemble(url, reference, engine or "unknown", model, options, requests)
+    data["vocabulary"] = vocabulary
+    return data
 
 
 def _identity_word(rec: dict) -> str:
@@ -238,7 +254,10 @@ def _group(recs: list[dict]) -> dict:
     spec_tokens = sum(r["completion_tokens"] or 0 for r in spec)
     server = [r["server_tok_per_s"] for r in ok if r["server_tok_per_s"]]
     per_position = [c / drafts for c in counts] if drafts else []
-    return {"requests": len(recs), "failed": len(recs) - len(ok), "tokens": tokens, "seconds": seconds,
+    lengths = [r["accepted_lengths"] for r in ok if r.get("accepted_lengths")]
+    histogram = [sum(h[i] for h in lengths if i < len(h)) for i in range(max(map(len, lengths), default=0))]
+    return {"accepted_lengths": histogram or None,
+            "requests": len(recs), "failed": len(recs) - len(ok), "tokens": tokens, "seconds": seconds,
             "tok_per_s": _ratio(tokens, seconds), "server_tok_per_s": sum(server) / len(server) if server else None,
             "draft_tokens": drafted if spec else None, "accepted_tokens": accepted if spec else None,
             "drafts": drafts if with_drafts else None, "acceptance_rate": _ratio(accepted, drafted),
@@ -292,6 +311,9 @@ def format_probe(d: dict) -> str:
                      + (f" (server {_f(g['server_tok_per_s'], '.1f')})" if g["server_tok_per_s"] else "")
                      + f" · draft acceptance {_f(g['acceptance_rate'])} · τ {_f(g['tau'])} · tokens per target "
                        f"forward {_f(g['tokens_per_forward'])}")
+        if g.get("accepted_lengths"):
+            lines.append("   drafted steps keeping 0, 1, 2, … drafts (the engine's per-request counts): "
+                         + " ".join(str(round(n)) for n in g["accepted_lengths"]))
         if g["per_position"]:
             lines.append("   acceptance by position: " + " ".join(f"{a:.2f}" for a in g["per_position"])
                          + " · α_i: " + " ".join(_f(a) for a in g["per_position_conditional"]))
