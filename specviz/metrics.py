@@ -370,7 +370,8 @@ def gap_line(c: Comparison) -> str:
 def why_line(c: Comparison) -> str:
     """One plain line, words first: where the kept guesses came from and, when measured and predicted differ by more
     than GAP, why."""
-    return ". ".join(x for x in (kept_line(c.spec, c.spec.method), gap_line(c)) if x) + "."
+    line = ". ".join(x for x in (kept_line(c.spec, c.spec.method), gap_line(c)) if x) + "."
+    return line[:1].upper() + line[1:]
 
 
 def vocab_sentence(vocab: dict) -> str:

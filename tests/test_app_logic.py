@@ -137,3 +137,16 @@ def test_the_tree_panel_opens_on_the_longest_accepted_path_once_the_race_is_done
     assert "Candidate tree of step 2: kept 2 of" in logic.view_of(snap).tree.layout.title.text
     snap.phase = "running"  # live: the latest step
     assert "Candidate tree of step 4:" in logic.view_of(snap).tree.layout.title.text
+
+
+def test_summary_opens_with_the_why_line_and_gives_both_acceptances():
+    import html
+
+    from specviz.metrics import why_line
+
+    snap = snapshot(AR, [PARTIAL, FULL])  # a chain: 2 of 4 kept, 1 refused, 1 never judged; then 2 of 2 kept
+    out = logic.summary_html(snap)
+    assert out.index('id="why-line"') < out.index("sv-badges")
+    line = why_line(snap.comparison)
+    assert html.escape(line) in out and line.startswith("All 4 kept guesses were draft model's own guesses")
+    assert "4 of the 5 guesses the target judged were kept" in out and "4 of 6 = 0.67" in out

@@ -19,8 +19,11 @@ event per target forward, with these definitions, the same for chains and trees 
   refusal (never judged) included; a tree's every candidate node, grafted branches included (the target verifies
   them all in the one forward);
 - its *accepted tokens* are the drafted tokens the target kept (the target's own resampled or bonus token is not
-  one), so τ = 1 + accepted / drafts and draft acceptance = accepted / draft tokens. The latter is lower than
-  specviz's α (metrics.py: accepted / judged drafted tokens), which leaves out the drafts never judged;
+  one), so τ = 1 + accepted / drafts and draft acceptance = accepted / draft tokens (metrics.PROPOSED_ACCEPTANCE:
+  "acceptance of every drafted token, as vLLM counts", what Watch shows). It is not the α that the race, bench and
+  check show (metrics.ACCEPTANCE: accepted / the drafted tokens the target judged, the drafts on the verified path),
+  and is lower wherever drafts go unjudged (after a chain's refusal; a tree's other branches): on one race the
+  summary's α card gives both (tests/test_acceptance_definition.py checks each against the events);
 - *position* i (0-based) is a chain's i-th drafted token, a tree's depth i on the accepted path; the per-position
   counter counts the drafts whose position i was accepted, so α_i = per_pos[i] / drafts is the unconditional
   P(position i accepted), where metrics.summarize's alpha_by_position is conditional on the positions before it.
@@ -54,7 +57,9 @@ class Exporter:
         self.drafts = Counter(PREFIX + "spec_decode_num_drafts", "Target forwards that verified drafted tokens.",
                               ["method"], registry=r)
         self.draft_tokens = Counter(PREFIX + "spec_decode_num_draft_tokens",
-                                    "Tokens proposed for verification (a chain's gamma, a tree's nodes).",
+                                    "Every drafted token proposed for verification, judged or not (a chain's "
+                                    "gamma, a tree's every node), as vLLM counts; accepted / this is not "
+                                    "specviz's alpha (accepted / judged).",
                                     ["method"], registry=r)
         self.accepted = Counter(PREFIX + "spec_decode_num_accepted_tokens", "Drafted tokens the target kept.",
                                 ["method"], registry=r)

@@ -39,7 +39,7 @@ def summary_lines(s: dict) -> list[str]:
     """The whole watch, for the terminal."""
     lines = [f"engine {s['engine']} · {s['seconds']:.0f} s · {s['drafts']:.0f} drafts, {s['draft_tokens']:.0f} drafted "
              f"and {s['accepted_tokens']:.0f} accepted tokens · τ={_f(s['tau'])} · draft acceptance "
-             f"{_f(s['acceptance_rate'])}"
+             f"{_f(s['acceptance_rate'])} (of every drafted token, as vLLM counts; not specviz's α, kept / judged)"
              + (f" · tokens per target forward {_f(s['tokens_per_forward'])}" if s["tokens_per_forward"] else "")]
     if s["per_position"]:
         lines.append("acceptance by position (share of drafts): " + " ".join(f"{a:.2f}" for a in s["per_position"])

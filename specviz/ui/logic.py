@@ -16,7 +16,7 @@ from specviz import methods, whatif
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, DecodeConfig
 from specviz.errors import ConfigError
 from specviz.events import StepEvent
-from specviz.metrics import CHAIN_FORMULA, TREE_FORMULA, Comparison, compare
+from specviz.metrics import CHAIN_FORMULA, TREE_FORMULA, Comparison, RunSummary, compare, why_line
 from specviz.ui import lesson, plots, render
 from specviz.ui.common import TABS_CSS, card, num
 
@@ -333,7 +333,7 @@ def summary_html(snap: RaceSnapshot) -> str:
          "over the plain lane beside it (specviz's AR, the same target, the same clock): its seconds per token / "
          "speculative seconds per token"),
         ("predicted speedup", num(c.predicted_speedup, prefix="×"), prediction_note(c, snap.profiled)),
-        ("acceptance rate α", num(c.spec.alpha), f"{c.spec.accepted} of {c.spec.drafted} drafted tokens kept"),
+        ("acceptance rate α", num(c.spec.alpha), alpha_note(c.spec)),
         ("τ", num(c.spec.tau), TAU_LABEL),
         ("cost ratio c", num(c.cost_ratio, ".3f"), "seconds of one draft forward / one AR target forward"),
         ("tok/s", f"{c.ar.tok_per_s:.1f} → {c.spec.tok_per_s:.1f}", "plain AR → speculative, engine compute only"),
@@ -357,8 +357,19 @@ def summary_html(snap: RaceSnapshot) -> str:
                 f"{c.spec.new_tokens} tokens, {c.spec.steps} target forwards vs {c.ar.steps}"
                 + (f" · on {snap.hardware}" if snap.hardware else ""))
     texts = lesson.lesson_html(ar_ev, spec_ev, snap.cfg.greedy, snap.title("ar"), snap.title("spec"))
-    return (f'<div class="sv-summary"><div class="sv-badges">{badge}</div>{texts}'
+    why = f'<div class="sv-why" id="why-line">{html.escape(why_line(c))}</div>'
+    return (f'<div class="sv-summary">{why}<div class="sv-badges">{badge}</div>{texts}'
             f'<div class="sv-cards">{items}</div><div class="sv-settings">{html.escape(settings)}</div></div>')
+
+
+def alpha_note(spec: RunSummary) -> str:
+    """The α card's note: its definition (metrics.ACCEPTANCE) with its counts, and the figure /metrics and Watch show
+    for the same run (metrics.PROPOSED_ACCEPTANCE), so that the two are never read as one."""
+    if not spec.proposed:
+        return "nothing was drafted"
+    return (f"{spec.accepted} of the {spec.drafted} guesses the target judged were kept (drafts on the verified path); "
+            f"of every guess, as /metrics and vLLM count: {spec.accepted} of {spec.proposed} = "
+            f"{num(spec.proposed_acceptance)}")
 
 
 def prediction_note(c: Comparison, profiled: bool) -> str:

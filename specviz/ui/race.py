@@ -49,7 +49,8 @@ A cheap *drafter* guesses the next γ tokens; the target then checks all γ gues
   prompt lookup's guess on the same tree, so one target pass checks both the trained drafter's and the lookup's
   continuation (nodes from the lookup say so when you hover over them). The *datastore branch* does the same with
   what most often followed the last few tokens in the target's own answers to thousands of training prompts (a
-  retrieval drafter, as REST does). EAGLE with both branches is the default on a CPU, where it measured fastest.
+  retrieval drafter, as REST does). The race that runs by default is the one chosen on this machine at start-up
+  from its own measured speeds; the note under the settings names it and its predicted speedup.
   Every drafted token is
   coloured by what the target did with it: kept (green, underlined), refused (red, struck through), never
   judged because an earlier one was refused (grey, struck through), and the target's own token at the refused

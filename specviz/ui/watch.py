@@ -82,7 +82,9 @@ def watch_cards_html(s: dict) -> str:
         ("engine", s["engine"], f"{gamma}; {s['windows']} windows over {s['seconds']:.0f} s"),
         ("τ", num(s["tau"]), "1 + accepted / drafts: tokens per drafted step, the bonus token included"),
         ("draft acceptance", num(s["acceptance_rate"]), f"{s['accepted_tokens']:.0f} of {s['draft_tokens']:.0f} "
-                                                        f"drafted tokens kept, {s['drafts']:.0f} drafts"),
+                                                        f"drafted tokens kept, {s['drafts']:.0f} drafts: of every "
+                                                        "drafted token (a tree's every node), as vLLM counts; a "
+                                                        "race's α counts only the drafts the target judged"),
         ("drafted tok/s", num(s["draft_tokens_per_s"], ".1f"), "over the watch"),
         ("accepted tok/s", num(s["accepted_tokens_per_s"], ".1f"), "over the watch"),
         ("requests running", num(s["requests_running"], ".1f"), "mean over the watch"),
