@@ -170,23 +170,24 @@ def default_pair(device: Optional[object] = None) -> Pair:
     return _tuned.get(kind) or _pair_for(kind)
 
 
-def adopt(target) -> Optional[str]:
-    """Measure this machine for a loaded target (its verify profile T(k) and the step costs of each lane family,
-    a few seconds, once) and make the race chosen from them (specviz/tuning.py) this process's default: the one line
-    saying which and why, or None where the target ships no race grid (the GPU pair, a target of your own) or runs in
-    another dtype than the app's, and the pair's defaults stay."""
-    from specviz import tuning
+def adopt(target, say: Optional[Callable[[str], None]] = None) -> Optional[str]:
+    """Make the race chosen for this machine (specviz/tuning.py) this process's default for a loaded target, from
+    this machine's calibration (its verify profile T(k) and the step costs of each lane family: kept per machine by
+    specviz/calibration.py, measured where none is kept, SPECVIZ_CALIBRATE=0|1 forcing either; `say` is told the
+    progress): the one line saying which race, why and where the figures came from; None where the target ships no
+    race grid (the GPU pair, a target of your own) or runs in another dtype than the app's, and the pair's defaults
+    stay. Raises ConfigError for a bad SPECVIZ_CALIBRATE."""
+    from specviz import calibration
     from specviz.models import loader as models
 
     kind = target.device.type
     pair = default_pair(target.device)
     if target.name != pair.target or target.dtype != models.default_dtype(target.device):
         return None  # the grid prices the app's configuration: another target or dtype keeps the pair's defaults
-    choice = tuning.default_race(target)
-    if choice is None:
-        return None
-    _tuned[kind] = _pair_for(kind).tuned(choice)
-    return choice.line()
+    outcome = calibration.calibrate(target, say)
+    if outcome.choice is not None:
+        _tuned[kind] = _pair_for(kind).tuned(outcome.choice)
+    return None if outcome.source == "none" else outcome.line
 
 
 def dtype_name(dtype: object) -> str:

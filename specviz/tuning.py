@@ -5,9 +5,10 @@ how many rows it verifies for them) and the machine (what verifying k rows costs
 drafting costs). The first half is measured once and shipped: with greedy decoding, a race's rows and kept tokens per
 step depend on the drafts and the target's tokens only, so experiments/probes/race_grid.py replays every candidate
 race on held-out prompts into assets/profiles/race-grid-<target>.json (a histogram of rows a step and the tokens
-kept). The second half is measured here at start-up: the verify profile T(k) (core/profile.py) and, from short greedy
-runs of AR and of each lane family interleaved, what a step costs outside the target's forward (drafting, grafting,
-the verdicts and bookkeeping) in AR steps. The predicted speed of a race over this machine's AR is then
+kept). The second half is measured here, once per machine (specviz/calibration.py keeps it in a cache file): the
+verify profile T(k) (core/profile.py) and, from short greedy runs of AR and of each lane family interleaved, what a
+step costs outside the target's forward (drafting, grafting, the verdicts and bookkeeping) in AR steps. The predicted
+speed of a race over this machine's AR is then
 
     speedup = (tokens kept / steps) / mean over steps of (1 + (1 + e)(T(rows)/T(1) − 1) + c_lane)
 
@@ -23,10 +24,9 @@ from __future__ import annotations
 import functools
 import json
 import statistics
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from specviz.paths import PROFILES
 
@@ -81,7 +81,7 @@ def parse_race(name: str) -> tuple[int, int, int]:
         kind, _, n = part.partition(":")
         if kind == TREE:
             g = int(n)
-        elif kind == "pld":
+        elif kind == CHAIN:  # a race name writes prompt lookup as the chain race does
             lookup = int(n)
         elif kind == "ret":
             retrieve = int(n)
@@ -168,15 +168,18 @@ class Choice:
 
     def line(self) -> str:
         """One line: the race chosen and why."""
-        t = ", ".join(f"T({k})/T(1) {r:.2f}" for k, r in zip((2, 4, 8), self.ratios))
+        ks = [k for k, _ in zip((2, 4, 8), self.ratios)]
+        t = (f"checking {', '.join(map(str, ks))} rows in one pass costs "
+             f"{', '.join(f'{r:.2f}' for r in self.ratios)} times one row (T(k)/T(1))") if self.ratios else ""
+        pace = f"{self.tau:.2f} tokens per target pass (τ), {self.rows:.1f} rows checked a pass"
         if not self.pays:
-            return (f"default race {self.race}: nothing predicted faster than AR on this machine ({t}); racing the "
-                    f"best chain, predicted {self.predicted:.2f}x AR greedy (τ {self.tau:.2f}, {self.rows:.1f} rows a "
-                    "step)")
+            return (f"default race {self.race}: nothing predicted faster than AR (plain decoding) on this machine"
+                    f"{'; ' + t if t else ''}; racing the best chain, predicted {self.predicted:.2f}x plain decoding, "
+                    f"greedy ({pace})")
         tree = (f"; best EAGLE tree {self.best_tree} {self.best_tree_predicted:.2f}x"
                 if self.best_tree and self.best_tree != self.race else "")
-        return (f"default race {self.race}: predicted {self.predicted:.2f}x AR on this machine, greedy (τ "
-                f"{self.tau:.2f}, {self.rows:.1f} rows a step; {t}{tree})")
+        return (f"default race {self.race}: predicted {self.predicted:.2f}x as fast as plain decoding on this "
+                f"machine, greedy ({pace}{'; ' + t if t else ''}{tree})")
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in ("race", "method", "gamma", "lookup", "retrieve", "predicted", "tau",
@@ -202,14 +205,15 @@ def choose(grid: dict[str, GridRace], profile, costs: StepCosts) -> Choice:
                   grid[best].mean_rows, pays, best_tree, speed.get(best_tree, 0.0), best_chain, ratios)
 
 
-def measure_costs(target, profile, tokens: int = COST_TOKENS, rounds: int = COST_ROUNDS) -> StepCosts:
+def measure_costs(target, profile, tokens: int = COST_TOKENS, rounds: int = COST_ROUNDS,
+                  tick: Optional[Callable[[int, int], None]] = None) -> StepCosts:
     """StepCosts from short greedy runs of AR and of each COST_LANES family on one built-in prompt, interleaved in
     rounds (each round every lane once, so a slow spell of a shared machine falls on all of them alike) and timed by
     the engines' own clocks: each step's seconds over the median AR step, less what its forward costs. In a race a
     row costs more than the verify profile's back-to-back forwards say (measured 1.5 against 1.15 AR steps for 7 rows
     on a Zen 4: experiments/LOG.md), so the extra is fitted too: one slope over every lane's steps, x = T(rows)/T(1) −
     1 against y = step / AR step − T(rows)/T(1), each family its own intercept (its c), the slowest tenth of each
-    family's steps left out (a shared machine's stalls)."""
+    family's steps left out (a shared machine's stalls). `tick(done, of)` is called after each run."""
     from specviz import engines
     from specviz.config import DecodeConfig
     ids = target.encode_prompt(CALIBRATION_PROMPT)
@@ -222,9 +226,11 @@ def measure_costs(target, profile, tokens: int = COST_TOKENS, rounds: int = COST
     for family, (_, cfg) in lanes.items():  # first-call allocations are not billed
         engines.generate(built[family], ids, cfg.with_(max_new_tokens=4))
     seen: dict[str, list] = {family: [] for family in lanes}
-    for _ in range(rounds):
-        for family, (_, cfg) in lanes.items():
+    for r in range(rounds):
+        for i, (family, (_, cfg)) in enumerate(lanes.items()):
             seen[family] += list(built[family].steps(ids, cfg))[1:]  # the prefill step is no decode step
+            if tick:
+                tick(r * len(lanes) + i + 1, rounds * len(lanes))
     ar_step = statistics.median(e.seconds for e in seen.pop("ar"))
     points, draft = {}, {}
     for family, events in seen.items():
@@ -247,25 +253,3 @@ def row_slope(points: dict[str, list[tuple[float, float]]], most: float = 3.0) -
         num += sum((x - mx) * (y - my) for x, y in xy)
         den += sum((x - mx) ** 2 for x, _ in xy)
     return min(max(num / den, 0.0), most) if den > 1e-12 else 0.0
-
-
-_chosen: dict[int, Optional[Choice]] = {}
-_lock = threading.Lock()
-
-
-def default_race(target, measure: bool = True) -> Optional[Choice]:
-    """This machine's default race for a loaded target, chosen once per process (the verify profile and the step
-    costs measured on first call, a few seconds); None where the target ships no race grid or measure=False and it
-    has not been chosen yet."""
-    with _lock:
-        key = id(target.model)
-        if key not in _chosen and measure:
-            grid = load_grid(target.name)
-            if grid is None:
-                _chosen[key] = None
-            else:
-                from specviz.core.profile import profile_of
-
-                profile = profile_of(target)
-                _chosen[key] = choose(grid, profile, measure_costs(target, profile))
-        return _chosen.get(key)

@@ -15,7 +15,7 @@ from specviz import hardware, whatif, zerogpu
 from specviz.config import GAMMA_MAX, TREE_NODES_MAX, TREE_SHAPES
 from specviz.policy import Policy
 from specviz.serving import export
-from specviz.ui import controls, plots, render, replay
+from specviz.ui import controls, plots, render, replay, startup
 from specviz.ui.common import DEVICE_QUEUE, DRAFT_CHOICES, GAMMAS, MAX_NEW_TOKENS, choices_with_default
 from specviz.ui.logic import (
     DEFAULT_PROMPT,
@@ -92,7 +92,8 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
         cfg = cfg.with_(**controls.tree_settings(method, tree, tree_nodes))  # the tree drafters' shape
         target, draft = hardware.default_pair().run_args(method, draft)
         first = True
-        for view in live_views(metered(race_stream(prompt, cfg, draft, target))):
+        note = startup.default_note(cfg)  # the shipped default, while this machine is measured: said so
+        for view in startup.noted(live_views(metered(race_stream(prompt, cfg, draft, target))), note):
             events = view.final_events
             if first:  # a new race: forget the last one (the tree slider's steps, the replay)
                 first, start = False, ([], None, gr.Button(interactive=False))
@@ -145,9 +146,10 @@ def race_api(prompt: str = DEFAULT_PROMPT, method: str = "", draft: str = "",
         cfg = cfg.with_(**controls.tree_settings(method, tree, tree_nodes))
         target, draft = pair.run_args(method, draft)
         snap = None
-        for snap in metered(race_stream(prompt, cfg, draft, target)):  # race_result's fold, counted
+        note = startup.default_note(cfg)
+        for snap in startup.noted(metered(race_stream(prompt, cfg, draft, target)), note):  # race_result's fold
             pass
-        return snap.result()
+        return {**snap.result(), "note": note}
     except Exception as exc:
         raise gr.Error(user_message(exc, Policy.from_env().public), print_exception=False) from None
 
@@ -442,6 +444,7 @@ def race_tab(concurrency_id: str = DEVICE_QUEUE, pair: hardware.Pair = hardware.
         with gr.Accordion("What am I looking at?", open=False, elem_id="explainer"):
             gr.Markdown(EXPLAINER)
         form = race_form(pair)
+        startup.progress(form, pair, method_changed)  # the start-up's progress; then this machine's race
         wire_race(form, race_panels(initial), concurrency_id)
 
 
