@@ -330,9 +330,9 @@ def kept_line(spec: RunSummary, method: str) -> str:
         line = f"all {spec.accepted} kept guesses were {names[first[1]]}"
     copies = spec.kept_from.get(LOOKUP, 0) / spec.new_tokens if spec.new_tokens else 0.0
     if copies >= REPEATS:
-        line += f": this answer repeats itself ({copies:.0%} of it copied), which prompt lookup turns into speed"
+        line += f": this answer repeats itself ({copies:.0%} of it copied)"
     elif LOOKUP in spec.kept_from and copies < NO_REPEATS:
-        line += f": this answer hardly repeats itself ({copies:.0%} of it copied), so copying earlier text adds little"
+        line += f": this answer hardly repeats itself ({copies:.0%} of it copied)"
     return line
 
 
@@ -349,8 +349,7 @@ def gap_line(c: Comparison) -> str:
                    + (f"{g.undrafted:.0%} of steps found nothing to guess and gave one token" if g.undrafted > FACTOR
                       else "refusals came early in the steps")),
         "cost": (f"a step cost {1 - 1 / g.cost:.0%} less than priced" + (
-                 "" if g.profiled else " (no verify profile of this machine: each verified row priced as a full "
-                 "step)")) if g.cost > 1 else
+                 "" if g.profiled else " (no verify profile here: every row priced as a full step)")) if g.cost > 1 else
                 (f"a step cost {1 / g.cost - 1:.0%} more than priced (drafting, verifying, bookkeeping: a busy "
                  "machine, or costs the profile misses)"),
         "prefill": (f"the prompt's first pass, {g.prefill_share:.0%} of the time, cannot be sped up (a short run)"
@@ -361,7 +360,7 @@ def gap_line(c: Comparison) -> str:
                      reverse=True)[:2]
     side = "faster" if c.speedup > c.predicted_speedup else "slower"
     why = "; ".join(said[k] for _, k in factors) or "no one cause stands out"
-    line = f"measured ×{c.speedup:.2f} is {side} than predicted ×{c.predicted_speedup:.2f}: {why}"
+    line = f"Measured ×{c.speedup:.2f} is {side} than predicted ×{c.predicted_speedup:.2f}: {why}"
     if c.identical is None:
         line += "; sampled, so acceptance is lower than greedy and varies from run to run"
     return line

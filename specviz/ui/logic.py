@@ -357,7 +357,7 @@ def summary_html(snap: RaceSnapshot) -> str:
                 f"{c.spec.new_tokens} tokens, {c.spec.steps} target forwards vs {c.ar.steps}"
                 + (f" · on {snap.hardware}" if snap.hardware else ""))
     texts = lesson.lesson_html(ar_ev, spec_ev, snap.cfg.greedy, snap.title("ar"), snap.title("spec"))
-    why = f'<div class="sv-why" id="why-line">{html.escape(why_line(c))}</div>'
+    why = f'<div class="sv-why" id="why-line" style="font-weight:600">{html.escape(why_line(c))}</div>'
     return (f'<div class="sv-summary">{why}<div class="sv-badges">{badge}</div>{texts}'
             f'<div class="sv-cards">{items}</div><div class="sv-settings">{html.escape(settings)}</div></div>')
 
