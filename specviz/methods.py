@@ -92,6 +92,7 @@ METHODS: dict[str, MethodSpec] = {s.name: s for s in (
                layout=("medusa_heads",), small=True, tree_from="heads"),
     MethodSpec("layerskip", "LayerSkip", "the target's own first layers and a trained exit adapter",
                "trained", "chain", "specviz.engines.layerskip:build", trained=True, chain=True, gamma=_CHAIN_GAMMA,
+               checkable=True, drafter="specviz.engines.layerskip_chain:LayerSkipChainDrafter",
                module="specviz.drafters.modules:ExitAdapter", loss="specviz.train.losses:layerskip_loss",
                layout=("exit_layer",), small=True),
     MethodSpec("draft", "distilled draft model",

@@ -39,6 +39,7 @@ class Drafter:
         self.dtype = next(module.parameters()).dtype  # what the module computes in (module_dtype)
         self.target_embed = target_model.get_input_embeddings()
         self.final_norm = target_model.get_decoder().norm  # layerskip exits through the target's own norm
+        self.target_model = target_model  # layerskip drafts through its first layers (engines/layerskip_chain.py)
         output = target_model.get_output_embeddings()
         weight = output.weight
         self.vocab_ids = vocab_ids  # (N,) or None for the full vocabulary

@@ -1,6 +1,9 @@
 """The "Check a drafter" tab: `specviz check`, interactive. Is a drafter compatible with the target, is decoding with
 it exact, does it pay on this machine? The work is done by specviz.check.run / report; this module builds the tab's
-components and wiring inside the caller's gr.Blocks and turns the report into cards, plots and files.
+components and wiring inside the caller's gr.Blocks and turns the report into cards, plots and files. The drafter
+list is the registry's checkable methods (specviz/methods.py), and the draft field follows the method: a draft model
+for one that drafts with one, the shipped drafter (or a folder) for a trained kind, nothing for prompt lookup. Its
+messages are the app's own: a browser user has no command-line flags to omit.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from specviz.ui.common import (
 )
 from specviz.ui.logic import user_message
 
+SHIPPED = "shipped"  # the draft field's value for the drafter specviz ships for the target (a trained kind)
 TARGET_CHOICES = [DEFAULT_TARGET, "HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-360M-Instruct"]
 CHECK_SAMPLES_MAX = 2000   # the tab's sliders: also what its GPU duration is sized for
 CHECK_TOKENS_MAX = 256
@@ -72,6 +76,53 @@ def check_figures_html(data: dict) -> str:
     return cards_html(cards)
 
 
+def method_info() -> str:
+    """The drafter list's info line, from the registry."""
+    by_family: dict[str, list[str]] = {}
+    for name in CHECK_METHODS:
+        by_family.setdefault(methods.spec(name).family, []).append(name)
+    label = {"draft model": "a draft model", "lookup": "prompt lookup", "trained": "trained drafters"}
+    return " · ".join(f"{', '.join(names)}: {label.get(family, family)}" for family, names in by_family.items())
+
+
+def draft_field(method: str, pair: hardware.Pair = hardware.EMBEDDED_PAIR, public: bool = False) -> dict:
+    """The draft field for `method`: visible or not, its label, choices, value and info (a gr.update's keywords)."""
+    s = methods.spec(method)
+    if s.uses_draft_model:
+        return dict(visible=True, label="Draft model", choices=choices_with_default(pair.draft, DRAFT_CHOICES),
+                    value=pair.draft, allow_custom_value=not public,
+                    info="an int8 copy of the target, or a model sharing its vocabulary")
+    if s.trained:
+        return dict(visible=True, label=f"{s.label} drafter", choices=[SHIPPED], value=SHIPPED,
+                    allow_custom_value=not public,
+                    info=f"“{SHIPPED}”: the {s.label} drafter specviz ships for the target" + (
+                        "" if public else f"; or the folder of one trained here (python -m specviz train {s.name})"))
+    return dict(visible=False, value=None, choices=[], label="Draft model",
+                info=f"{s.label} drafts without a model of its own")
+
+
+def _hub_id(value: str) -> bool:
+    return value.count("/") == 1 and not value.startswith((".", "/", "~"))
+
+
+def trained_draft(method: str, target_name: str, draft) -> "str | None":
+    """The trained drafter's folder for the app (None: the shipped one), checked with the app's wording (the CLI's
+    names its flags)."""
+    from specviz import engines
+
+    value = str(draft or "").strip()
+    if value in ("", SHIPPED, DEFAULT_DRAFT, hardware.default_pair().draft):
+        if not (engines.SHIPPED / f"{target_name}-{method}").is_dir():
+            raise ConfigError(f"no {method} drafter is shipped for target {target_name!r}: train one on this machine "
+                              f"(python -m specviz train {method}) and give its folder in the drafter field, or pick "
+                              "another drafter")
+        return None
+    if not Path(value).is_dir() and not _hub_id(value):
+        raise ConfigError(f"drafter folder {value!r} does not exist on this machine: give a folder written by "
+                          f"python -m specviz train {method}, or pick “{SHIPPED}” for the drafter specviz ships")
+    return value
+
+
 def check_options(gamma, temperature, samples, max_new_tokens):
     """Form values -> CheckOptions, lighter than the CLI's in the parts a user does not choose here
     (a CPU Space should answer in about a minute)."""
@@ -107,7 +158,7 @@ def run_check_ui(target: str = DEFAULT_TARGET, method: str = "vanilla", draft: s
         if methods.spec(method).uses_draft_model:
             policy.check_model(draft, "draft")
         elif method in CHECKED_TRAINED:  # the shipped drafter; a local folder or Hub id only in private mode
-            draft = None if policy.public or draft in (DEFAULT_DRAFT, hardware.default_pair().draft) else draft
+            draft = trained_draft(method, target, None if policy.public else draft)
         progress(0, desc="loading the models")
         target_model = models.get(target)
         drafter, draft_model = check.drafter_for(method, target_model, draft)
@@ -166,13 +217,9 @@ def check_tab(concurrency_id: str = DEVICE_QUEUE, pair: hardware.Pair = hardware
         with gr.Row():
             target = gr.Dropdown(choices_with_default(pair.target, TARGET_CHOICES), value=pair.target,
                                  label="Target model", allow_custom_value=True, elem_id="check-target")
-            method = gr.Dropdown(list(CHECK_METHODS), value="vanilla", label="Drafter",
-                                 info="vanilla: a draft model · pld: prompt lookup · eagle, draft: trained drafters",
+            method = gr.Dropdown(list(CHECK_METHODS), value="vanilla", label="Drafter", info=method_info(),
                                  elem_id="check-method")
-            draft = gr.Dropdown(choices_with_default(pair.draft, DRAFT_CHOICES), value=pair.draft,
-                                label="Draft model (vanilla) or drafter folder", allow_custom_value=True,
-                                info="int8 copy, or a model sharing the vocabulary; eagle/draft: the shipped one",
-                                elem_id="check-draft")
+            draft = gr.Dropdown(**draft_field("vanilla", pair, Policy.from_env().public), elem_id="check-draft")
             gamma = gr.Dropdown(GAMMAS, value="4", label="γ (drafted tokens per step)", elem_id="check-gamma")
         with gr.Row():
             temperature = gr.Slider(0.05, 2.0, value=1.0, step=0.05, label="Temperature for the sampling test",
@@ -197,6 +244,8 @@ def check_tab(concurrency_id: str = DEVICE_QUEUE, pair: hardware.Pair = hardware
             json_file = gr.File(label="JSON report", elem_id="check-json", interactive=False)
             html_file = gr.File(label="HTML report (self-contained, opens offline)", elem_id="check-html",
                                 interactive=False)
+        method.change(lambda m: gr.update(**draft_field(m, pair, Policy.from_env().public)), inputs=[method],
+                      outputs=[draft], api_visibility="private", queue=False, show_progress="hidden")
         run.click(zerogpu.gpu(run_check_ui, check_gpu_seconds),
                   inputs=[target, method, draft, gamma, temperature, samples, prompts, max_new_tokens],
                   outputs=[verdict, figures, plot_fidelity, plot_alpha, plot_gamma, plot_batch, json_file, html_file],
