@@ -42,6 +42,9 @@ class MethodSpec:
     small: bool = False              # a one-layer drafter: bf16 on specviz's row kernel beside a bf16 CPU target
     tree_from: str = ""              # how its tree is chosen: "heads" (rank accuracy per head, drafting cost once a
                                      # step) | "depths" (per draft depth, cost per level) | "" (no tree)
+    exporter: str = ""               # "module:attribute" of its export for serving engines (serving.export_common.
+                                     # DrafterExport: `python -m specviz export NAME`, `serve --drafter NAME`); "" none
+    tuned: bool = False              # the race grid times its defaults (γ, lookup, retrieve): tuning.py, hardware.adopt
 
     @property
     def tree(self) -> bool:
@@ -79,17 +82,19 @@ METHODS: dict[str, MethodSpec] = {s.name: s for s in (
                chain=True, checkable=True, gamma=_CHAIN_GAMMA, drafter="specviz.engines.draft_model:ModelDrafter"),
     MethodSpec("pld", "prompt lookup", "continues the last n-gram from where it appeared earlier in the context",
                "lookup", "chain", "specviz.engines.pld:build", chain=True, checkable=True, gamma=_CHAIN_GAMMA,
-               drafter="specviz.engines.pld:PromptLookupDrafter"),
+               drafter="specviz.engines.pld:PromptLookupDrafter", tuned=True),
     MethodSpec("eagle", "EAGLE", "one trained decoder layer over the target's features, drafting a tree",
                "trained", "tree", "specviz.engines.eagle:build", trained=True, grafts=("lookup", "retrieve"),
                chain=True, checkable=True, gamma=_TREE_GAMMA, drafter="specviz.engines.eagle:EagleDrafter",
                module="specviz.drafters.modules:Eagle", loss="specviz.train.losses:eagle_loss",
-               layout=("feature_layers",), small=True, tree_from="depths"),
+               layout=("feature_layers",), small=True, tree_from="depths",
+               exporter="specviz.serving.export_eagle:EXPORT", tuned=True),
     MethodSpec("medusa", "Medusa", "trained heads on the target's last hidden state, proposing a candidate tree",
                "trained", "tree", "specviz.engines.medusa:build", trained=True, grafts=("lookup", "retrieve"),
                chain=True, checkable=True, gamma=_TREE_GAMMA, drafter="specviz.engines.medusa:MedusaChainDrafter",
                module="specviz.drafters.modules:Medusa", loss="specviz.train.losses:medusa_loss",
-               layout=("medusa_heads",), small=True, tree_from="heads"),
+               layout=("medusa_heads",), small=True, tree_from="heads",
+               exporter="specviz.serving.export_medusa:EXPORT"),
     MethodSpec("layerskip", "LayerSkip", "the target's own first layers and a trained exit adapter",
                "trained", "chain", "specviz.engines.layerskip:build", trained=True, chain=True, gamma=_CHAIN_GAMMA,
                checkable=True, drafter="specviz.engines.layerskip_chain:LayerSkipChainDrafter",
@@ -100,7 +105,7 @@ METHODS: dict[str, MethodSpec] = {s.name: s for s in (
                "trained", "chain", "specviz.engines.draft_model:build_distilled", trained=True, chain=True,
                checkable=True, gamma=_CHAIN_GAMMA, drafter="specviz.engines.draft_model:DistilledDrafter",
                module="specviz.drafters.modules:DraftLM", loss="specviz.train.losses:draft_loss",
-               layout=("draft_layers",)),
+               layout=("draft_layers",), exporter="specviz.serving.export_draft:EXPORT"),
 )}
 
 

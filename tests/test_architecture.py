@@ -251,3 +251,175 @@ def test_the_length_check_finds_a_long_function():
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
     assert long_functions(f"def f():\n{body}\n", "planted.py") == ["planted.py:1 f (81 lines)"]
     assert long_functions("def g():\n    return 1\n", "ok.py") == []
+
+
+# --- floors, C units, sizes and method names (issue 53) ------------------------------------------------------------
+
+# What specviz/core/ must never import: everything that builds on it. core/ is the floor under the engines: it may
+# read the plain values (config, errors, events, metrics, methods, policy, paths) and the model loading (models/).
+ABOVE_CORE = ("specviz.engines", "specviz.train", "specviz.ui", "specviz.serving", "specviz.cli", "specviz.check",
+              "specviz.drafters", "specviz.hardware", "specviz.tuning", "specviz.whatif", "specviz.zerogpu")
+
+
+def upward_imports(graph: dict[str, dict[str, int]], floor: str = "specviz.core",
+                   above: tuple[str, ...] = ABOVE_CORE) -> list[str]:
+    """'module (line n) -> what it imports' for each import from a module of `floor` into one of `above`."""
+    inside = lambda name, prefix: name == prefix or name.startswith(prefix + ".")  # noqa: E731
+    return [f"{m} (line {line}) -> {target}" for m, edges in sorted(graph.items()) if inside(m, floor)
+            for target, line in sorted(edges.items()) if any(inside(target, a) for a in above)]
+
+
+def test_core_imports_nothing_above_it():
+    found = upward_imports(import_graph())
+    assert not found, ("specviz/core/ imports from above it (lazy imports count): move the code up beside its users, "
+                       "or hand core what it needs:\n" + "\n".join(found))
+
+
+def test_the_floor_check_finds_a_planted_upward_import(tmp_path):
+    """The real walk over a planted package: a lazy import inside a core function is found, a sibling is not."""
+    pkg = tmp_path / "specviz"
+    for folder in ("core", "engines"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "core" / "a.py").write_text("from specviz.core import b\n\ndef f():\n    from specviz.engines import x\n")
+    (pkg / "core" / "b.py").write_text("")
+    (pkg / "engines" / "x.py").write_text("from specviz.core import a\n")
+    files = {".".join(p.relative_to(tmp_path).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in pkg.rglob("*.py")}
+    graph = {name: {t: line for t, line in reversed(
+        [(t, line) for t, line in imports_of(path, name, set(files))])} for name, path in files.items()}
+    assert upward_imports(graph) == ["specviz.core.a (line 4) -> specviz.engines.x"]
+
+
+def imports_of(path: Path, name: str, known: set[str]) -> list[tuple[str, int]]:
+    """imports() for a file outside this checkout (the planted package above), named `name`."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            source = resolve(node, name, path.name == "__init__.py")
+            out += [(f"{source}.{a.name}" if f"{source}.{a.name}" in known else source, node.lineno)
+                    for a in node.names if f"{source}.{a.name}" in known or source in known]
+    return out
+
+
+KERNELS = PACKAGE / "models" / "kernels"
+C_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*|\"(?:\\.|[^\"\\])*\"", re.S)
+C_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+# a function defined at file scope (not static: static ones cannot be called from another unit)
+C_DEFINITION = re.compile(r"^(?!static\b)[A-Za-z_][\w \t*]*?\b([A-Za-z_]\w*)\s*\([^;{}]*\)\s*\{", re.M)
+C_PROTOTYPE = re.compile(r"^[A-Za-z_][\w \t*]*?\b[A-Za-z_]\w*\s*\([^;{}]*\)\s*;", re.M)  # a declaration, no call
+C_CALL = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
+
+
+def c_text(path: Path, seen: set[Path] | None = None) -> str:
+    """A unit's text without comments or strings, with the headers it #includes (their macros call too) inlined and
+    their prototypes dropped (a declaration is no call)."""
+    seen = set() if seen is None else seen
+    seen.add(path)
+    text = C_COMMENT.sub(" ", path.read_text())
+    for name in C_INCLUDE.findall(text):
+        header = path.parent / name
+        if header.is_file() and header not in seen:
+            text += "\n" + C_PROTOTYPE.sub(" ", c_text(header, seen))
+    return text
+
+
+def c_unit_graph(units: dict[str, str]) -> dict[str, dict[str, int]]:
+    """unit -> {unit whose exported function it calls or whose file it #includes: 1}, from unit texts (c_text)."""
+    defined = {u: set(C_DEFINITION.findall(t)) for u, t in units.items()}
+    graph: dict[str, dict[str, int]] = {}
+    for u, text in units.items():
+        calls = set(C_CALL.findall(C_DEFINITION.sub(" ", text) + " " + " ".join(
+            body for body in re.findall(r"\{(.*)", text, re.S))))
+        graph[u] = {v: 1 for v in units if v != u and (calls & defined[v] or f'"{v}"' in text)}
+    return graph
+
+
+def test_no_circle_between_the_c_units():
+    units = {p.name: c_text(p) for p in sorted(KERNELS.glob("*.c"))}
+    assert len(units) >= 4, sorted(units)
+    graph = c_unit_graph(units)
+    assert graph["llama.c"], "the parser sees llama.c call the packed matmul (RUN_PHASE's wait_phase at least)"
+    found = [" -> ".join(c) for c in cycles(graph)]
+    assert not found, ("the C kernels call each other in a circle: give the shared piece its own unit, or pass "
+                       "values back instead of calling up:\n" + "\n".join(found))
+
+
+def test_the_c_circle_finder_sees_the_old_phase_timer_circle():
+    """packed_linear.c's wait_phase once called llama.c's phase_waited while llama.c called wait_phase."""
+    units = {"llama.c": "void phase_waited(double ns) { x += ns; }\nvoid run(void) { wait_phase(p, 1); }\n",
+             "packed_linear.c": "void phase_waited(double ns);\nvoid wait_phase(phase_t *ph, long n) {\n"
+                                "    phase_waited(1.0);\n}\n"}
+    units = {u: C_PROTOTYPE.sub(" ", t) for u, t in units.items()}
+    assert cycles(c_unit_graph(units)) == [["llama.c", "packed_linear.c", "llama.c"]]
+    units["packed_linear.c"] = "double wait_phase(phase_t *ph, long n) {\n    return 0.0;\n}\n"
+    assert cycles(c_unit_graph(units)) == []
+
+
+MAX_MODULE_LINES = 500
+
+
+def test_no_module_over_500_lines():
+    long = [f"{p.relative_to(ROOT)} ({n} lines)" for p in package_files().values()
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert not long, "modules over 500 lines: split them by concern:\n" + "\n".join(long)
+
+
+def method_comparisons(source: str, label: str, names: set[str]) -> list[str]:
+    """'label:line: the comparison' for each ==, !=, in or not in of a method's name as a string literal (alone or in a
+    literal tuple, list or set): what a method is belongs to its registry entry (specviz/methods.py)."""
+    found = []
+
+    def literals(node) -> list[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return [node.value]
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return [v for e in node.elts for v in literals(e)]
+        return []
+
+    def names_a_method(node) -> bool:  # `x.method`, `x.kind`, `x.name`, `method`, `kind`
+        return (isinstance(node, ast.Attribute) and node.attr in ("method", "kind", "name")
+                or isinstance(node, ast.Name) and node.id in ("method", "kind"))
+
+    for node in ast.walk(ast.parse(source, label)):
+        if isinstance(node, ast.Compare) and all(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn))
+                                                 for op in node.ops):
+            sides = (node.left, *node.comparators)
+            hit = [v for side in sides for v in literals(side)
+                   if v in names - COMMON_WORDS or v in names and any(names_a_method(s) for s in sides)]
+            if hit:
+                found.append(f"{label}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+# Method names that are also ordinary words here: "ar" names the race's plain lane ("ar" beside "spec") and "draft" a
+# drafted position (pos["kind"] == "draft" beside "prompt"). Compared with a literal they count only against a
+# method-like operand (x.method, x.kind, x.name, method, kind); every other method name counts wherever it is compared.
+COMMON_WORDS = {"ar", "draft"}
+
+
+def method_names() -> set[str]:
+    """The registry's method names, read from methods.py's source (nothing imported): each MethodSpec's first
+    argument."""
+    tree = ast.parse((PACKAGE / "methods.py").read_text())
+    names = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") ==
+             "MethodSpec" and n.args and isinstance(n.args[0], ast.Constant)}
+    assert {"ar", "eagle", "medusa", "pld"} <= names, names
+    return names
+
+
+def test_no_method_name_compared_outside_the_registry():
+    names = method_names()
+    found = [f for p in checked_files() if p != PACKAGE / "methods.py"
+             for f in method_comparisons(p.read_text(), str(p.relative_to(ROOT)), names)]
+    assert not found, ("method names compared outside specviz/methods.py: ask the registry (a MethodSpec field) "
+                       "instead:\n" + "\n".join(found))
+
+
+def test_the_method_name_check_sees_each_form():
+    planted = ('if cfg.kind == "eagle":\n    pass\nx = m in ("pld", "z")\ny = "medusa" != k\nz = k == "spec"\n'
+               'a = pos["kind"] == "draft"\nb = cfg.method == "draft"\nc = lane == "ar"\nd = kind in ("ar", "x")\n')
+    assert method_comparisons(planted, "p.py", {"eagle", "pld", "medusa", "draft", "ar"}) == [
+        "p.py:1: cfg.kind == 'eagle'", "p.py:3: m in ('pld', 'z')", "p.py:4: 'medusa' != k",
+        "p.py:7: cfg.method == 'draft'", "p.py:9: kind in ('ar', 'x')"]

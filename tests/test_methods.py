@@ -108,6 +108,19 @@ def test_dotted_paths_resolve_in_their_defining_modules():
                 assert target.__module__ == path.partition(":")[0], f"{path}: defined in {target.__module__}"
 
 
+def test_each_exporter_is_found_through_the_registry():
+    """`export` and `serve` convert exactly the methods whose entry names an exporter, each a DrafterExport."""
+    from specviz.serving import engine_export
+    from specviz.serving.export_common import DrafterExport
+
+    with_export = methods.names(lambda s: bool(s.exporter))
+    assert engine_export.KINDS == with_export and set(with_export) >= {"eagle", "medusa", "draft"}
+    for name in with_export:
+        assert isinstance(methods.load(methods.spec(name).exporter), DrafterExport), name
+        assert engine_export.exporter(name) is methods.load(methods.spec(name).exporter)
+    assert engine_export.exporter("layerskip") is None and engine_export.exporter("nope") is None
+
+
 def test_registry_and_config_are_torch_free():
     code = "import sys, specviz.config, specviz.methods; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

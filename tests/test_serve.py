@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from specviz.cli.main import main
-from specviz.serving import engine_export, engines, local
+from specviz.serving import engine_export, engines, export_medusa, local
 from specviz.serving.prometheus import Watch, parse, shape, shape_verdict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,7 +99,8 @@ def test_a_drafter_for_another_target_is_refused(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     cfg = json.loads((ROOT / "assets/drafters/smollm2-135m-eagle/config.json").read_text())
-    (other / "config.json").write_text(json.dumps({**cfg, "target": "qwen2.5-0.5b", "hidden_size": 896}))
+    (other / "config.json").write_text(json.dumps({**cfg, "target": "qwen2.5-0.5b", "hidden_size": 896,
+                                                       "num_attention_heads": 14, "num_key_value_heads": 2}))
     (other / "model.safetensors").write_bytes((ROOT / "assets/drafters/smollm2-135m-eagle/model.safetensors")
                                               .read_bytes())
     with pytest.raises(engine_export.ExportError, match=r"was trained for qwen2.5-0.5b \(hidden 896, vocab 49152\); "
@@ -135,7 +136,7 @@ def test_medusa_export_is_vllms_layout_and_a_planted_fault_is_caught(tmp_path):
                                                                                  tensors["blocks.0.layers.0.weight"])
     save_file(tensors, out / "model.safetensors")
     with pytest.raises(engine_export.ExportError, match="Medusa heads' logits differ"):
-        engine_export.check_medusa(cfg, state, embed, ids, out)
+        export_medusa.check_medusa(cfg, state, embed, ids, out)
 
 
 # -- the engine's process group ------------------------------------------------------------------------------------

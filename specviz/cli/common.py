@@ -89,7 +89,7 @@ def config_of(args, method: str, grafts: dict | None = None) -> DecodeConfig:
                         **branches)
 
 
-TUNED = registry.names(lambda s: s.name in ("eagle", "pld"))  # the methods whose defaults the race grid times
+TUNED = registry.names(lambda s: s.tuned)  # the methods whose defaults the race grid times
 
 
 def tune(args, target, methods) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from specviz import methods
 from specviz.serving import engines
 
 AGREE = 0.05          # served and local acceptance at a position this close agree (issue 41's tolerance)
@@ -103,7 +104,7 @@ def compare(served: dict, local: dict, dtype_served: str = "float32") -> dict:
                  f"{dtype_served}, local {local['dtype']}; or numerics), so the drafts are judged on other text")
     elif out["agree"]:
         cause = f"agree within {AGREE} at every position; same template, same answers"
-    elif local["method"] == "pld":
+    elif methods.spec(local["method"]).family == "lookup":
         cause = ("likely cause: the engine's n-gram rule differs from specviz's prompt lookup (which match it takes, "
                  "how short a continuation it proposes); same template, same answers")
     else:

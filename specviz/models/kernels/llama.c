@@ -10,6 +10,10 @@ alone gets the bits it gets among drafts, and no padding row is needed. One para
 its threads claim each phase's chunks (a matmul's column groups, rows, (row, head) pairs) as they come (RUN_PHASE). */
 #include <omp.h>
 
+#ifdef PHASE_TIMES
+static void phase_waited(double ns);
+#define PHASE_WAITED(ns) phase_waited(ns)  /* RUN_PHASE's waits, added to the phase timers below */
+#endif
 #include "packed.h"
 
 #define PHASES 10  /* a layer's phases (RUN_PHASE) */
@@ -32,7 +36,7 @@ static __thread int phase_now;
         __VA_ARGS__;                                                                              \
         phase_ns[i][t_][0] += now_ns() - s_;                                                      \
     } while (0)
-void phase_waited(double ns) { phase_ns[phase_now][omp_get_thread_num() & 1][1] += ns; }
+static void phase_waited(double ns) { phase_ns[phase_now][omp_get_thread_num() & 1][1] += ns; }
 void llama_phase_times(double *out) {
     __builtin_memcpy(out, phase_ns, sizeof phase_ns);
     __builtin_memset(phase_ns, 0, sizeof phase_ns);

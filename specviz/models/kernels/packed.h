@@ -40,14 +40,20 @@ typedef struct { long next, done, pad[6]; } phase_t;  /* one cache line each */
             __VA_ARGS__;                                                                         \
             __atomic_fetch_add(&(ph)->done, 1, __ATOMIC_RELEASE);                                \
         }                                                                                        \
-        wait_phase(ph, count);                                                                   \
+        PHASE_WAITED(wait_phase(ph, count));                                                     \
     } while (0)
 
-void wait_phase(phase_t *ph, long count);
+/* What a unit does with the nanoseconds a RUN_PHASE waited (0 unless -DPHASE_TIMES): nothing, unless it defines
+   PHASE_WAITED before including this header (llama.c adds them to its phase timers). So wait_phase calls no other
+   unit: the call graph between the .c files has no circle. */
+#ifndef PHASE_WAITED
+#define PHASE_WAITED(ns) ((void)(ns))
+#endif
+
+double wait_phase(phase_t *ph, long count);  /* returns the nanoseconds it waited under -DPHASE_TIMES, else 0 */
 
 #ifdef PHASE_TIMES  /* experiments/probes/phase_times.py: llama.c times each phase, wait_phase its waits */
 #include <time.h>
-void phase_waited(double ns);
 static inline double now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
