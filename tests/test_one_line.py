@@ -193,7 +193,7 @@ class Payload:
 
 
 def test_resume_reads_a_checkpoint_as_weights_only(tmp_path, capsys):
-    from specviz.train.loop import read_checkpoint
+    from specviz.train.checkpoint import read_checkpoint
 
     good = tmp_path / "checkpoint.pt"
     checkpoint_like_train_writes(good)

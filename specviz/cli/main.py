@@ -16,77 +16,21 @@ from specviz.cli.common import (
     PAIR_HELP,
     InputError,
     check_inputs,
-    config_of,
     decode_args,
     default_pair,
-    draft_for,
     int_arg,
     load_target,
-    tune,
 )
+from specviz.cli.generate import cmd_generate
+from specviz.cli.profile import cmd_profile
 from specviz.cli.serving import SERVING_COMMANDS, serving_parsers
 from specviz.config import DEFAULT_TARGET, GAMMA_MAX
 from specviz.errors import ConfigError
 from specviz.methods import CHECK_METHODS, METHODS, TRAINED_METHODS
 from specviz.train.distill import CHUNK_SIZE as DISTILL_CHUNK
 from specviz.train.distill import DEFAULT_BATCH as DISTILL_BATCH
-from specviz.train.loop import DRAFT_VOCAB, PRECISIONS, TREE_HELD_OUT, TrainOptions
-
-
-def cmd_generate(args) -> int:
-    from specviz import metrics
-    from specviz.config import check_prompt
-    from specviz.engines import session
-    from specviz.serving.export import Exporter
-    from specviz.ui import render
-    from specviz.ui.logic import short_label
-
-    config_of(args, args.method)  # a bad setting fails before the model loads
-    check_prompt(args.prompt)
-    counters = Exporter() if args.metrics_file else None  # --metrics-file: vLLM's spec_decode names
-    if counters:
-        counters.write(args.metrics_file)  # at zero: a path that cannot be written fails before any run
-    target = load_target(args)
-    tune(args, target, [args.method])
-    cfg = config_of(args, args.method)
-    prepared = session.prepare(args.prompt, cfg, target, draft_for(args, cfg.method))
-    colour = sys.stdout.isatty() and not args.no_color or args.color
-    out = sys.stdout
-    lanes = {"ar": [], "spec": []}
-    speculative = registry.spec(cfg.method).speculative
-    stream = prepared.race() if args.race and speculative else (
-        session.Tick("spec", e, 0.0) for e in prepared.spec_steps())
-    out.write(f"── {cfg.method} ──\n")
-    for tick in stream:
-        lanes[tick.lane].append(tick.event)
-        if counters and tick.lane == "spec":
-            counters.observe(tick.event, short_label(cfg))
-        if tick.lane == "spec":
-            out.write(render.to_ansi(render.spans([tick.event]), colour))
-            out.flush()
-    out.write("\n")
-    if speculative:
-        out.write("legend: "
-                  + (render.legend_ansi() if colour else "accepted rejected discarded resampled bonus") + "\n")
-    spec = metrics.summarize(cfg.method, lanes["spec"])
-    line = f"{spec.new_tokens} tokens in {spec.seconds:.2f} s compute = {spec.tok_per_s:.1f} tok/s · τ={spec.tau:.2f}"
-    if spec.alpha is not None:
-        line += f" · α={spec.alpha:.2f}"
-    out.write(line + "\n")
-    if lanes["ar"]:
-        cmp = metrics.compare(lanes["ar"], lanes["spec"], cfg.method, cfg.greedy)
-        out.write(f"AR: {cmp.ar.new_tokens} tokens = {cmp.ar.tok_per_s:.1f} tok/s · speedup {cmp.speedup:.2f}×")
-        if cmp.predicted_speedup is not None:
-            out.write(f" (Leviathan prediction {cmp.predicted_speedup:.2f}× at α={cmp.spec.alpha:.2f}, "
-                      f"γ={cmp.mean_gamma:.1f}, c={cmp.cost_ratio:.2f})")
-        out.write("\n")
-        if cmp.identical is not None:
-            out.write("identical to plain decoding\n" if cmp.identical else
-                      f"differs from plain decoding at token {cmp.first_divergence}\n")
-    if counters:
-        counters.write(args.metrics_file)
-        out.write(f"wrote {args.metrics_file}\n")
-    return 0
+from specviz.train.loop import DRAFT_VOCAB, PRECISIONS, TrainOptions
+from specviz.train.retree import TREE_HELD_OUT
 
 
 def cmd_check(args) -> int:
@@ -397,9 +341,9 @@ def cmd_train(args) -> int:
 
 
 def cmd_tree(args) -> int:
-    """A trained Medusa or EAGLE drafter's tree re-chosen from measurement (train.retree)."""
+    """A trained Medusa or EAGLE drafter's tree re-chosen from measurement (train/retree.py)."""
     from specviz.drafters.config import DrafterError
-    from specviz.train import loop as train
+    from specviz.train.retree import retree
 
     held = int_arg("held-out", args.held_out, 1, 10**6)
     for f in args.data or []:
@@ -407,7 +351,7 @@ def cmd_tree(args) -> int:
             raise InputError(f"data file {f!r} does not exist: give a JSONL(.gz) of self-distillation ids or a "
                              "folder written by `distill`")
     try:
-        train.retree(Path(args.drafter), args.data, held, args.write, log=lambda line: print(line, flush=True),
+        retree(Path(args.drafter), args.data, held, args.write, log=lambda line: print(line, flush=True),
                      profile=Path(args.profile) if args.profile else None)
     except DrafterError as exc:
         raise InputError(str(exc)) from None
@@ -454,43 +398,6 @@ def cmd_distill(args) -> int:
                                 log=lambda line: print(line, flush=True))
     except distill.DistillError as exc:
         raise InputError(str(exc)) from None
-    return 0
-
-
-def cmd_profile(args) -> int:
-    from specviz import hardware, metrics
-    from specviz.core import profile, roofline
-    from specviz.engines.costs import drafter_costs, format_costs
-
-    sizes = profile.SIZES
-    if args.sizes:
-        sizes = tuple(sorted({int_arg("sizes", v, 1, 256) for v in args.sizes.split(",") if v.strip()}))
-        if not sizes:
-            raise InputError(f"sizes={args.sizes!r} is empty: give e.g. 1,2,4,8")
-    reps, context = int_arg("reps", args.reps, 1, 100), int_arg("context", args.context, 1, 4096)
-    target = load_target(args)
-    print(f"target {target.name} on {hardware.describe(target.device, target.dtype)}; verification: {target.guarantee} "
-          f"(attention {target.attention}{', one-token steps padded to two rows' if target.pad_one_row else ''})")
-    prof = profile.verify_profile(target, sizes, context, reps)
-    print(profile.format_profile(prof))
-    roof = roofline.roofline(target.model, target.dtype, prof, roofline.read_bandwidth(target.device))
-    print(roofline.format_roofline(roof))
-    costs = [] if args.no_drafters else drafter_costs(target, draft=args.draft)
-    if costs:
-        for row in costs:
-            if row.get("c") is not None and row.get("alpha") is not None:
-                row["best_gamma"] = metrics.best_gamma(row["alpha"], row["c"], prof)
-                row["predicted_speedup"] = metrics.profiled_speedup(row["alpha"], row["best_gamma"], row["c"], prof)
-        print(format_costs(costs))
-    if args.json:
-        out = {"command": "python -m specviz " + " ".join(sys.argv[1:]), "target": target.name,
-               "hardware": hardware.describe(target.device, target.dtype), "cpu": hardware.cpu_name(),
-               "guarantee": target.guarantee,
-               "pad_one_row": target.pad_one_row, "profile": prof.to_dict(),
-               "ratios": {str(k): prof.ratio(k) for k in prof.tokens}, "roofline": roof.to_dict(), "costs": costs}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=1))
-        print(f"wrote {args.json}")
     return 0
 
 

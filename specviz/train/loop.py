@@ -15,7 +15,6 @@ import functools
 import json
 import math
 import platform
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +28,10 @@ from specviz.drafters.config import DrafterConfig, DrafterError
 from specviz.drafters.modules import load_into
 from specviz.paths import ASSETS
 from specviz.train import distill, templates
+from specviz.train.checkpoint import read_checkpoint
 from specviz.train.features import Batches, autocast, exit_features_for, features_for
-from specviz.train.losses import eagle_depth_accuracy, head_accuracy
-from specviz.train.trees import choose_eagle_tree, choose_tree_for_cost, profile_for
+from specviz.train.losses import head_accuracy
+from specviz.train.trees import choose_eagle_tree, choose_tree_for_cost
 
 DEFAULT_DATA = distill.ORIGINAL
 DRAFT_VOCAB = 8192   # a new drafter's compressed vocabulary: the N tokens most frequent in its training data
@@ -236,28 +236,6 @@ def build_drafter(opts: TrainOptions, spec: methods.MethodSpec, init, target, se
     return module, cfg, vocab_ids
 
 
-CHECKPOINT_KEYS = ("module", "optim", "schedule", "step", "seconds", "rng", "best")
-
-
-def read_checkpoint(path: Path) -> dict:
-    """A training checkpoint (Run.save) loaded with torch.load(weights_only=True): tensors, numbers, strings and
-    containers only; a file holding anything else (pickled code) or missing a part is refused in one line."""
-    import pickle
-
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise DrafterError(f"checkpoint {str(path)!r} refused: it holds more than tensors and plain values (pickled "
-                           "code?); delete it, or drop --resume") from None
-    except (OSError, RuntimeError, EOFError, ValueError) as exc:
-        raise DrafterError(f"checkpoint {str(path)!r} cannot be read ({type(exc).__name__}): delete it, or drop "
-                           "--resume") from None
-    if not isinstance(ckpt, dict) or any(k not in ckpt for k in CHECKPOINT_KEYS):
-        raise DrafterError(f"checkpoint {str(path)!r} is not one `train` wrote (it needs {', '.join(CHECKPOINT_KEYS)})"
-                           ": delete it, or drop --resume")
-    return ckpt
-
-
 @dataclass
 class Run:
     """Stage 3's state: the module, the loss and what it reads (the target's head rows over the draft vocabulary,
@@ -453,84 +431,6 @@ def scored_batch(held_out: list[dict], seqs: list[list[int]], feats: torch.Tenso
 
 
 HELD_SCORED, HELD_LENGTH = 128, 384  # held-out sequences (of at most that length) scored at each checkpoint
-TREE_HELD_OUT = 60  # held-out answers `tree` measures by default
-
-
-def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OUT, write: bool = False, log=print,
-           target=None, profile: Path | None = None) -> dict:
-    """A trained Medusa or EAGLE drafter's tree re-chosen from measurement without retraining: its rank accuracy
-    (Medusa: per head; EAGLE: per draft depth, from its own features, as at training) on `held` held-out answers
-    (the split training uses; default data: the committed ids) and a verify profile (choose_tree_for_cost; default:
-    the committed one, or this machine's from `python -m specviz profile --json`). Returns {"old": tree, "new": tree,
-    "accuracy": ...}; with write, config.json gets the new tree and the figures, and the model card a line saying so."""
-    folder = Path(folder)
-    raw = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else None
-    if raw is None or "kind" not in raw:
-        raise DrafterError(f"{str(folder)!r} is not a drafter trained here (no config.json with a kind)")
-    kind = raw["kind"]
-    spec = methods.METHODS.get(kind)
-    if spec is None or not spec.tree_from:
-        raise DrafterError(f"drafter {str(folder)!r} is a {kind} drafter: only Medusa's and EAGLE's trees "
-                                    "are re-chosen (the others draft a chain)")
-    profile_for(raw["target"], profile)  # a bad profile file is reported before the features are computed
-    from specviz.models import loader as models
-
-    target = target or models.get(raw["target"], torch.device("cpu"), torch.float32, attention="sdpa")
-    examples: list[dict] = []
-    for f in data or [str(DEFAULT_DATA)]:
-        examples += distill.read_chunks(f) if Path(f).is_dir() else distill.read_examples(f)
-    held_out = distill.split(examples)[1][:held]
-    if not held_out:
-        raise DrafterError("no held-out examples in the data: give more (every 20th example is held out)")
-    by_heads = spec.tree_from == "heads"  # Medusa: rank accuracy per head; EAGLE: per draft depth
-    key = "head_rank_accuracy_held_out" if by_heads else "depth_rank_accuracy_held_out"
-    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():  # the features are a map of a file in tmp
-        if by_heads:
-            d = drafters.load(folder, target)
-            cfg = d.cfg
-            feats, seqs = features_for(held_out, target, Path(tmp) / "features.f16", log)
-            accuracy = head_accuracy(d.module.float(), d.head_weight.float(), feats, seqs,
-                                     [len(e["prompt_ids"]) for e in held_out])
-        else:  # as training scores it: the training module, bf16 autocast where the CPU has it
-            cfg, state = drafters.read_layout(folder, target)
-            vocab_ids = state.pop("vocab_ids", None)
-            module = drafters.build_module(cfg)
-            load_into(module, state, str(folder))
-            weight = target.model.get_output_embeddings().weight.detach().float()
-            bf16 = mixed_bf16("auto")
-            feats, seqs = features_for(held_out, target, Path(tmp) / "features.f16", log, tuple(cfg.feature_layers),
-                                       bf16)
-            with autocast(bf16):
-                accuracy = eagle_depth_accuracy(module, weight if vocab_ids is None else weight[vocab_ids.long()],
-                                                target.model.get_input_embeddings(),
-                                                scored_batch(held_out, seqs, feats, len(held_out))).float()
-    old = [list(p) for p in cfg.tree]
-    cfg.training = dict(cfg.training)
-    cfg.training[key] = [[round(float(a), 3) for a in row] for row in accuracy]
-    choose_tree_for_cost(cfg, accuracy, cfg.target, kind, log,
-                         max_size=max(len(old), TrainOptions.tree_size) if by_heads else 32, profile_path=profile)
-    log(f"tree: {len(old)} nodes before, {len(cfg.tree)} now: {cfg.tree}")
-    if write:
-        raw["tree"] = cfg.tree
-        raw["training"] = {**raw.get("training", {}), key: cfg.training[key],
-                           "held_out_sequences_for_tree": len(held_out),
-                           **({"tree_choice": cfg.training["tree_choice"]} if "tree_choice" in cfg.training else {})}
-        (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
-        choice = cfg.training.get("tree_choice", {})
-        given = ((f" --data {' '.join(data)}" if data else "")
-                 + (f" --held-out {held}" if held != TREE_HELD_OUT else "")
-                 + (f" --profile {profile}" if profile else ""))
-        line = (f"\nTree re-chosen without retraining (`python -m specviz tree {folder}{given} --write`): "
-                f"{len(cfg.tree)} nodes instead of {len(old)}, from the {'heads' if by_heads else 'draft depths'}' "
-                f"rank accuracy on {len(held_out)} held-out answers and the verify profile "
-                f"({choice.get('expected_tokens_per_step')} expected tokens per step, predicted "
-                f"{choice.get('predicted_speedup')}x AR).\n")
-        card_path = folder / "README.md"
-        text = card_path.read_text() if card_path.is_file() else ""
-        card_path.write_text(text.split("\nTree re-chosen without retraining")[0].rstrip("\n") + "\n" + line)
-    return {"old": old, "new": cfg.tree, "accuracy": cfg.training[key]}
-
-
 def coverage(vocab_ids: torch.Tensor | None, examples: list[dict]) -> float:
     """The share of answer tokens the draft vocabulary holds (1.0 for the full vocabulary)."""
     share = drafters.coverage(vocab_ids, [t for e in examples for t in e["answer_ids"]])
