@@ -258,7 +258,7 @@ def intro_html(port: Optional[int] = None) -> str:
                      f"<code>python -m specviz watch URL --drafter KIND</code>. {where}")
 
 
-def intro_for(request: gr.Request) -> str:
+def intro_for(request: gr.Request = None) -> str:
     """The intro on each page load, naming the port this app really answers on."""
     return intro_html(served_port(request))
 
