@@ -55,11 +55,11 @@ def test_derived_name_lists_match_the_registry():
     assert logic.SPEC_METHODS == methods.SPECULATIVE == names(lambda s: s.speculative)
     assert shipped(methods.TRAINED_METHODS) == ("eagle", "medusa", "layerskip", "draft")
     assert shipped(methods.CHAIN_METHODS) == ("vanilla", "pld", "eagle", "medusa", "layerskip", "draft")
-    assert shipped(methods.CHECK_METHODS) == ("vanilla", "pld", "eagle", "medusa", "draft")
+    assert shipped(methods.CHECK_METHODS) == ("vanilla", "pld", "eagle", "medusa", "layerskip", "draft")
     assert shipped(methods.SPECULATIVE) == ORDER[1:]
     assert shipped(names(lambda s: "lookup" in s.grafts)) == ("eagle", "medusa")
     assert shipped(drafters.SMALL_KINDS) == ("eagle", "medusa", "layerskip")
-    assert shipped(check.CHECKED_TRAINED) == ("eagle", "medusa", "draft")
+    assert shipped(check.CHECKED_TRAINED) == ("eagle", "medusa", "layerskip", "draft")
     assert shipped(costs.COST_METHODS) == ("vanilla", "eagle", "medusa", "layerskip", "draft")
     assert shipped(tuple(m for m, _ in hardware.CPU_LOOKUPS)) == ("eagle", "medusa")
     assert {n for _, n in hardware.CPU_LOOKUPS} == {hardware.CPU_LOOKUP}
