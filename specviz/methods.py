@@ -106,6 +106,13 @@ METHODS: dict[str, MethodSpec] = {s.name: s for s in (
                checkable=True, gamma=_CHAIN_GAMMA, drafter="specviz.engines.draft_model:DistilledDrafter",
                module="specviz.drafters.modules:DraftLM", loss="specviz.train.losses:draft_loss",
                layout=("draft_layers",), exporter="specviz.serving.export_draft:EXPORT"),
+    MethodSpec("dflash", "DFlash",
+               "a few trained decoder layers over the target's hidden states, drafting a whole block in one forward",
+               "trained", "chain", "specviz.engines.dflash:build", trained=True, chain=True, checkable=True,
+               gamma="drafted tokens per step (at most its block size - 1)",
+               drafter="specviz.engines.dflash:DFlashDrafter", module="specviz.drafters.dflash:DFlash",
+               loss="specviz.train.dflash:dflash_loss",
+               layout=("feature_layers", "block_size", "num_hidden_layers", "mask_token_id")),
 )}
 
 

@@ -134,7 +134,9 @@ def test_untrained_engines_follow_the_registry(tiny_target, tiny_draft):
 
 
 @pytest.mark.parametrize("kind,extra", [("eagle", {"tree": [[0], [1], [0, 0]]}), ("medusa", {"medusa_heads": 2}),
-                                        ("layerskip", {"exit_layer": 1}), ("draft", {"draft_layers": [0]})])
+                                        ("layerskip", {"exit_layer": 1}), ("draft", {"draft_layers": [0]}),
+                                        ("dflash", {"feature_layers": [1, 2], "block_size": 4, "num_hidden_layers": 1,
+                                                    "mask_token_id": 62})])
 def test_trained_engines_follow_the_registry(tmp_path, tiny_target, kind, extra):
     d = random_drafter(tiny_target, kind, torch.arange(0, 64, 2), **extra)
     drafters.save(tmp_path / "d", d.module, d.cfg, d.vocab_ids, "# card\n")

@@ -247,6 +247,10 @@ def train_parser(sub) -> None:
                                                                                 "target layers (default %(default)s)")
     t.add_argument("--draft-layers", default=",".join(map(str, TRAIN_DEFAULTS.draft_layers)),
                    help="draft: the target layers its own layers start from, comma-separated (default %(default)s)")
+    t.add_argument("--block-size", default=str(TRAIN_DEFAULTS.block_size), help="dflash: tokens a block drafted in "
+                   "one forward, the verified one first (default %(default)s)")
+    t.add_argument("--layers", default=str(TRAIN_DEFAULTS.hidden_layers), help="dflash: its own decoder layers "
+                   "(default %(default)s)")
     t.add_argument("--tree-size", default=str(TRAIN_DEFAULTS.tree_size), help="medusa: nodes in the candidate tree; "
                    "for the default target, at most this many, the size chosen from held-out accuracy and the "
                    "committed verify profile (default %(default)s)")
@@ -332,6 +336,7 @@ def cmd_train(args) -> int:
         features=args.features, medusa_heads=int_arg("heads", args.heads, 1, 8),
         tree_size=int_arg("tree-size", args.tree_size, 1, 64),
         exit_layer=int_arg("exit-layer", args.exit_layer, 1, 256),
+        block_size=int_arg("block-size", args.block_size, 2, 64), hidden_layers=int_arg("layers", args.layers, 1, 16),
         draft_layers=_layers_arg(args.draft_layers), resume=args.resume, init=Path(args.init) if args.init else None,
         seed=int_arg("seed", args.seed, 0, 2**31),
         epochs=None if args.epochs is None else int_arg("epochs", args.epochs, 1, 1000),

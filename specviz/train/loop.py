@@ -23,6 +23,7 @@ import torch
 
 from specviz import methods, metrics
 from specviz.config import DEFAULT_TARGET
+from specviz.drafters import dflash
 from specviz.drafters import trained as drafters
 from specviz.drafters.config import DrafterConfig, DrafterError
 from specviz.drafters.modules import load_into
@@ -54,6 +55,8 @@ class TrainOptions:
     tree_size: int = 16                # medusa: nodes in the candidate tree
     exit_layer: int = 10               # layerskip: draft from the hidden state after this many layers
     draft_layers: tuple = (0, 1, 2, 3)  # draft: the target layers its own layers start from
+    block_size: int = 8                # dflash: tokens a block drafted in one forward (the verified one, then masks)
+    hidden_layers: int = 2             # dflash: its own decoder layers
     max_new_tokens: int = 160          # answer length when generating data
     resume: bool = False
     init: Path | None = None           # start from this trained drafter: its weights, layout and vocabulary
@@ -194,7 +197,8 @@ def feature_layers(opts: TrainOptions, spec: methods.MethodSpec, init, n_layers:
     if init:
         return tuple(init[0].feature_layers)
     fused = "feature_layers" in spec.layout and opts.features == "fused"
-    return tuple(drafters.eagle3_layers(n_layers)) if fused else ()
+    pick = getattr(methods.load(spec.module), "default_layers", drafters.eagle3_layers)  # DFlash: its own choice
+    return tuple(pick(n_layers)) if fused else ()
 
 
 def stage_features(examples: list[dict], target, out: Path, prefix: str, log, layers: tuple, exit_layer: int | None,
@@ -227,7 +231,9 @@ def build_drafter(opts: TrainOptions, spec: methods.MethodSpec, init, target, se
     n_vocab = DRAFT_VOCAB if opts.draft_vocab is None else opts.draft_vocab
     vocab_ids = drafters.frequent_vocab(seqs, target.vocab_size, n_vocab) if n_vocab else None
     given = {"medusa_heads": opts.medusa_heads, "exit_layer": opts.exit_layer,
-             "draft_layers": list(opts.draft_layers), "feature_layers": list(layers)}
+             "draft_layers": list(opts.draft_layers), "feature_layers": list(layers), "block_size": opts.block_size,
+             "num_hidden_layers": opts.hidden_layers,
+             "mask_token_id": dflash.mask_token(target.tokenizer, target.vocab_size)}
     extra = {k: given[k] for k in spec.layout}
     cfg = DrafterConfig.for_target(opts.kind, opts.target, target.model.config, n_vocab, **extra)
     module = drafters.build_module(cfg, target.model).train()
