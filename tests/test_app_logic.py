@@ -117,8 +117,23 @@ def test_app_examples_file_matches_the_app():
     from pathlib import Path
 
     rows = [json.loads(line) for line in (Path(__file__).parent.parent / "assets/profiles/app-examples.jsonl").open()]
-    assert [(r["category"], r["prompt"]) for r in rows] == [(c, p) for c, ps in logic.EXAMPLES.items() for p in ps]
-    assert logic.DEFAULT_PROMPT in [r["prompt"] for r in rows]
+    assert [(r["category"], r["prompt"], r["temperature"], r["lesson"], r["shows"]) for r in rows] == [
+        (e.category, e.prompt, e.temperature, title, e.shows) for title, *pair in logic.EXAMPLE_PAIRS for e in pair]
+    assert logic.DEFAULT_PROMPT == rows[0]["prompt"]
+
+
+def test_examples_come_in_labelled_pairs_that_show_both_sides():
+    """Each pair's label names its lesson and each side what it shows; the greedy/sampled pair differs only in its
+    temperature, and the rows carry it (gr.Examples fills the prompt and the temperature)."""
+    rows, labels = logic.example_rows()
+    assert len(rows) == len(labels) == 2 * len(logic.EXAMPLE_PAIRS)
+    assert all(len(r) == 2 and isinstance(r[1], float) for r in rows)
+    titles = [title for title, *_ in logic.EXAMPLE_PAIRS]
+    assert any("repeats" in t for t in titles) and any("sampled" in t for t in titles)
+    for (title, a, b), (la, lb) in zip(logic.EXAMPLE_PAIRS, zip(labels[::2], labels[1::2])):
+        assert la == f"{title} · A: {a.shows}" and lb == f"{title} · B: {b.shows}" and a != b
+        if "sampled" in title:
+            assert (a.prompt, a.temperature, b.temperature) == (b.prompt, 0.0, 0.7)
 
 
 def test_the_tree_panel_opens_on_the_longest_accepted_path_once_the_race_is_done():

@@ -27,35 +27,38 @@ SPEC_METHODS = methods.SPECULATIVE  # AR is always the baseline lane
 UPDATE_INTERVAL_S = 0.25                                # ~4 pane updates per second
 PLOT_INTERVAL_S = 1.0                                   # plots redraw about once a second (and at the end)
 
-# Example prompts by category (our own, not from any benchmark).
-EXAMPLES: dict[str, list[str]] = {
-    "writing": [
-        "Write a short, cheerful poem about a lighthouse keeper who loves tea.",
-        "Write the opening two sentences of a mystery story set on a night train.",
-    ],
-    "coding": [
-        "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
-        "Explain what this Python line does: sorted(words, key=len, reverse=True)[:3]",
-    ],
-    "math": [
-        "A train travels 180 km in 2.5 hours. What is its average speed in km/h? Show your steps.",
-        "What is 15% of 240? Explain briefly.",
-    ],
-    "summarization": [
-        "Summarize in one sentence: Photosynthesis is the process by which green plants use sunlight, water "
-        "and carbon dioxide to make glucose and release oxygen. It happens mainly in the leaves, inside "
-        "chloroplasts that contain the green pigment chlorophyll.",
-    ],
-    "translation": [
-        "Translate into French: The library opens at nine and closes at six on weekdays.",
-    ],
-    "QA": [
-        "Why is the sky blue?",
-        "What causes the seasons on Earth?",
-    ],
-}
-# the CPU's default race (EAGLE with prompt lookup's branch) also drafts from its own words
-DEFAULT_PROMPT = EXAMPLES["writing"][0]
+@dataclass(frozen=True)
+class Example:
+    """One example race: a prompt, the temperature it runs at (0 = greedy) and what it shows beside its pair."""
+    category: str
+    prompt: str
+    temperature: float
+    shows: str
+
+
+# The examples come in labelled pairs, each showing both sides of one lesson (our own prompts, not from any benchmark;
+# assets/profiles/app-examples.jsonl holds the same, for `bench --prompts`). Measured with EAGLE's tree and prompt
+# lookup's branch (eagle:1+pld:3, 128 tokens): the poem kept 63% copies of earlier text (40% of its answer), the sky
+# none; the Fibonacci function kept α 0.45 greedy and 0.31 at 0.7; the seasons 128 tokens at α 0.39, the French
+# sentence 43 tokens at α 0.09 (on 2 busy cores; the commit message has the command).
+EXAMPLE_PAIRS: tuple[tuple[str, Example, Example], ...] = (
+    ("repeats or not",
+     Example("writing", "Write a short, cheerful poem about a lighthouse keeper who loves tea.", 0.0,
+             "a poem that repeats: copies pay"),
+     Example("QA", "Why is the sky blue?", 0.0, "new words each line: drafter only")),
+    ("greedy or sampled",
+     Example("coding", "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
+             0.0, "code, greedy: top token kept"),
+     Example("coding", "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
+             0.7, "the same, sampled at 0.7: fewer kept")),
+    ("long or short",
+     Example("QA", "What causes the seasons on Earth?", 0.0, "a long explanation: room to guess"),
+     Example("translation", "Translate into French: The library opens at nine and closes at six on weekdays.", 0.0,
+             "one French sentence: little kept")),
+)
+EXAMPLES: tuple[Example, ...] = tuple(e for _, a, b in EXAMPLE_PAIRS for e in (a, b))
+# the first pair's first side: a poem whose answer repeats itself (the summary's first line says how much it copied)
+DEFAULT_PROMPT = EXAMPLES[0].prompt
 LANE_TITLES = {"ar": "Plain autoregressive", "spec": "Speculative ({method})"}
 
 
@@ -70,13 +73,14 @@ def short_label(cfg: DecodeConfig) -> str:
     return cfg.method + "+pld" * bool(cfg.lookup) + "+ret" * bool(cfg.retrieve)
 
 
-def example_rows() -> tuple[list[list[str]], list[str]]:
-    """(examples, labels) for gr.Examples: one row per prompt, labelled by its category."""
+def example_rows() -> tuple[list[list], list[str]]:
+    """(examples, labels) for gr.Examples over (prompt, temperature): one row per example, its pair's lesson and
+    what this side shows as its label."""
     rows, labels = [], []
-    for category, prompts in EXAMPLES.items():
-        for prompt in prompts:
-            rows.append([prompt])
-            labels.append(f"{category}: {prompt[:48]}{'…' if len(prompt) > 48 else ''}")
+    for title, *pair in EXAMPLE_PAIRS:
+        for side, e in zip("AB", pair):
+            rows.append([e.prompt, e.temperature])
+            labels.append(f"{title} · {side}: {e.shows}")  # short: gr.Examples cuts a label at ~50
     return rows, labels
 
 
