@@ -57,7 +57,8 @@ def main() -> None:
     try:
         calibration.mode()  # a bad SPECVIZ_CALIBRATE: one line, before anything loads
     except ConfigError as exc:
-        sys.exit(f"specviz: {exc}")
+        print(f"specviz: {exc}", file=sys.stderr)
+        sys.exit(2)  # bad input, as the CLI answers it
     on_zero_gpu = zerogpu.activate()  # imports spaces before any model touches CUDA
     if on_zero_gpu:
         startup.warm_up(on_zero_gpu=True)  # before launch: ZeroGPU's workers inherit what is loaded

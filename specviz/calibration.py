@@ -177,6 +177,7 @@ def measure(target, say: Say) -> Calibration:
     from specviz import tuning
     from specviz.core.profile import APP_REPS, APP_SIZES, keep, verify_profile
 
+    say("measuring this machine: memory bandwidth…")
     key, bw = machine_key(target), quick_bandwidth(target.device.type)
     say(f"measuring this machine: T(k) 0/{len(APP_SIZES)}…")
     # measured here, not through profile_of: `say` may wait for a race to end, and a race reads profile_of
@@ -209,6 +210,7 @@ def calibrate(target, say: Optional[Say] = None) -> Outcome:
         else:
             kept, why = None, "SPECVIZ_CALIBRATE=1"
             if how != "always":
+                say("checking this machine's kept calibration…")
                 kept, why = load(machine_key(target), lambda: quick_bandwidth(target.device.type))
             if kept is not None:
                 profile.keep(target, kept.profile)

@@ -250,3 +250,14 @@ def test_the_progress_line_and_a_failed_start_up():
     assert state.done and state.failed and done.wait(10)
     line = startup.line_html(state)
     assert "⚠" in line and "start-up failed (RuntimeError" in line and "shipped default" in line
+
+
+def test_the_app_refuses_a_bad_env_var_in_one_line_before_loading(monkeypatch, capsys):
+    import app
+
+    monkeypatch.setenv(calibration.ENV, "yes")
+    monkeypatch.setattr(app, "build_ui", lambda: pytest.fail("the app went on to build"))
+    with pytest.raises(SystemExit) as done:
+        app.main()
+    err = capsys.readouterr().err.strip()
+    assert done.value.code == 2 and err.startswith("specviz: SPECVIZ_CALIBRATE='yes'") and "\n" not in err

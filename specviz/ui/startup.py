@@ -27,6 +27,7 @@ from specviz.ui.logic import DEFAULT_PROMPT, make_config, race_result
 log = logging.getLogger("specviz.startup")
 
 TICK_S = 1.0  # how often an open page asks for the start-up's progress, until it is ready
+MEASURING = ("measuring", "checking")  # the steps that time this machine: they wait for the races running to end
 STYLE = "font-size: 0.9em; opacity: 0.85; margin: 2px 0"  # a small line (the race tab's style.css is not ours)
 
 
@@ -49,11 +50,12 @@ class Startup:
         return self.begun and not self.done
 
     def say(self, line: str) -> None:
-        """The warm-up's next step (logged too). While measuring, wait here for the races running to end."""
+        """The warm-up's next step (logged too). A step that times this machine (MEASURING) waits here for the races
+        running to end."""
         with self._cond:
             self.line = line
             log.info("%s", line)
-            if line.startswith("measuring") and self.races:
+            if line.startswith(MEASURING) and self.races:
                 self.line = f"{line} (paused while a race runs)"
                 self._cond.wait_for(lambda: self.races == 0)
                 self.line = line
@@ -191,7 +193,6 @@ def warm_up(say: Optional[Callable[[str], None]] = None, on_zero_gpu: bool = Fal
     race_result(DEFAULT_PROMPT, make_config(pair.method, pair.gamma, lookup=pair.lookup_for(pair.method),
                                             retrieve=pair.retrieve_for(pair.method), max_new_tokens=16),
                 pair.draft, pair.target)
-    say("checking this machine's kept calibration…")
     why = hardware.adopt(target, say)  # the default race, chosen from this machine's T(k) and step costs
     if why:
         print(f"specviz: {why}", flush=True)
