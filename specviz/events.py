@@ -34,6 +34,8 @@ class DraftToken:
     head: int = 0                         # which drafter head proposed it (Medusa); 0 for chains;
                                           # LOOKUP_HEAD, RETRIEVAL_HEAD: grafted
     rank: int = 0                         # rank among the head's top-k candidates (trees)
+    p_top1: Optional[float] = None        # the target's two largest probabilities where it refused this token
+    p_top2: Optional[float] = None        # (REJECTED only, else None): a small gap is a near-tie (check/misses.py)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny import TinyTokenizer
 
 from specviz import metrics
-from specviz.check import measure, stats
+from specviz.check import measure, misses_report, stats
 from specviz.check import run as check
 from specviz.check.options import CheckOptions
 from specviz.cli.main import main
@@ -137,6 +138,88 @@ def test_a_real_greedy_divergence_is_a_bug_and_named(tiny_target):
     assert not correct and verdict.startswith("INCORRECT: greedy output differs from AR") and "token 5" in verdict
 
 
+# ── why it misses: a drafter planted to miss only after newlines ────────────────────────────────────
+
+NEWLINES = frozenset(range(0, 64, 4))  # the tiny vocabulary's tokens that read as a line break here
+
+
+class NewlineTokenizer(TinyTokenizer):
+    """The tiny tokenizer, with every fourth token reading as a line break."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join("\n" if i in NEWLINES else f"<{i}>" for i in ids)
+
+
+class MissesAfterNewline:
+    """Drafts the target's own greedy token (it is the target), except right after a line break, where it drafts
+    another token: a drafter that misses only after newlines."""
+    name = "misses after newlines"
+
+    def __init__(self, model):
+        self.inner = ModelDrafter(model)
+
+    def session(self, vocab_size, eos_ids):
+        return _NewlineSession(self.inner.session(vocab_size, eos_ids))
+
+
+class _NewlineSession:
+    def __init__(self, inner):
+        self.inner = inner
+
+    def propose(self, tokens, gamma, cfg, generator):
+        drafted = []
+        while len(drafted) < gamma:
+            best = int(self.inner.lm.logits(tokens, drafted)[0, :self.inner.vocab_size].argmax())
+            drafted.append((best + 1) % self.inner.vocab_size if (list(tokens) + drafted)[-1] in NEWLINES else best)
+        q = torch.nn.functional.one_hot(torch.tensor(drafted), self.inner.vocab_size).float()  # exact copies
+        return Proposal(drafted, q, len(drafted))
+
+    def rollback(self, n_valid):
+        self.inner.rollback(n_valid)
+
+
+def test_check_names_a_drafter_that_misses_after_newlines(tiny_target):
+    """The check's "why it misses" names "after a newline" first (report, JSON, HTML): every refusal there, none
+    elsewhere; the histogram, the near-tie share and both position curves are in the report."""
+    from specviz.check import report as html_report
+    from specviz.models.loader import LoadedModel
+
+    model = LoadedModel("tiny-newlines", tiny_target.model, NewlineTokenizer(64, 63), tiny_target.device,
+                        tiny_target.dtype)
+    prompts = [{"id": 1, "category": "a", "prompt": "1 2 3 5"}, {"id": 2, "category": "b", "prompt": "9 7 1 2 3"}]
+    options = CheckOptions(**{**FAST, "samples": 40, "max_new_tokens": 48, "synthetic_samples": 0})
+    result = check.run_check(model, MissesAfterNewline(model), prompts=prompts, options=options)
+    assert result.correct, result.verdict
+    d = json.loads(json.dumps(result.to_dict()))
+    why = d["misses"]
+    first = why["contexts"][0]
+    assert why["refusals"] > 3 and first["context"] == "after a newline", why["contexts"]
+    assert first["refusals"] == why["refusals"] and first["miss_rate"] == 1.0  # it misses every one, and only those
+    assert all(c["refusals"] == 0 for c in why["contexts"][1:]) and len(why["contexts"]) > 1
+    assert all(t["context"] == "after a newline" for t in why["top_missed"]) and len(why["top_missed"]) <= 10
+    assert sum(why["accepted_length"]) == why["steps"] and set(why["accepted_length_by_category"]) == {"a", "b"}
+    assert why["near_ties"] + why["disagreements"] == why["refusals"] and why["gap_unknown"] == 0  # every top-2 kept
+    pos = why["position"]
+    assert len(pos["conditional"]) == len(pos["unconditional"]) == 4
+    assert pos["conditional"][0] == pytest.approx(d["payoff"]["alpha_by_position"][0])
+    html = html_report.to_html(d)
+    part = html[html.index("4 · Why does it miss?"):]
+    assert part.index("after a newline") < min(part.index(c) for c in ("start of a word", "start of the answer")
+                                               if c in part)
+    for label in ("Accepted length: steps that kept k drafts", "refusals at near ties", "Tokens it misses most",
+                  "conditional", "unconditional"):
+        assert label in part, label
+    from specviz.check.report import figures
+    from specviz.ui.check import check_figures_html
+
+    tab = check_figures_html(d)  # the app's Check tab: the cards, then the tables
+    assert "refusals at near ties" in tab and "missed most" in tab and 'id="check-misses"' in tab
+    assert tab.index("after a newline") < tab.index("Tokens it misses most")
+    figs = figures(d)
+    assert {t.name for t in figs["alpha_position"].data} == {misses_report.CONDITIONAL, misses_report.UNCONDITIONAL}
+    assert figs["accepted_length"] is not None and figs["gaps"] is not None
+
+
 # ── the real pair ───────────────────────────────────────────────────────────────────────────────────
 
 class GreedyDraftBug:
@@ -215,6 +298,11 @@ def test_check_cli_reports_on_real_pair(target, tmp_path, capsys, which):
     assert "Does it copy? first draft accepted" in html
     assert ("tokens holds" in html and "it can never draft the rest" in html) == (vocab is not None)
     assert not re.search(r"<script[^>]+src=", html)  # self-contained: plotly.js is inlined, nothing is fetched
+    why = d["misses"]  # why it misses, over the greedy runs
+    assert why["steps"] > 0 and sum(why["accepted_length"]) == why["steps"] and why["contexts"]
+    assert why["gap_unknown"] == 0 and why["near_ties"] + why["disagreements"] == why["refusals"]
+    assert why["position"]["conditional"] == pytest.approx(d["payoff"]["alpha_by_position"])
+    assert "4 · Why does it miss?" in html and "Acceptance by draft position" in html
 
 
 def test_check_cli_bad_input_is_one_line(capsys):

@@ -6,6 +6,7 @@ from typing import Optional
 
 import plotly.graph_objects as go
 
+from specviz.check import misses_report
 from specviz.core.lookup import first_draft_sentence
 from specviz.metrics import vocab_sentence
 
@@ -215,7 +216,8 @@ def batch_figure(p: dict) -> Optional[go.Figure]:
     return None
 
 
-def _payoff(p: dict, options: dict, fig: Figures) -> str:
+def _payoff(p: dict, options: dict, fig: Figures, positions: bool = True) -> str:
+    """Part 3; `positions`: with the α_i figure (left to part 4's curves when the report has them)."""
     g = round(p["gamma_mean"]) if p["gamma_mean"] else None
     kpis = [("α acceptance rate", fmt(p["alpha"])), ("τ tokens / target forward", fmt(p["tau"])),
             ("c cost ratio", fmt(p["cost_ratio"], ".3f")),
@@ -248,7 +250,8 @@ def _payoff(p: dict, options: dict, fig: Figures) -> str:
         ["category", "prompts", "tokens", "α", "τ", "speedup"],
         [[escape(c["name"]), str(c["prompts"]), str(c["new_tokens"]), fmt(c["alpha"]), fmt(c["tau"]),
           fmt(c["speedup"]) + "×"] for c in p["by_category"]], {1, 2, 3, 4, 5}))
-    figs = [fig(f) for f in (alpha_position_figure(p), gamma_figure(p), profile_figure(p), batch_figure(p)) if f]
+    figs = [fig(f) for f in (alpha_position_figure(p) if positions else None, gamma_figure(p), profile_figure(p),
+                             batch_figure(p)) if f]
     prof = p["profile"]
     out.append('<div class="grid">' + "".join(figs) + "</div>")
     if prof:
@@ -277,10 +280,13 @@ def _payoff(p: dict, options: dict, fig: Figures) -> str:
 
 
 def figures(report: dict) -> dict[str, Optional[go.Figure]]:
-    """The report's figures by name (None where the run has no data for one), for the app's plots."""
-    p = report["payoff"]
-    return {"fidelity": fidelity_figure(report["fidelity"]), "alpha_position": alpha_position_figure(p),
-            "gamma": gamma_figure(p), "profile": profile_figure(p), "batch": batch_figure(p)}
+    """The report's figures by name (None where the run has no data for one), for the app's plots; acceptance by
+    position both conditional and unconditional where the report says why it misses."""
+    p, why = report["payoff"], misses_report.figures(report.get("misses") or {})
+    return {"fidelity": fidelity_figure(report["fidelity"]),
+            "alpha_position": why["position"] or alpha_position_figure(p), "gamma": gamma_figure(p),
+            "profile": profile_figure(p), "batch": batch_figure(p), "accepted_length": why["accepted_length"],
+            "gaps": why["gaps"]}
 
 
 def to_html(report: dict) -> str:
@@ -292,6 +298,7 @@ def to_html(report: dict) -> str:
     gamma = opts["gamma"]
     fid = dict(report["fidelity"], p_value_min=opts["p_value_min"])
     g = report["greedy"]
+    why = (report.get("misses") or {}).get("steps")
     ties = f" {g['near_ties']} near-tie flips (top-2 gap < {opts['near_tie']:g})." if g["near_ties"] else ""
     body = [
         f"<h1>specviz check: {escape(report['drafter'])} drafting for {escape(report['target'])}</h1>",
@@ -310,7 +317,8 @@ def to_html(report: dict) -> str:
         _greedy(g),
         "<h3>Exact sampling on the real pair</h3>", _fidelity(fid, fig),
         "<h3>Synthetic p/q suite</h3>", _synthetic(report["synthetic"]),
-        "<h2>3 · Does it pay?</h2>", _payoff(report["payoff"], opts, fig),
+        "<h2>3 · Does it pay?</h2>", _payoff(report["payoff"], opts, fig, positions=not why),
+        "<h2>4 · Why does it miss?</h2>" + misses_report.section(report.get("misses"), fig, table) if why else "",
         "<p class='meta'>Part timings (wall s): " + ", ".join(f"{k} {v:.1f}" for k, v in report["seconds"].items())
         + ". All figures are in the JSON report (<code>--json</code>).</p>",
     ]

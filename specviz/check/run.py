@@ -10,7 +10,9 @@ answers, in order:
    (chi-square and TV against warp(target logits)), and the synthetic p/q suite of verify_chain;
 3. does it pay: α and τ per category and per draft position, the cost ratio c, the measured speedup
    beside the Leviathan prediction, the best γ, and a target latency profile (1 … 64 tokens per forward)
-   from which the speedup is predicted as the batch grows.
+   from which the speedup is predicted as the batch grows;
+4. why it misses (misses.py, over the greedy runs): the accepted-length histogram, the target's top-2 gap at each
+   refusal (near ties against real disagreements), the contexts and tokens missed most, acceptance by position.
 
 The CLI (`python -m specviz check`) and the app both call run_check; report.py renders the HTML.
 """
@@ -25,7 +27,7 @@ from typing import Callable, Optional
 import torch
 
 from specviz import methods, metrics
-from specviz.check import stats
+from specviz.check import misses, stats
 from specviz.check.measure import (
     Fidelity,
     Payoff,
@@ -195,6 +197,7 @@ class CheckReport:
     payoff: Payoff
     seconds: dict                # wall seconds per part
 
+    misses: dict = field(default_factory=dict)  # why it misses, over the greedy runs (check/misses.py)
     def to_dict(self) -> dict:
         return {
             "verdict": self.verdict, "correct": self.correct, "problems": self.problems,
@@ -211,6 +214,7 @@ class CheckReport:
             "synthetic": [c.to_dict() for c in self.synthetic],
             "payoff": self.payoff.to_dict(),
             "seconds": self.seconds,
+            "misses": self.misses,
         }
 
 
@@ -332,4 +336,4 @@ def run_check(target: LoadedModel, drafter: Drafter, draft: Optional[LoadedModel
     return CheckReport(verdict, correct, problems, target.name, getattr(drafter, "name", type(drafter).__name__),
                        method, _environment(target), opts, compat, results,
                        sum(1 for r in results if r.divergence and r.divergence.near_tie), fidelity, synthetic, pay,
-                       seconds)
+                       seconds, misses.analyse((r.category, events) for r, events in zip(results, spec_runs)))

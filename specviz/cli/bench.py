@@ -130,16 +130,32 @@ def cmd_bench(args) -> int:
             counters.write(args.metrics_file)
     summary = with_fastest_plain([_summarize_rows(m, [r for r in rows if r["method"] == m])
                                   for m in dict.fromkeys(r["method"] for r in rows)])
+    why = why_it_misses(summary, prompts, runs)
     report = _bench_report(args, target, base, summary, rows)
     tables = what_if_tables(target, built, methods, runs, args.what_if) if args.what_if else {}
     report["what_if"] = {label: t["rows"] for label, t in tables.items()} or None
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1))
     print(format_summary(summary))
+    for label, line in why.items():
+        print(f"{label}: {line}")
     for label, t in tables.items():
         print(f"\n{label}: {t['text']}")
     print(f"wrote {args.json}")
     return 0
+
+
+def why_it_misses(summary: list[dict], rows: list[dict], runs: dict) -> dict[str, str]:
+    """Each speculative method's summary gets "misses" (check/misses.py over its events, by the prompts'
+    categories); returns its one-line summary by method."""
+    from specviz.check import misses
+
+    lines = {}
+    for s in summary:
+        if s["method"] in runs:
+            s["misses"] = misses.analyse((row["category"], events) for row, (events, _) in zip(rows, runs[s["method"]]))
+            lines[s["method"]] = misses.summary_line(s["misses"])
+    return lines
 
 
 def what_if_values(values: list[str] | None) -> list:

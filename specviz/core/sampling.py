@@ -112,6 +112,19 @@ def argmax_rows(probs: torch.Tensor) -> list[int]:
     return probs.detach().cpu().numpy().argmax(-1).tolist()
 
 
+def top_two(row: torch.Tensor) -> tuple[float, float]:
+    """The two largest values of a row (V,): the target's top-1 and top-2 probabilities where it refused a draft (a
+    small gap is a near-tie: the target hardly cared which). numpy's maxima either side of the argmax, read only:
+    0.04 ms against torch.topk(row, 2)'s 0.28 over 49,152 float32 entries on this CPU (one thread, shared)."""
+    if row.device.type != "cpu":  # on an accelerator: two numbers come back, not the row
+        first, second = torch.topk(row.float(), 2).values.tolist()
+        return first, second
+    a = row.detach().numpy()
+    i = int(a.argmax())
+    rest = [float(part.max()) for part in (a[:i], a[i + 1:]) if part.size]
+    return float(a[i]), max(rest, default=0.0)
+
+
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """norm(max(0, p - q)) over (V,); falls back to p when the residual has no mass (p == q)."""
     r = torch.clamp(p - q, min=0.0)

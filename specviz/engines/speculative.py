@@ -33,7 +33,7 @@ import torch
 
 from specviz.config import DecodeConfig
 from specviz.core.cache import CachedLM, clock
-from specviz.core.sampling import ChainResult, verify_chain, warp
+from specviz.core.sampling import ChainResult, top_two, verify_chain, warp
 from specviz.engines.base import commit
 from specviz.engines.features import FeatureReader
 from specviz.events import DraftToken, StepEvent, Verdict
@@ -96,10 +96,11 @@ def committed(proposal: Proposal, result: ChainResult) -> list[tuple[int, Verdic
 
 
 def chain_verdicts(proposal: Proposal, result: ChainResult, n_used: int,
-                   text_of: Callable[[int], str]) -> tuple[DraftToken, ...]:
+                   text_of: Callable[[int], str], p_target: torch.Tensor | None = None) -> tuple[DraftToken, ...]:
     """Every drafted token with its verdict, left to right: the first n_used accepted (an accepted draft past an EOS
     the step stopped at is never used), the one at result.n_accepted rejected when the target refused it, every
-    other one discarded. A judged token carries the target's probability of it and, sampling, min(1, p/q)."""
+    other one discarded. A judged token carries the target's probability of it and, sampling, min(1, p/q); the
+    refused one, given the target's rows p_target (k+1, V), the target's top-2 probabilities there."""
     k = len(proposal.token_ids)
     draft_ids = torch.tensor(proposal.token_ids, dtype=torch.long)  # (k,)
     q_of = proposal.q_draft[torch.arange(k), draft_ids].tolist() if k else []
@@ -114,9 +115,10 @@ def chain_verdicts(proposal: Proposal, result: ChainResult, n_used: int,
         judged = verdict is not Verdict.DISCARDED
         out.append(DraftToken(
             token_id, text_of(token_id), verdict, q_of[i],
+        top = top_two(p_target[i]) if verdict is Verdict.REJECTED and p_target is not None else (None, None)
             p_target=result.p_draft[i] if judged else None,
             accept_prob=result.accept_prob[i] if judged and result.accept_prob else None,
-            parent=i - 1, depth=i,
+            parent=i - 1, depth=i, p_top1=top[0], p_top2=top[1],
         ))
     return tuple(out)
 
@@ -177,7 +179,7 @@ class SpeculativeEngine:
         run.drafts.rollback(len(run.tokens) + result.n_accepted)
         t2 = clock(device)
         emitted, finish = commit(committed(proposal, result), n_new, cfg, self.target.eos_ids, self.target.text_of)
-        drafts = chain_verdicts(proposal, result, min(result.n_accepted, len(emitted)), self.target.text_of)
+        drafts = chain_verdicts(proposal, result, min(result.n_accepted, len(emitted)), self.target.text_of, p_target)
         run.tokens.extend(t.token_id for t in emitted)
         event = StepEvent(step=run.step, drafts=drafts, emitted=tuple(emitted), draft_s=t1 - t0, verify_s=t2 - t1,
                           draft_forwards=proposal.forwards, target_forwards=1, gamma=gamma, finish_reason=finish)

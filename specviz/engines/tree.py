@@ -36,7 +36,7 @@ from specviz.config import DEFAULT_TARGET, DecodeConfig
 from specviz.core.cache import CachedLM, clock
 from specviz.core.lookup import match
 from specviz.core.retrieval import Datastore, datastore_for, datastores
-from specviz.core.sampling import TreeResult, WarpedRows, argmax_rows, pick, verify_tree, warp
+from specviz.core.sampling import TreeResult, WarpedRows, argmax_rows, pick, top_two, verify_tree, warp
 from specviz.core.trees import Tree, greedy_walk
 from specviz.drafters.trained import Drafter
 from specviz.engines.base import commit
@@ -104,8 +104,10 @@ def tree_verdicts(prop: TreeProposal, p_rows: "torch.Tensor | WarpedRows", path:
                   result: TreeResult | None, text_of: Callable[[int], str]) -> list[DraftToken]:
     """Every tree node with its verdict: accepted on the path; rejected when the target judged it and chose
     otherwise (greedy: a child of the path's end; sampling: every candidate refused, the path's end's and the
-    siblings refused before an accepted one, each with its min(1, r/q)); discarded elsewhere."""
+    siblings refused before an accepted one, each with its min(1, r/q)); discarded elsewhere. A refused node carries
+    the target's top-2 probabilities at its parent (rows the walk read)."""
     tree, on_path, sources = prop.tree, set(path), dict(prop.grafted)
+    tops: dict[int, tuple[float, float]] = {}  # parent row -> its top-2, read once per row
     judged_parent = path[-1] if path else -1
     trials = {t.node: t for t in result.trials} if result is not None else {}
     out = []
@@ -118,11 +120,15 @@ def tree_verdicts(prop: TreeProposal, p_rows: "torch.Tensor | WarpedRows", path:
         else:
             verdict = Verdict.DISCARDED
         judged = verdict is not Verdict.DISCARDED
+        if verdict is Verdict.REJECTED and parent + 1 not in tops:
+            tops[parent + 1] = top_two(p_rows[parent + 1])
+        top = tops[parent + 1] if verdict is Verdict.REJECTED else (None, None)
         out.append(DraftToken(token, text_of(token), verdict, prop.q_nodes[i],
                               p_target=float(p_rows[parent + 1, token]) if judged else None,
                               accept_prob=trials[i].accept_prob if judged and i in trials else None,
                               parent=parent, depth=tree.depths[i] - 1,
-                              head=sources.get(i, tree.depths[i] - 1), rank=tree.ranks[i]))
+                              head=sources.get(i, tree.depths[i] - 1), rank=tree.ranks[i],
+                              p_top1=top[0], p_top2=top[1]))
     return out
 
 

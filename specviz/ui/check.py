@@ -15,6 +15,8 @@ from pathlib import Path
 import gradio as gr
 
 from specviz import hardware, methods, zerogpu
+from specviz.check import misses_report
+from specviz.check import report as check_report
 from specviz.check.run import CHECKED_TRAINED
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET
 from specviz.errors import ConfigError
@@ -73,7 +75,11 @@ def check_figures_html(data: dict) -> str:
     if vocab:  # a compressed draft vocabulary caps what can be drafted
         cards.append(("draft vocabulary", f"{vocab['coverage']:.1%}",
                       f"of AR's tokens are among its {vocab['size']}; it can never draft the rest"))
-    return cards_html(cards)
+    why = data.get("misses") or {}  # why it misses (check/misses.py): near ties, the contexts and tokens missed most
+    if not why.get("steps"):
+        return cards_html(cards)
+    tables = misses_report.tables(why, check_report.table).replace("<table>", '<table class="sv-table">')
+    return cards_html(cards + misses_report.cards(why)) + f'<div id="check-misses">{tables}</div>'
 
 
 def method_info() -> str:
@@ -142,7 +148,7 @@ def run_check_ui(target: str = DEFAULT_TARGET, method: str = "vanilla", draft: s
     from specviz.config import DecodeConfig, number
     from specviz.models import loader as models
 
-    empty = (None,) * 4 + (None, None)
+    empty = (None,) * 4 + (None, None, None, None)
     try:
         policy = Policy.from_env()
         target = str(target or DEFAULT_TARGET).strip()
@@ -181,7 +187,8 @@ def run_check_ui(target: str = DEFAULT_TARGET, method: str = "vanilla", draft: s
                                   margin=dict(l=60, r=20, t=60, b=50),
                                   legend=dict(orientation="h", y=-0.25, font=dict(size=14)))
         return (verdict_html(result.verdict, "ok" if result.correct else "bad"), check_figures_html(data),
-                figs["fidelity"], figs["alpha_position"], figs["gamma"], figs["batch"], str(json_path), str(html_path))
+                figs["fidelity"], figs["alpha_position"], figs["gamma"], figs["batch"], figs["accepted_length"],
+                figs["gaps"], str(json_path), str(html_path))
     except Exception as exc:
         message = user_message(exc, Policy.from_env().public)
         gr.Warning(message)
@@ -240,6 +247,9 @@ def check_tab(concurrency_id: str = DEVICE_QUEUE, pair: hardware.Pair = hardware
         with gr.Row():
             plot_gamma = gr.Plot(elem_id="check-plot-gamma", show_label=False, min_width=380)
             plot_batch = gr.Plot(elem_id="check-plot-batch", show_label=False, min_width=380)
+        with gr.Row():  # why it misses: accepted lengths, the target's top-2 gap at each refusal
+            plot_accepted = gr.Plot(elem_id="check-plot-accepted", show_label=False, min_width=380)
+            plot_gaps = gr.Plot(elem_id="check-plot-gaps", show_label=False, min_width=380)
         with gr.Row():
             json_file = gr.File(label="JSON report", elem_id="check-json", interactive=False)
             html_file = gr.File(label="HTML report (self-contained, opens offline)", elem_id="check-html",
@@ -248,6 +258,7 @@ def check_tab(concurrency_id: str = DEVICE_QUEUE, pair: hardware.Pair = hardware
                       outputs=[draft], api_visibility="private", queue=False, show_progress="hidden")
         run.click(zerogpu.gpu(run_check_ui, check_gpu_seconds),
                   inputs=[target, method, draft, gamma, temperature, samples, prompts, max_new_tokens],
-                  outputs=[verdict, figures, plot_fidelity, plot_alpha, plot_gamma, plot_batch, json_file, html_file],
+                  outputs=[verdict, figures, plot_fidelity, plot_alpha, plot_gamma, plot_batch, plot_accepted,
+                           plot_gaps, json_file, html_file],
                   api_name="check", concurrency_limit=1, concurrency_id=concurrency_id, show_progress="full")
         roofline.roofline_panel(target, concurrency_id)
