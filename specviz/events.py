@@ -75,7 +75,8 @@ class StepEvent:
     verify_s: float = 0.0                 # seconds in the target forward + verification
     draft_forwards: int = 0               # drafter forward passes this step
     target_forwards: int = 1              # target forward passes this step (1 by construction)
-    gamma: int = 0                        # draft length asked for this step
+    gamma: int = 0                        # γ this step: a chain's drafted tokens asked; a tree's depth (levels)
+    tree_size: int = 0                    # a tree's candidate nodes verified this step (0 for a chain)
     finish_reason: Optional[str] = None   # "eos" | "length" on the last event, else None
 
     @property
@@ -101,6 +102,7 @@ class StepEvent:
             "draft_forwards": self.draft_forwards,
             "target_forwards": self.target_forwards,
             "gamma": self.gamma,
+            "tree_size": self.tree_size,
             "finish_reason": self.finish_reason,
         }
 

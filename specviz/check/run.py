@@ -44,7 +44,7 @@ from specviz.config import DecodeConfig, check_prompt
 from specviz.drafters import trained as drafters
 from specviz.engines.ar import AREngine
 from specviz.engines.pld import PromptLookupDrafter
-from specviz.engines.speculative import Drafter, SpeculativeEngine
+from specviz.engines.speculative import ChainDrafter, SpeculativeEngine
 from specviz.errors import ConfigError
 from specviz.methods import CHECK_METHODS
 from specviz.models.loader import COMPRESSED_DRAFTS, LoadedModel, ModelError
@@ -153,7 +153,8 @@ def compare_tokenizers(target: LoadedModel, draft: Optional[LoadedModel]) -> Com
     return Compatibility(True, f"same vocabulary: {names}{note}", **comp)
 
 
-def drafter_for(method: str, target: LoadedModel, draft_spec: Optional[str]) -> tuple[Drafter, Optional[LoadedModel]]:
+def drafter_for(method: str, target: LoadedModel,
+                draft_spec: Optional[str]) -> tuple[ChainDrafter, Optional[LoadedModel]]:
     """The drafter for `method` and the draft model whose tokenizer is compared (None for prompt lookup and
     the trained drafters, which draft in the target's own vocabulary). A separate draft is loaded without
     the tokenizer check: compare_tokenizers reports it in full."""
@@ -260,7 +261,7 @@ def conclude(prompts: list[PromptResult], fidelity: Fidelity, synthetic: list[st
     return True, [], f"{head}; {speed} at {g} on this machine"
 
 
-def run_check(target: LoadedModel, drafter: Drafter, draft: Optional[LoadedModel] = None,
+def run_check(target: LoadedModel, drafter: ChainDrafter, draft: Optional[LoadedModel] = None,
               prompts: Optional[list[dict]] = None, options: Optional[CheckOptions] = None,
               progress: Optional[Progress] = None, method: Optional[str] = None) -> CheckReport:
     """Run the three parts in order; raise ModelError (one line) when the draft is incompatible.

@@ -37,7 +37,7 @@ EAGLE_CHOICES = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0
 
 
 class EagleDrafter:
-    """EAGLE as a chain drafter (speculative.Drafter)."""
+    """EAGLE as a chain drafter (speculative.ChainDrafter)."""
 
     def __init__(self, drafter: Drafter, name: str):
         self.drafter, self.name = drafter, name

@@ -23,7 +23,7 @@ from specviz.policy import Policy
 @dataclass
 class Prepared:
     target: models.LoadedModel
-    spec: Engine
+    engine: Engine   # the speculative engine (methods.spec(cfg.method)'s), raced against `ar`
     ar: Engine
     prompt_ids: list[int]
     cfg: DecodeConfig
@@ -33,10 +33,10 @@ class Prepared:
         """AR and the speculative engine side by side on the race clock (lanes "ar" and "spec"), stopping
         with a ConfigError once the run exceeds the deployment's wall-time cap."""
         return capped(race({"ar": self.ar.steps(self.prompt_ids, self.cfg),
-                            "spec": self.spec.steps(self.prompt_ids, self.cfg)}), self.max_run_seconds)
+                            "spec": self.engine.steps(self.prompt_ids, self.cfg)}), self.max_run_seconds)
 
     def spec_steps(self) -> Iterator[StepEvent]:
-        return self.spec.steps(self.prompt_ids, self.cfg)
+        return self.engine.steps(self.prompt_ids, self.cfg)
 
 
 def prepare(prompt: str, cfg: DecodeConfig, target: str | models.LoadedModel, draft: str | None,
@@ -57,8 +57,8 @@ def prepare(prompt: str, cfg: DecodeConfig, target: str | models.LoadedModel, dr
     if limit and len(ids) + cfg.max_new_tokens > limit:
         raise ConfigError(f"prompt ({len(ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the "
                           f"model's context of {limit} tokens: shorten the prompt or lower max_new_tokens")
-    spec = engines.build(cfg.method, target, draft, chain)
-    return Prepared(target, spec, engines.build("ar", target), ids, cfg, policy.max_run_seconds)
+    engine = engines.build(cfg.method, target, draft, chain)
+    return Prepared(target, engine, engines.build("ar", target), ids, cfg, policy.max_run_seconds)
 
 
 def capped(ticks: Iterator[Tick], seconds: float) -> Iterator[Tick]:
@@ -94,5 +94,5 @@ def prepare_lanes(prompt: str, lanes: dict[str, tuple[DecodeConfig, str | None]]
     the models loaded once."""
     prepared = [prepare(prompt, cfg, target, draft) for cfg, draft in lanes.values()]
     first = prepared[0]
-    return PreparedLanes(first.target, first.ar, {name: (p.spec, p.cfg) for name, p in zip(lanes, prepared)},
+    return PreparedLanes(first.target, first.ar, {name: (p.engine, p.cfg) for name, p in zip(lanes, prepared)},
                          first.prompt_ids, first.max_run_seconds)

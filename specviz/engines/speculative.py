@@ -53,7 +53,7 @@ class Proposal:
 
 
 class DraftSession(Protocol):
-    """A drafter's per-run state (its own cache); made fresh for each run by Drafter.session(). One that drafts
+    """A drafter's per-run state (its own cache); made fresh for each run by ChainDrafter.session(). One that drafts
     from the target's features also implements features.FeatureReader."""
 
     def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, generator: torch.Generator) -> Proposal: ...
@@ -61,7 +61,9 @@ class DraftSession(Protocol):
     def rollback(self, n_valid: int) -> None: ...
 
 
-class Drafter(Protocol):
+class ChainDrafter(Protocol):
+    """What the chain loop drafts with (a draft model, prompt lookup, a trained drafter's chain view); not
+    drafters.trained.Drafter, the trained weights such a view wraps."""
     name: str
 
     def session(self, vocab_size: int, eos_ids: frozenset[int]) -> DraftSession: ...
@@ -113,9 +115,9 @@ def chain_verdicts(proposal: Proposal, result: ChainResult, n_used: int,
         else:
             verdict = Verdict.DISCARDED
         judged = verdict is not Verdict.DISCARDED
+        top = top_two(p_target[i]) if verdict is Verdict.REJECTED and p_target is not None else (None, None)
         out.append(DraftToken(
             token_id, text_of(token_id), verdict, q_of[i],
-        top = top_two(p_target[i]) if verdict is Verdict.REJECTED and p_target is not None else (None, None)
             p_target=result.p_draft[i] if judged else None,
             accept_prob=result.accept_prob[i] if judged and result.accept_prob else None,
             parent=i - 1, depth=i, p_top1=top[0], p_top2=top[1],
@@ -147,7 +149,7 @@ class Cycle:
 
 
 class SpeculativeEngine:
-    def __init__(self, method: str, target: LoadedModel, drafter: Drafter):
+    def __init__(self, method: str, target: LoadedModel, drafter: ChainDrafter):
         self.method = method
         self.target = target
         self.drafter = drafter

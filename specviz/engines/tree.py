@@ -219,7 +219,8 @@ class TreeEngine:
         run.tokens.extend(t.token_id for t in emitted)
         event = StepEvent(step=run.step, drafts=tuple(nodes), emitted=tuple(emitted), draft_s=t1 - t0,
                           verify_s=t2 - t1, draft_forwards=prop.forwards if prop else 0, target_forwards=1,
-                          gamma=prop.tree.size if prop else 0, finish_reason=finish)
+                          gamma=max(prop.tree.depths, default=0) if prop else 0,
+                          tree_size=prop.tree.size if prop else 0, finish_reason=finish)
         run.finish_reason = finish
         run.step += 1
         return TreeCycle(event, prop, verified.p_rows, verified.result)

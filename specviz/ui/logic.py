@@ -251,7 +251,7 @@ def race_clock(prepared, snap: RaceSnapshot) -> Optional[whatif.RaceClock]:
 
     try:
         recorded = whatif.Recorded.of(snap.lanes["spec"].events, snap.lanes["ar"].events)
-        target = whatif.target_of(prepared.target.model, prepared.spec)
+        target = whatif.target_of(prepared.target.model, prepared.engine)
         return whatif.RaceClock(recorded, profile_of(prepared.target), target, snap.cfg.method)
     except Exception as exc:
         log.error("the what-if clock failed (%s)", snap.cfg.method, exc_info=exc)

@@ -131,7 +131,7 @@ def start(prompt: str, cfg: DecodeConfig, target: str = DEFAULT_TARGET, draft: s
 
     # one cycle per click: a chain drafter's chain, a tree drafter's tree (the race's own engine)
     prepared = prepare(prompt, cfg, target, draft, chain=not methods.spec(cfg.method).tree)
-    engine = prepared.spec
+    engine = prepared.engine
     return TeachSession(engine, engine.start(prepared.prompt_ids, prepared.cfg), prompt,
                         draft if methods.spec(cfg.method).uses_draft_model else "", target, given_draft=draft)
 
