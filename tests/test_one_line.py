@@ -211,3 +211,24 @@ def test_resume_reads_a_checkpoint_as_weights_only(tmp_path, capsys):
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(DrafterError, match="cannot be read|refused"):
         read_checkpoint(tmp_path / "junk.pt")
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda f: (f / "config.json").write_text('{"kind": "eag'), "is not valid JSON"),
+    (lambda f: (f / "config.json").write_text(json.dumps({**json.loads((f / "config.json").read_text()),
+                                                          "intermediate_size": 128})), "do not fit its config.json"),
+])
+def test_the_app_names_a_broken_drafter_folder(tmp_path, damage, needle):
+    """What the race tab's prepare() meets (a drafter folder named outside public mode): a named one-line message
+    through user_message, where it said 'run failed while loading the models (JSONDecodeError)'."""
+    from specviz.engines.session import prepare
+    from specviz.ui.logic import user_message
+
+    target = tiny_model(0)
+    d = random_drafter(target, "eagle")
+    drafters.save(tmp_path, d.module, d.cfg, None, "card")
+    damage(tmp_path)
+    with pytest.raises(models.ModelError) as info:
+        prepare("1 2 3", DecodeConfig(method="eagle", gamma=2), target, str(tmp_path))
+    message = user_message(info.value)
+    assert needle in message and "\n" not in message and "internal error" not in message, message
