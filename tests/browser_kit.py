@@ -7,13 +7,52 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update"]
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
+# the race's settings fold under one closed accordion (ui/race.py's race_form)
+SETTINGS = "#settings"
+
+
+def reveal(page, elem_id: str) -> None:
+    """Open the race's Settings accordion when `elem_id` is one of its fields and it is folded away."""
+    if page.locator(f"{SETTINGS} #{elem_id}").count() and not page.locator(f"#{elem_id}").is_visible():
+        page.locator(f"{SETTINGS} > button.label-wrap").click()
+        page.locator(f"#{elem_id}").wait_for(state="visible", timeout=10_000)
+
+
+def fold_settings(page) -> None:
+    """Close the race's Settings accordion if a helper opened it, and scroll back to the top: the first screen."""
+    if page.locator("#method").is_visible():
+        page.locator(f"{SETTINGS} > button.label-wrap").click()
+        page.locator("#method").wait_for(state="hidden", timeout=10_000)
+    page.evaluate("() => window.scrollTo(0, 0)")
+    page.wait_for_timeout(300)
 
 
 def set_number(page, elem_id: str, value) -> None:
+    reveal(page, elem_id)
     box = page.locator(f"#{elem_id} input[type=number]")
     box.fill(str(value))
     box.press("Enter")
 
 
+def choose(page, elem_id: str, option: str) -> None:
+    """Pick `option` in a dropdown (a no-op when it is chosen already)."""
+    reveal(page, elem_id)
+    if page.locator(f"#{elem_id} input").input_value() == option:
+        return
+    page.locator(f"#{elem_id} input").click()
+    page.get_by_role("option", name=option, exact=True).click()
+    page.wait_for_timeout(300)
+
+
 def plot_traces(page, elem_id: str) -> int:
     return page.evaluate(f"() => document.querySelector('#{elem_id} .js-plotly-plot')?.data?.length ?? 0")
+
+
+BOX = """(el) => { const r = el.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; }"""
+
+
+def in_viewport(page, locator) -> bool:
+    """Whether the element's box lies wholly within the viewport as the page stands (no scrolling done)."""
+    left, top, right, bottom = locator.evaluate(BOX)
+    size = page.viewport_size
+    return left >= 0 and top >= 0 and right <= size["width"] and bottom <= size["height"]

@@ -5,7 +5,7 @@ import time
 
 from specviz import hardware
 from specviz.ui.logic import method_label
-from tests.browser_kit import ASSETS, set_number
+from tests.browser_kit import ASSETS, choose, set_number
 
 PROMPT = "Write a haiku about the sea."
 N = 24
@@ -92,9 +92,8 @@ def test_medusa_tree_in_browser(app_url, browser):
     page.goto(app_url)
     page.wait_for_selector("#run")
     page.locator("#prompt textarea").fill("Explain why the sky is blue.")
-    set_number(page, "max-new-tokens", N)
-    page.locator("#method input").click()
-    page.locator("[role=option]", has_text="medusa").first.click()
+    set_number(page, "max-new-tokens", N)  # opens the folded Settings
+    choose(page, "method", "medusa")
     pair = hardware.default_pair()  # the γ and lookup fields follow the method
     for field, value in (("gamma", pair.gamma_for("medusa")), ("lookup", pair.lookup_for("medusa")),
                          ("retrieve", pair.retrieve_for("medusa"))):

@@ -1,16 +1,19 @@
 """The race tab as a workshop sees it, in headless Debian Chromium (never a downloaded browser): the speculative
 pane reads as the same text as the plain one, "show every draft" brings every draft back, a step's count opens its
 candidates and selects it in the tree panel, the form shows only the fields the method takes, and a replay at 0.5×
-takes about twice the recorded compute and ends where the race did. Saves the README's race screenshots."""
+takes about twice the recorded compute and ends where the race did; the prompt, Run, Stop and the first line of both
+panes are on the first screen at 1280×720 and on a phone. Saves the README's race screenshots."""
 from __future__ import annotations
 
 import re
 import time
 
+import pytest
+
 from specviz import hardware, methods
 from specviz.ui import controls, replay
 from specviz.ui.logic import DEFAULT_PROMPT, SPEC_METHODS
-from tests.browser_kit import ASSETS, set_number
+from tests.browser_kit import ASSETS, choose, fold_settings, in_viewport, set_number
 
 PROMPT = "Write a Python function that adds two numbers."
 N = 40
@@ -42,24 +45,49 @@ def race(page, method: str, tokens: int, prompt: str = PROMPT) -> None:
     page.wait_for_timeout(800)  # let Plotly draw the final figures
 
 
-def choose(page, elem_id: str, option: str) -> None:
-    if page.locator(f"#{elem_id} input").input_value() == option:
-        return
-    page.locator(f"#{elem_id} input").click()
-    page.get_by_role("option", name=option, exact=True).click()
-    page.wait_for_timeout(300)
-
-
 def visible(page, elem_id: str) -> bool:
     return page.evaluate(f"() => document.querySelector('#{elem_id}')?.checkVisibility() ?? false")
 
 
+# the first line of a pane: its first visible token
+FIRST_TOKEN = "#{pane} .sv-pane .sv-tok:visible >> nth=0"
+
+
+@pytest.mark.parametrize("width, height", [(1280, 720), (390, 844)])
+def test_the_race_is_on_the_first_screen(app_url, browser, width, height):
+    """Before any scrolling: the prompt, the preset, Run and Stop, and once a race runs the first text line of both
+    panes, side by side; the settings folded; on a phone every tab's name shown (none behind a menu)."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.goto(app_url)
+    page.wait_for_selector("#run")
+    assert not page.locator("#method").is_visible()  # folded under Settings
+    for sel in ("#prompt", "#preset", "#run", "#stop", "#settings"):
+        assert in_viewport(page, page.locator(sel)), (sel, width)
+    tabs = page.get_by_role("tab")
+    assert tabs.count() >= 5 and all(tabs.nth(i).is_visible() for i in range(tabs.count()))
+    assert not page.locator("button[aria-label='More tabs']").is_visible()
+    page.locator("#run").click()
+    for pane in ("pane-ar", "pane-spec"):
+        page.wait_for_selector(FIRST_TOKEN.format(pane=pane), timeout=600_000)
+    assert page.evaluate("() => window.scrollY") == 0
+    for pane in ("pane-ar", "pane-spec"):
+        assert in_viewport(page, page.locator(FIRST_TOKEN.format(pane=pane))), (pane, width)
+    ar, spec = (page.locator(f"#{pane}").evaluate("(e) => e.getBoundingClientRect().toJSON()")
+                for pane in ("pane-ar", "pane-spec"))
+    assert ar["right"] <= spec["left"] and abs(ar["top"] - spec["top"]) < 2  # two lanes side by side
+    page.locator("#stop").click()
+    page.close()
+
+
 def test_the_default_race_reads_as_the_same_text_as_plain_decoding(app_url, browser):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = browser.new_page(viewport={"width": 1280, "height": 720})
     page.goto(app_url)
     page.wait_for_selector("#run")
     race(page, hardware.default_pair().method, N)
     assert "identical" in page.locator("#lesson").inner_text()
+    fold_settings(page)
+    ASSETS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ASSETS / "screenshot.png"))  # the first screen, as a projector shows it
 
     plain, spec = page.evaluate(READ_TEXT, "#pane-ar"), page.evaluate(READ_TEXT, "#pane-spec")
     assert len(plain) > N and spec == plain  # the same text, read from the page, hidden drafts excluded
@@ -67,8 +95,6 @@ def test_the_default_race_reads_as_the_same_text_as_plain_decoding(app_url, brow
     assert page.locator("#pane-spec .sv-tok[data-verdict=discarded]:visible").count() == 0
     kept_and_refused, counts = page.evaluate(VISIBLE_DRAFTS), page.evaluate(COUNTS)
     assert counts and sum(counts) > 0  # the default race's tree drafts more than its path
-    ASSETS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ASSETS / "screenshot.png"), full_page=True)
 
     page.locator("#show-drafts input").check()  # every draft inline again
     page.wait_for_timeout(200)
@@ -92,10 +118,11 @@ def test_the_default_race_reads_as_the_same_text_as_plain_decoding(app_url, brow
     page.wait_for_function("(t) => document.querySelector('#plot-tree')?.innerText.includes(t)",
                            arg=f"Candidate tree of step {step + 1}:", timeout=30_000)
 
-    page.set_viewport_size({"width": 420, "height": 900})
+    page.set_viewport_size({"width": 390, "height": 844})
     more.locator("summary").click()  # closed again
+    fold_settings(page)
     page.wait_for_timeout(500)
-    page.screenshot(path=str(ASSETS / "screenshot-narrow.png"), full_page=True)
+    page.screenshot(path=str(ASSETS / "screenshot-narrow.png"))  # a phone's first screen
     page.close()
 
 

@@ -61,7 +61,7 @@ def test_accept_histogram_and_per_position_alpha():
     hist, alpha_i = fig.data
     assert list(hist.x) == [0, 1, 2, 3, 4] and list(hist.y) == [0, 0, 2, 0, 0]  # both drafting steps kept 2
     assert list(alpha_i.x) == [1, 2, 3] and list(alpha_i.y) == pytest.approx([1.0, 1.0, 0.0])
-    assert "τ = 2.33" in fig.layout.title.text  # 7 tokens over 3 target forwards
+    assert "tokens per target pass (τ) 2.33" in fig.layout.title.text  # 7 tokens over 3 target forwards
 
 
 def test_chain_tree_highlights_the_accepted_path_and_hangs_the_resampled_token_off_it():

@@ -30,6 +30,12 @@ TABS_CSS = """
 """
 
 
+def finish_words(reason: Optional[str], tokens: int) -> str:
+    """Why a run ended, in words: it reached its token limit, or the model ended its answer (events' finish_reason:
+    "length" or "eos")."""
+    return {"length": f"reached {tokens} tokens", "eos": "the model ended its answer"}.get(reason or "", "finished")
+
+
 def tab_intro(text: str) -> str:
     """A tab's opening paragraph (HTML), with the tabs' CSS."""
     return f"<style>{TABS_CSS}</style><p class='sv-intro'>{text}</p>"

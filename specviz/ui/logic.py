@@ -18,7 +18,7 @@ from specviz.errors import ConfigError
 from specviz.events import StepEvent
 from specviz.metrics import CHAIN_FORMULA, TREE_FORMULA, Comparison, RunSummary, compare, why_line
 from specviz.ui import lesson, plots, render
-from specviz.ui.common import TABS_CSS, card, num
+from specviz.ui.common import TABS_CSS, card, finish_words, num
 
 log = logging.getLogger("specviz.app")
 
@@ -448,8 +448,8 @@ def status_of(snap: RaceSnapshot) -> str:
         return status_html(f"Racing… {snap.lanes['ar'].n_tokens} plain vs {snap.lanes['spec'].n_tokens} "
                            "speculative tokens so far")
     finish = snap.comparison.spec.finish_reason if snap.comparison else None
-    return status_html(f"Done ({finish or 'finished'}) in {time.perf_counter() - snap.started:.1f} s wall time.",
-                       "ok")
+    return status_html(f"Done: {finish_words(finish, snap.lanes['spec'].n_tokens)}, in "
+                       f"{time.perf_counter() - snap.started:.1f} s wall time.", "ok")
 
 
 @dataclass(frozen=True)

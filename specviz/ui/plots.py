@@ -88,9 +88,12 @@ def alpha_figure(events: Sequence[StepEvent], window: int = ROLLING_WINDOW) -> g
          "hovertemplate": "step %{x}<br>rolling α = %{y:.2f}<extra></extra>"},
     ]
     return figure(
-        data, "Acceptance rate α per step", None if judged_total else "no drafted tokens judged yet",
+        data, "Acceptance rate (α) per step", None if judged_total else "no drafted tokens judged yet",
+        # the legend under the axis title: beside the title, the two collide on a phone's width
+        legend={"orientation": "h", "yanchor": "top", "y": -0.24, "xanchor": "left", "x": 0.0, "font": {"size": 15}},
+        margin={"l": 64, "r": 20, "t": 60, "b": 92},
         xaxis={"title": {"text": "step (target forward)"}, "rangemode": "tozero"},
-        yaxis={"title": {"text": "acceptance rate α"}, "range": [-0.03, 1.03]})
+        yaxis={"title": {"text": "acceptance rate (α)"}, "range": [-0.03, 1.03]})
 
 
 def speed_figure(lanes: Mapping[str, Sequence[StepEvent]], labels: Optional[Mapping[str, str]] = None) -> go.Figure:
@@ -110,11 +113,11 @@ def speed_figure(lanes: Mapping[str, Sequence[StepEvent]], labels: Optional[Mapp
             "line": {"color": LANE_COLOURS.get(lane, ROLLING), "width": 4 if i else 3,
                      "dash": "solid" if i else "dash"},
             "hovertemplate": "%{y} tokens after %{x:.2f} s<extra>" + label + "</extra>"})
-    return figure(data, "Tokens over compute time (slope = tok/s)",
-                   # inside the plot's bottom-right corner, below both lines (they rise from the origin and the
-                   # slower one ends at the right edge): above the plot two long lane names wrap into the title
-                   legend={"orientation": "v", "yanchor": "bottom", "y": 0.02, "xanchor": "right", "x": 0.99,
-                           "font": {"size": 15}, "bgcolor": "rgba(255,255,255,0.85)"},
+    return figure(data, "Tokens over compute time<br><sup>the slope is tokens per second</sup>",
+                   # under the axis title: above the plot two long lane names wrap into the title, and inside it
+                   # they cover the lines on a phone's width
+                   legend={"orientation": "v", "yanchor": "top", "y": -0.24, "xanchor": "left", "x": 0.0,
+                           "font": {"size": 15}}, margin={"l": 64, "r": 20, "t": 60, "b": 110},
                    xaxis={"title": {"text": "engine compute seconds"}, "rangemode": "tozero"},
                    yaxis={"title": {"text": "tokens emitted"}, "rangemode": "tozero"})
 
@@ -148,12 +151,12 @@ def accept_figure(events: Sequence[StepEvent]) -> go.Figure:
     ]
     titles = [{"text": text, "showarrow": False, "x": x, "y": 1.0, "xref": "paper", "yref": "paper",
                "xanchor": "center", "yanchor": "bottom", "font": {"size": 16}}
-              for text, x in (("accepted drafts per step", 0.215), ("per-position acceptance α_i", 0.785))]
-    tau = f" · τ = {summary.tau:.2f}" if events else ""
+              for text, x in (("steps keeping k", 0.215), ("kept at position i", 0.785))]
+    tau = f"<br><sup>tokens per target pass (τ) {summary.tau:.2f}</sup>" if events else ""
     return figure(
-        data, "Accepted length" + tau, None if counts else "no drafts yet", showlegend=False,
-        annotations=titles, margin={"l": 64, "r": 20, "t": 84, "b": 56},
-        xaxis={"domain": [0.0, 0.43], "title": {"text": "drafts kept"}, "dtick": 1, "anchor": "y"},
+        data, "Drafts kept" + tau, None if counts else "no drafts yet", showlegend=False,
+        annotations=titles, margin={"l": 64, "r": 20, "t": 100, "b": 56},
+        xaxis={"domain": [0.0, 0.43], "title": {"text": "drafts kept (k)"}, "dtick": 1, "anchor": "y"},
         yaxis={"title": {"text": "steps"}, "anchor": "x", "rangemode": "tozero"},
         xaxis2={"domain": [0.57, 1.0], "title": {"text": "draft position i"}, "dtick": 1, "anchor": "y2"},
         yaxis2={"range": [0, 1.03], "anchor": "x2"})
@@ -428,7 +431,8 @@ def cycle_figure(view: Optional[dict]) -> go.Figure:
                        "y": 1.0, "xref": "paper", "yref": "paper", "xanchor": "center", "yanchor": "bottom",
                        "font": {"size": 14}, "align": "center"})
     kept = f"kept {view['n_accepted']} of {sum(p['kind'] == 'draft' for p in view['positions'])} drafted"
-    title = f"Step {view['step'] + 1} ({'greedy' if view['greedy'] else 'sampling'}, γ = {view['gamma']}): {kept}"
+    title = (f"Step {view['step'] + 1} ({'greedy' if view['greedy'] else 'sampling'}, {view['gamma']} guesses (γ)): "
+             f"{kept}")
     return figure(data, title, None if panels else "nothing drafted this step", height=430, barmode="group",
                    bargap=0.25, annotations=titles, margin={"l": 20, "r": 20, "t": 118, "b": 30},
                    legend={"orientation": "h", "yanchor": "top", "y": -0.06, "xanchor": "center", "x": 0.5,
@@ -477,8 +481,8 @@ def theory_figure(alpha: float, c: float, measured: Optional[dict] = None, gamma
                                     "line": {"color": "#000000", "width": 1.5}},
                          "hovertemplate": "predicted at the measured α, c: %{y:.2f}×<extra></extra>"})
     titles = [{"text": text, "showarrow": False, "x": 0.0, "y": y, "xref": "paper", "yref": "paper",
-               "xanchor": "left", "yanchor": "bottom", "font": {"size": 15}}
-              for text, y in (("E[tokens per forward] = (1 − α^(γ+1)) / (1 − α)", 1.0),
+               "xanchor": "left", "yanchor": "bottom", "font": {"size": 14}}
+              for text, y in (("tokens a pass E = (1 − α^(γ+1)) / (1 − α)", 1.0),
                               ("predicted speedup S = E / (γc + 1)", 0.42))]
     return figure(data, "Theory: Leviathan et al. (2023)", height=600, annotations=titles,
                    margin={"l": 56, "r": 16, "t": 84, "b": 40},
@@ -486,6 +490,6 @@ def theory_figure(alpha: float, c: float, measured: Optional[dict] = None, gamma
                            "font": {"size": 14}},
                    xaxis={"domain": [0.0, 1.0], "dtick": 2, "anchor": "y", "range": [0.5, gamma_max + 0.5]},
                    yaxis={"domain": [0.58, 0.96], "anchor": "x", "rangemode": "tozero", "title": {"text": "tokens"}},
-                   xaxis2={"domain": [0.0, 1.0], "title": {"text": "γ (drafted tokens per step)"}, "dtick": 2,
+                   xaxis2={"domain": [0.0, 1.0], "title": {"text": "guesses per step (γ)"}, "dtick": 2,
                            "anchor": "y2", "range": [0.5, gamma_max + 0.5]},
                    yaxis2={"domain": [0.0, 0.38], "anchor": "x2", "rangemode": "tozero", "title": {"text": "speedup"}})

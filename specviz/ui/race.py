@@ -6,6 +6,7 @@ the last race from its events) and its layout, built as named steps inside the c
 """
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from specviz import hardware, whatif, zerogpu
 from specviz.config import GAMMA_MAX, TREE_NODES_MAX, TREE_SHAPES
 from specviz.policy import Policy
 from specviz.serving import export
-from specviz.ui import controls, plots, render, replay, startup
+from specviz.ui import controls, plots, presets, render, replay, startup
 from specviz.ui.common import DEVICE_QUEUE, DRAFT_CHOICES, GAMMAS, MAX_NEW_TOKENS, choices_with_default
 from specviz.ui.logic import (
     DEFAULT_PROMPT,
@@ -181,7 +182,7 @@ def method_changed(method):
     gamma, lookup, retrieve = method_defaults(method)
     fields = controls.race_fields(str(method))
     return (gr.Dropdown(visible=fields.draft),
-            gr.Dropdown(value=gamma, visible=fields.gamma, label=gamma_label(fields), info=GAMMA_INFO),
+            gr.Dropdown(value=gamma, visible=fields.gamma, label=GAMMA_LABEL, info=gamma_info(fields)),
             gr.Dropdown(value=lookup, visible=fields.lookup), gr.Dropdown(value=retrieve, visible=fields.retrieve),
             fields.note_html(why=default_why(method)), gr.Radio(visible=fields.tree), gr.Dropdown(visible=fields.tree))
 
@@ -192,12 +193,28 @@ def default_why(method) -> str:
     return pair.why if str(method) == pair.method else ""
 
 
-GAMMA_INFO = "follows the method: its fastest γ measured here"
+GAMMA_LABEL = "Guesses per step (γ)"
 
 
-def gamma_label(fields: controls.Fields) -> str:
-    """γ's label says what γ means for the method (the registry's words, less the step-through's aside)."""
-    return f"γ ({fields.gamma_info.split(' (')[0]})"
+def gamma_info(fields: controls.Fields) -> str:
+    """γ's info line says what γ means for the method (the registry's words, less the step-through's aside)."""
+    return f"{fields.gamma_info.split(' (')[0]}; follows the method: its fastest γ measured here"
+
+
+def preset_chosen(name):
+    """A preset was picked (presets.py): its settings fill the form, every field still editable, and the fields
+    follow its method as when the method is picked (method_changed)."""
+    try:
+        s = presets.settings(str(name), hardware.default_pair())
+    except ValueError as exc:  # a tampered value: keep serving
+        raise gr.Error(str(exc), print_exception=False) from None
+    fields = controls.race_fields(s["method"])
+    return (gr.Dropdown(value=s["method"]), gr.Dropdown(value=s["draft"], visible=fields.draft),
+            gr.Dropdown(value=str(s["gamma"]), visible=fields.gamma, label=GAMMA_LABEL, info=gamma_info(fields)),
+            gr.Dropdown(value=str(s["lookup"]), visible=fields.lookup),
+            gr.Dropdown(value=str(s["retrieve"]), visible=fields.retrieve),
+            fields.note_html(why=default_why(s["method"])), gr.Radio(value=s["tree"], visible=fields.tree),
+            gr.Dropdown(value=str(s["tree_nodes"]), visible=fields.tree), s["temperature"], s["top_p"])
 
 
 def pick_step(events, evt: gr.EventData):
@@ -267,6 +284,7 @@ class RaceForm:
     tree: gr.Radio
     tree_nodes: gr.Dropdown
     method_note: gr.HTML
+    preset: gr.Dropdown
     temperature: gr.Slider
     top_p: gr.Slider
     max_new_tokens: gr.Slider
@@ -318,18 +336,19 @@ def method_fields(pair: hardware.Pair, fields: controls.Fields) -> dict:
                             allow_custom_value=True,
                             info="int8 copy, or a model sharing the vocabulary",
                             visible=fields.draft, elem_id="draft")
-        gamma = gr.Dropdown(GAMMAS, value=str(pair.gamma), label=gamma_label(fields),
-                            info=GAMMA_INFO, visible=fields.gamma, elem_id="gamma")
+        gamma = gr.Dropdown(GAMMAS, value=str(pair.gamma), label=GAMMA_LABEL,
+                            info=gamma_info(fields), visible=fields.gamma, elem_id="gamma")
         lookup = gr.Dropdown([str(n) for n in range(0, GAMMA_MAX + 1)],
-                             value=str(pair.lookup_for(pair.method)), label="Prompt lookup branch",
+                             value=str(pair.lookup_for(pair.method)), label="Prompt lookup branch (tokens)",
                              info="eagle, medusa: also verify prompt lookup's next tokens (up to this "
                                   "many) on the tree; 0 = off",
                              visible=fields.lookup, elem_id="lookup")
         retrieve = gr.Dropdown([str(n) for n in range(0, GAMMA_MAX + 1)],
-                               value=str(pair.retrieve_for(pair.method)), label="Datastore branch",
+                               value=str(pair.retrieve_for(pair.method)), label="Datastore branch (nodes)",
                                info="eagle, medusa: also verify what most often followed in the "
                                     "target's own answers (up to this many nodes); 0 = off",
                                visible=fields.retrieve, elem_id="retrieve")
+    with gr.Row():
         tree = gr.Radio(list(TREE_SHAPES), value=DEFAULTS.tree, label="Tree",
                         info="eagle, medusa: static = the drafter's stored tree; dynamic = grown each "
                              "step from the drafter's confidence (EAGLE-2)",
@@ -338,56 +357,64 @@ def method_fields(pair: hardware.Pair, fields: controls.Fields) -> dict:
                                  value=str(DEFAULTS.tree_nodes), label="Dynamic tree nodes",
                                  info="the nodes of highest path probability verified",
                                  visible=fields.tree, elem_id="tree-nodes")
+    with gr.Row():
+        sampling = sampling_fields()
     return dict(method=method, draft=draft, gamma=gamma, lookup=lookup, retrieve=retrieve, tree=tree,
-                tree_nodes=tree_nodes, method_note=gr.HTML(fields.note_html(why=pair.why)))
+                tree_nodes=tree_nodes, **sampling, method_note=gr.HTML(fields.note_html(why=pair.why)))
 
 
-def run_controls() -> dict:
-    """Sampling, length and seed; Run and Stop; the replay's pace and button."""
-    with gr.Row():
-        temperature = gr.Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05,
-                                label="Temperature (0 = greedy)", elem_id="temperature")
-        top_p = gr.Slider(0.05, 1.0, value=DEFAULTS.top_p, step=0.05, label="Top-p", elem_id="top-p")
-    with gr.Row():
-        max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=DEFAULTS.max_new_tokens, step=1,
-                                   label="Max new tokens", elem_id="max-new-tokens")
-        seed = gr.Number(value=DEFAULTS.seed, precision=0, label="Seed", elem_id="seed")
-    with gr.Row():
-        run = gr.Button("Run ▶", variant="primary", elem_id="run", size="lg")
-        stop = gr.Button("Stop ■", variant="stop", elem_id="stop", size="lg")
-    with gr.Row(equal_height=False):
-        pace = gr.Radio(list(replay.PACES), value=replay.DEFAULT_PACE, label="Replay pace",
-                        info="the last race again from its events, both lanes on one clock",
-                        scale=2, elem_id="replay-pace")
-        replay_button = gr.Button("Replay ⟲", interactive=False, elem_id="replay", size="md", scale=1)
-    return dict(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, run=run, stop=stop,
-                pace=pace, replay=replay_button)
+def sampling_fields() -> dict:
+    """Sampling, length and seed."""
+    temperature = gr.Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05,
+                            label="Temperature (0 = greedy)", elem_id="temperature")
+    top_p = gr.Slider(0.05, 1.0, value=DEFAULTS.top_p, step=0.05, label="Top-p (nucleus mass kept)",
+                      elem_id="top-p")
+    max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=DEFAULTS.max_new_tokens, step=1,
+                               label="Max new tokens", elem_id="max-new-tokens")
+    seed = gr.Number(value=DEFAULTS.seed, precision=0, label="Seed", elem_id="seed", min_width=100)
+    return dict(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
 
 
 def race_form(pair: hardware.Pair) -> RaceForm:
-    """The prompt and its examples on the left; the method's fields and the run controls on the right."""
+    """The race first: the prompt beside Run, Stop and Replay and a preset; the settings folded under "Settings"
+    (closed: the panes come on the first screen), the example prompts under theirs, and the replay's pace."""
     fields = controls.race_fields(pair.method)  # the fields the default method takes; the others hidden, with why
-    with gr.Row(equal_height=False):
-        with gr.Column(scale=3):
-            prompt = gr.Textbox(value=DEFAULT_PROMPT, label="Prompt", lines=3, max_lines=8, elem_id="prompt")
-            rows, labels = example_rows()
-            gr.Examples(rows, inputs=[prompt], example_labels=labels, label="Example prompts by category",
-                        examples_per_page=len(rows))
-        with gr.Column(scale=2):
-            return RaceForm(prompt=prompt, **method_fields(pair, fields), **run_controls())
+    with gr.Row(equal_height=False, elem_id="race-top"):
+        prompt = gr.Textbox(value=DEFAULT_PROMPT, label="Prompt", lines=2, max_lines=8, elem_id="prompt", scale=3,
+                            min_width=280)
+        with gr.Column(scale=2, min_width=280, elem_id="race-go"):
+            preset = gr.Dropdown(list(presets.NAMES), value=presets.BEST, label="Preset (fills the settings)",
+                                 elem_id="preset")
+            with gr.Row(elem_id="race-buttons"):
+                run = gr.Button("Run ▶", variant="primary", elem_id="run", size="lg", min_width=80)
+                stop = gr.Button("Stop ■", variant="stop", elem_id="stop", size="lg", min_width=80)
+                replay_button = gr.Button("Replay ⟲", interactive=False, elem_id="replay", size="lg", min_width=80)
+    with gr.Row(equal_height=False, elem_id="race-folds"):
+        with gr.Accordion("Settings", open=False, elem_id="settings"):
+            gr.HTML(f'<div class="sv-method-note">{html.escape("Presets: " + presets.info())}</div>')
+            parts = method_fields(pair, fields)
+            pace = gr.Radio(list(replay.PACES), value=replay.DEFAULT_PACE, label="Replay pace",
+                            info="the last race again from its events, both lanes on one clock",
+                            elem_id="replay-pace")
+        with gr.Accordion("Example prompts, in pairs", open=False, elem_id="examples"):
+            rows, labels = example_rows()  # each fills the prompt and the temperature
+            gr.Examples(rows, inputs=[prompt, parts["temperature"]], example_labels=labels,
+                        label="Each pair shows both sides of one lesson", examples_per_page=len(rows))
+    return RaceForm(prompt=prompt, preset=preset, run=run, stop=stop, pace=pace, replay=replay_button, **parts)
 
 
 def race_panels(initial: View) -> RacePanels:
-    """The status line, the legend, the two panes, the summary, the four plots and the tree's step slider."""
-    status = gr.HTML(initial.status, elem_id="status")
+    """The status line and the two panes side by side (narrow columns on a phone: style.css), then the legend, the
+    summary, the four plots and the tree's step slider."""
+    status = gr.HTML(initial.status, elem_id="status", padding=False)
+    with gr.Row(equal_height=True, elem_id="race-panes"):
+        with gr.Column(min_width=150):
+            pane_ar = gr.HTML(initial.pane_ar, elem_id="pane-ar", padding=False)
+        with gr.Column(min_width=150):
+            pane_spec = gr.HTML(initial.pane_spec, elem_id="pane-spec", js_on_load=PICK_STEP_JS, padding=False)
     gr.HTML(f"<style>{render.CSS}</style>{render.legend_html()}")
     gr.Checkbox(False, label="show every draft (the tree's other branches and the drafts after a refusal, "
                 "struck through)", container=False, elem_id="show-drafts")  # style.css shows them: no handler
-    with gr.Row(equal_height=True):
-        with gr.Column(min_width=340):
-            pane_ar = gr.HTML(initial.pane_ar, elem_id="pane-ar")
-        with gr.Column(min_width=340):
-            pane_spec = gr.HTML(initial.pane_spec, elem_id="pane-spec", js_on_load=PICK_STEP_JS)
     summary = gr.HTML(initial.summary, elem_id="summary")
     with gr.Accordion("What if: the same drafts on other hardware", open=False, elem_id="whatif-panel"):
         what_if = gr.HTML(what_if_html(None), elem_id="whatif")
@@ -429,6 +456,10 @@ def wire_race(form: RaceForm, panels: RacePanels, concurrency_id: str) -> None:
     form.method.input(method_changed, inputs=[form.method],
                       outputs=[form.draft, form.gamma, form.lookup, form.retrieve, form.method_note, form.tree,
                                form.tree_nodes], api_visibility="private", show_progress="hidden")
+    form.preset.input(preset_chosen, inputs=[form.preset],
+                      outputs=[form.method, form.draft, form.gamma, form.lookup, form.retrieve, form.method_note,
+                               form.tree, form.tree_nodes, form.temperature, form.top_p],
+                      api_visibility="private", show_progress="hidden")
     panels.pane_spec.select(pick_step, inputs=[panels.spec_events], outputs=[panels.plot_tree, panels.tree_step],
                             api_visibility="private", show_progress="hidden")
     panels.tree_step.input(show_tree, inputs=[panels.spec_events, panels.tree_step], outputs=[panels.plot_tree],

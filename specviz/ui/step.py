@@ -15,7 +15,7 @@ from specviz.config import DEFAULT_DRAFT
 from specviz.methods import CHAIN_METHODS
 from specviz.policy import Policy
 from specviz.ui import controls, plots, render
-from specviz.ui.common import DEVICE_QUEUE, DRAFT_CHOICES, GAMMAS, choices_with_default, num, tab_intro
+from specviz.ui.common import DEVICE_QUEUE, DRAFT_CHOICES, GAMMAS, choices_with_default, finish_words, num, tab_intro
 from specviz.ui.logic import make_config, status_html, user_message
 
 STEP_PROMPT = "Write one sentence about the moon."
@@ -116,11 +116,13 @@ def step_status(session) -> str:
     who = (f"{cfg.method}, draft {session.draft}" if entry.uses_draft_model else
            f"{cfg.method} (trained drafter, drafting a {'tree' if entry.tree else 'chain'})" if entry.trained
            else f"{cfg.method} ({entry.label})")
-    where = (f"finished ({session.run.finish_reason}) after {m['steps']} steps" if session.finished else
+    where = (f"done: {finish_words(session.run.finish_reason, m['tokens'])} after {m['steps']} steps"
+             if session.finished else
              f"{m['steps']} steps so far" if m["steps"] else "ready: press Next step")
-    alpha = (f" · α so far {num(m['alpha'])} ({m['accepted']}/{m['drafted']}) · τ {num(m['tau'])}"
+    alpha = (f" · acceptance so far (α) {num(m['alpha'])} ({m['accepted']}/{m['drafted']}) · tokens per target "
+             f"pass (τ) {num(m['tau'])}"
              if m["steps"] else "")
-    text = (f"Seed {cfg.seed} · {who} · γ = {cfg.gamma} · temperature {cfg.temperature:g} · "
+    text = (f"Seed {cfg.seed} · {who} · guesses per step (γ) {cfg.gamma} · temperature {cfg.temperature:g} · "
             f"{m['tokens']}/{cfg.max_new_tokens} tokens · {where}{alpha}")
     return status_html(text, "ok" if session.finished else "info")
 
