@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from specviz.train.losses import _HeadKL
+from specviz.train.losses import HeadKL
 
 ANCHORS_PER_BLOCK = 2.0  # blocks per sequence: this many per block_size candidate anchors
 
@@ -76,7 +76,7 @@ def dflash_loss(module, head, embed, ids, feats, valid, noise: float, generator:
     scored = inside & valid.gather(1, pos_c.view(b, -1)).view(b, k, bs)
     scored[:, :, 0] = False  # slot 0 is the known token
     true = feats[..., :d].gather(1, (pos_c - 1).clamp(min=0).view(b, -1, 1).expand(-1, -1, d)).view(b, k, bs, d)
-    kl, t_top, p_top = _HeadKL.apply(out[scored], true[scored].detach(), head.detach(), 1)
+    kl, t_top, p_top = HeadKL.apply(out[scored], true[scored].detach(), head.detach(), 1)
     gamma = decay(bs)
     weight = torch.exp(-(slot - 1).clamp(min=0).float() / gamma).expand(b, k, bs)[scored]
     loss = (weight * kl).sum() / weight.sum().clamp_min(1e-9)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 HEAD_BLOCK = 64  # rows of logits at a time: 64 x 8192 fp32 is 2 MiB, a core's L2
 
 
-class _HeadKL(torch.autograd.Function):
+class HeadKL(torch.autograd.Function):
     """Per row, KL(softmax(true @ head.T) || softmax(pred @ head.T)), `HEAD_BLOCK` rows at a time, with the
     gradient for `pred` computed in the same pass (as fused linear cross-entropy kernels do), so the (rows,
     vocab) logits never exist whole: the whole-tensor version spent most of an EAGLE training step streaming
@@ -54,7 +54,7 @@ def head_kl(pred: torch.Tensor, true: torch.Tensor, head: torch.Tensor, mask: to
     the target's top token (r,) and the drafter's top `ranks` tokens (r, ranks)."""
     if mask is not None:
         pred, true = pred[mask], true[mask]
-    kl, t_top, p_top = _HeadKL.apply(pred.reshape(-1, pred.shape[-1]), true.reshape(-1, true.shape[-1]).detach(),
+    kl, t_top, p_top = HeadKL.apply(pred.reshape(-1, pred.shape[-1]), true.reshape(-1, true.shape[-1]).detach(),
                                      head.detach(), ranks)
     return kl.mean() if len(kl) else kl.sum(), t_top, p_top
 
