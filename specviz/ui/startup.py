@@ -123,7 +123,7 @@ def noted(stream: Iterator, note: str, state: Startup = STATE) -> Iterator:
     with state.racing():
         for item in stream:
             if note and hasattr(item, "status") and item.status:
-                note_html = f'<div class="sv-startup-note" style="{STYLE}">ⓘ {html.escape(note)}</div>'
+                note_html = f'<div class="sv-startup-note" style="{STYLE}">Note: {html.escape(note)}</div>'
                 item = replace(item, status=item.status + note_html)
             yield item
 
