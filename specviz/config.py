@@ -174,7 +174,9 @@ MAX_PROMPT_CHARS = 16000
 
 def check_prompt(prompt) -> str:
     """The prompt text, or a one-line ConfigError for an empty or oversized one."""
-    if not isinstance(prompt, str) or not prompt.strip():
+    if prompt is not None and not isinstance(prompt, str):
+        raise ConfigError(f"prompt={prompt!r:.40} is not text: type a question or an instruction")
+    if not prompt or not prompt.strip():
         raise ConfigError("prompt is empty: type a question or an instruction")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise ConfigError(f"prompt has {len(prompt)} characters: the limit is {MAX_PROMPT_CHARS}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import pickle
 import random
+import re
 import shutil
 
 import pytest
@@ -153,6 +154,13 @@ def test_a_lone_surrogate_is_one_line_everywhere(tmp_path, capsys, no_model_load
     line = one_line_exit_2(["bench", "--prompts", str(file), "--json", str(tmp_path / "o.json"), "--method", "pld",
                             "--target", "smollm2-135m"], capsys)
     assert "lone surrogate" in line
+
+
+@pytest.mark.parametrize("prompt, needle", [(5, "prompt=5 is not text"), (["hi"], "prompt=['hi'] is not text"),
+                                            (None, "prompt is empty"), ("  ", "prompt is empty")])
+def test_a_prompt_that_is_not_text_is_named(prompt, needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        check_prompt(prompt)
 
 
 def test_the_app_names_a_lone_surrogate_before_loading(no_model_loads):
