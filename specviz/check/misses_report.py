@@ -21,7 +21,7 @@ def _pct(value: Optional[float]) -> str:
 
 def tok(text: str) -> str:
     """A token's text, escaped and monospaced, its whitespace visible."""
-    return f'<span class="tok sv-tok">{escape(repr(text)[1:-1])}</span>'
+    return f'<span class="tok sv-tok" style="white-space:pre">{escape(repr(text)[1:-1])}</span>'
 
 
 def accepted_length_figure(a: dict) -> Optional[go.Figure]:
