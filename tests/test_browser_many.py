@@ -54,3 +54,27 @@ def test_a_visitor_waiting_behind_a_race_sees_their_place_in_the_queue(app_url, 
                              timeout=30_000)
     second.locator("#stop").click()
     first.locator("#many-stop").click()
+
+
+def test_stop_mid_race_says_stopped_in_the_status_and_every_pane(app_url, browser):
+    """Stop in the middle of a race of several drafters: the status gives each lane's count, every unfinished pane
+    says where it stopped, and no late update of the cancelled race overwrites that."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(app_url)
+    page.get_by_role("tab", name="Several drafters").click()
+    page.wait_for_selector("#many-run")
+    page.locator("#many-lanes textarea, #many-lanes input").first.fill("pld:2, draft")
+    set_number(page, "many-max-new-tokens", 400)
+    page.locator("#many-run").click()
+    page.wait_for_function("() => document.querySelectorAll('#many-pane-0 .sv-pane .sv-tok').length > 8",
+                           timeout=300_000)
+    page.locator("#many-stop").dispatch_event("click")  # now: the growing panes never let the button sit still
+    page.wait_for_function("() => document.querySelector('#many-status').innerText.includes('■ stopped at')",
+                           timeout=10_000)
+    page.wait_for_timeout(1500)  # a late update of the cancelled race would land by now
+    status = page.locator("#many-status").inner_text()
+    assert "plain" in status and "pld:2" in status and "draft" in status, status
+    states = [page.locator(f"#many-pane-{i} .sv-pane-box").get_attribute("data-state") for i in range(3)]
+    assert states == ["stopped"] * 3
+    badges = page.evaluate("() => [0, 1, 2].map(i => document.querySelector(`#many-pane-${i} .sv-state`).textContent)")
+    assert all(b.startswith("■ stopped at ") and b.endswith(" tokens") for b in badges), badges

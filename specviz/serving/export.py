@@ -29,7 +29,9 @@ event per target forward, with these definitions, the same for chains and trees 
   P(position i accepted), where metrics.summarize's alpha_by_position is conditional on the positions before it.
 
 `generation_tokens_total` counts the tokens the speculative lane emitted; `num_requests_running` the races (or
-commands) generating now. No torch here; a registry of its own per Exporter, never prometheus_client's global one.
+commands) generating now. The app's counters add `specviz:race_steps_total`, the engine steps (both lanes) its races
+have run: it grows only while a race computes, so it shows a stopped race has stopped. No torch here; a registry
+of its own per Exporter, never prometheus_client's global one.
 """
 from __future__ import annotations
 
@@ -120,7 +122,20 @@ class Exporter:
                 from None
 
 
+class RaceSteps:
+    """A collector of the engine steps this process's races have run (core.race.steps_run), read when scraped."""
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        from specviz.core.race import steps_run
+
+        yield CounterMetricFamily(PREFIX + "race_steps", "Engine steps run by this process's races, both lanes.",
+                                  value=steps_run())
+
+
 APP = Exporter()  # the app's counters: every race of this process feeds them, its /metrics route renders them
+APP.registry.register(RaceSteps())
 
 
 def metrics_route():

@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Iterator, Optional, TypeVar
 
 from specviz import methods, whatif
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, DecodeConfig
+from specviz.core.race import Cancelled
 from specviz.errors import ConfigError
 from specviz.events import StepEvent
 from specviz.metrics import CHAIN_FORMULA, TREE_FORMULA, Comparison, RunSummary, compare, why_line
@@ -125,7 +126,7 @@ class RaceSnapshot:
     """The state of one race, updated in place as ticks arrive (race_stream yields it after each)."""
     cfg: DecodeConfig
     draft: str
-    phase: str = "loading"      # loading | running | done
+    phase: str = "loading"      # loading | running | done | stopped (Stop pressed mid-run: stopped)
     lanes: dict[str, Lane] = field(default_factory=lambda: {"ar": Lane(), "spec": Lane()})
     comparison: Optional[Comparison] = None
     decode: Optional[Callable[[list[int]], str]] = None
@@ -230,7 +231,7 @@ def fold_ticks(snap, ticks: Iterator, what: str) -> Iterator:
     while True:
         try:
             tick = next(ticks, None)
-        except ConfigError:
+        except (ConfigError, Cancelled):
             raise
         except Exception as exc:
             log.error("engine failure (%s)", what, exc_info=exc)
@@ -299,15 +300,16 @@ def throttle(stream: Iterable[T], interval: float = UPDATE_INTERVAL_S, key: Call
 
 # --- HTML -------------------------------------------------------------------------------------------------
 
-def pane_html(title: str, lane: Lane, running: bool) -> str:
+def pane_html(title: str, lane: Lane, running: bool, stopped: bool = False) -> str:
     """A pane: a header with live counters, then the coloured tokens (each with data-verdict), one band per target
-    forward (render.pane_body_html)."""
-    state = "done" if lane.done else ("running" if running else "idle")
+    forward (render.pane_body_html). `stopped`: the run was stopped, and an unfinished lane says where."""
+    state = "done" if lane.done else ("stopped" if stopped else "running" if running else "idle")
     stats = (f'<span class="sv-stat"><b>{lane.n_tokens}</b> tokens</span>'
              f'<span class="sv-stat"><b>{lane.clock:.2f}</b> s compute</span>'
              f'<span class="sv-stat"><b>{lane.tok_per_s:.1f}</b> tok/s</span>')
     body = render.pane_body_html(lane.events) if lane.events else '<span class="sv-placeholder">…</span>'
-    badge = {"done": "✓ done", "running": "● running", "idle": ""}[state]
+    badge = {"done": "✓ done", "running": "● running", "stopped": f"■ stopped at {lane.n_tokens} tokens",
+             "idle": ""}[state]
     return (f'<div class="sv-pane-box" data-state="{state}">'
             f'<div class="sv-pane-head"><span class="sv-pane-title">{html.escape(title)}</span>'
             f'<span class="sv-state sv-state-{state}">{badge}</span></div>'
@@ -447,6 +449,9 @@ def status_of(snap: RaceSnapshot) -> str:
     if snap.phase == "running":
         return status_html(f"Racing… {snap.lanes['ar'].n_tokens} plain vs {snap.lanes['spec'].n_tokens} "
                            "speculative tokens so far")
+    if snap.phase == "stopped":
+        return status_html(f"■ stopped at {snap.lanes['ar'].n_tokens} plain / {snap.lanes['spec'].n_tokens} "
+                           "speculative tokens: Replay shows what was recorded")
     finish = snap.comparison.spec.finish_reason if snap.comparison else None
     return status_html(f"Done: {finish_words(finish, snap.lanes['spec'].n_tokens)}, in "
                        f"{time.perf_counter() - snap.started:.1f} s wall time.", "ok")
@@ -465,6 +470,7 @@ class View:
     tree: object = None
     final_events: Optional[list[StepEvent]] = None  # the speculative lane's events, once the race is done
     final: Optional[RaceSnapshot] = None             # the finished race itself, for a replay (ui/replay.py)
+    snapshot: Optional[RaceSnapshot] = None          # the race shown, live (Stop renders it: stopped)
 
     def as_tuple(self) -> tuple:
         return (self.status, self.pane_ar, self.pane_spec, self.summary, self.alpha, self.speed, self.accept,
@@ -472,15 +478,16 @@ class View:
 
 
 def view_of(snap: RaceSnapshot, with_plots: bool = True) -> View:
-    running = snap.phase == "running"
+    running, stopped = snap.phase == "running", snap.phase == "stopped"
     ar, spec = snap.lanes["ar"], snap.lanes["spec"]
     view = View(
         status=status_of(snap),
-        pane_ar=pane_html(snap.title("ar"), ar, running),
-        pane_spec=pane_html(snap.title("spec"), spec, running),
+        pane_ar=pane_html(snap.title("ar"), ar, running, stopped),
+        pane_spec=pane_html(snap.title("spec"), spec, running, stopped),
         summary=summary_html(snap),
         final_events=list(spec.events) if snap.phase == "done" else None,
         final=snap if snap.phase == "done" else None,
+        snapshot=snap,
     )
     if not with_plots:
         return view
@@ -492,6 +499,18 @@ def view_of(snap: RaceSnapshot, with_plots: bool = True) -> View:
         accept=plots.accept_figure(spec.events),
         tree=plots.tree_figure(tree_event(spec.events, snap.phase == "done")),
     )
+
+
+def stopped(snap):
+    """Stop was pressed: a copy of the run's last snapshot (a race's or a race of several lanes'), its phase
+    "stopped", its lanes as they are now (the run's thread may still fold one step into the original); None when the
+    run had already ended."""
+    if snap is None or snap.phase not in ("loading", "running"):
+        return None
+    lanes = {name: replace(lane, events=list(lane.events)) for name, lane in snap.lanes.items()}
+    copy = replace(snap, phase="stopped")
+    copy.lanes = lanes
+    return copy
 
 
 def tree_event(events: list[StepEvent], done: bool) -> Optional[StepEvent]:

@@ -16,11 +16,13 @@ import gradio as gr
 
 from specviz import hardware, zerogpu
 from specviz.config import DecodeConfig
+from specviz.core.race import Cancelled
 from specviz.errors import ConfigError
 from specviz.hardware import DEFAULT_RACE, method_spec
 from specviz.metrics import Comparison, compare
 from specviz.policy import Policy
 from specviz.ui import render
+from specviz.ui.cancel import cancellable
 from specviz.ui.common import DEVICE_QUEUE, MAX_NEW_TOKENS, num, tab_intro
 from specviz.ui.logic import (
     DEFAULT_PROMPT,
@@ -32,6 +34,7 @@ from specviz.ui.logic import (
     pane_html,
     prepared_or_fail,
     status_html,
+    stopped,
     throttle,
     user_message,
 )
@@ -80,7 +83,7 @@ def parse_lanes(text: str, cfg: DecodeConfig, pair: hardware.Pair) -> dict[str, 
 class LanesSnapshot:
     """One race of several lanes, updated in place as ticks arrive (lanes_stream yields it after each)."""
     cfgs: dict[str, DecodeConfig]  # each speculative lane's settings, by lane name
-    phase: str = "loading"         # loading | running | done
+    phase: str = "loading"         # loading | running | done | stopped (Stop pressed mid-run: stop_many)
     lanes: dict[str, Lane] = field(init=False)  # "ar", then each lane of cfgs
     comparisons: dict[str, Comparison] = field(default_factory=dict)
     decode: Optional[Callable[[list[int]], str]] = None
@@ -162,13 +165,14 @@ def board_html(snap: Optional[LanesSnapshot]) -> str:
 
 def panes(snap: Optional[LanesSnapshot], names: list[str]) -> list[str]:
     """AR's pane and one per lane (MAX_LANES of them; a lane not raced shows nothing)."""
-    out = [pane_html(AR_TITLE, snap.lanes["ar"] if snap else Lane(), bool(snap and snap.phase == "running"))]
+    running, stopped = bool(snap and snap.phase == "running"), bool(snap and snap.phase == "stopped")
+    out = [pane_html(AR_TITLE, snap.lanes["ar"] if snap else Lane(), running, stopped)]
     for i in range(MAX_LANES):
         if i >= len(names):
             out.append("")
             continue
         lane = snap.lanes[names[i]] if snap else Lane()
-        out.append(pane_html(f"Speculative ({names[i]})", lane, bool(snap and snap.phase == "running")))
+        out.append(pane_html(f"Speculative ({names[i]})", lane, running, stopped))
     return out
 
 
@@ -178,6 +182,9 @@ def status_of(snap: LanesSnapshot) -> str:
     if snap.phase == "running":
         counts = ", ".join(f"{name} {lane.n_tokens}" for name, lane in snap.lanes.items())
         return status_html(f"Racing on one clock… tokens so far: {counts}")
+    if snap.phase == "stopped":
+        counts = ", ".join(f"{'plain' if name == 'ar' else name} {lane.n_tokens}" for name, lane in snap.lanes.items())
+        return status_html(f"■ stopped at {counts} tokens")
     return status_html(f"Done in {time.perf_counter() - snap.started:.1f} s wall time.", "ok")
 
 
@@ -196,12 +203,23 @@ def run_many(prompt, lanes_text, temperature, max_new_tokens):
     try:
         lanes, target = _lanes(lanes_text, temperature, max_new_tokens)
         names = list(lanes)
-        for snap in throttle(lanes_stream(prompt, lanes, target), key=lambda s: s.phase):
-            yield (status_of(snap), board_html(snap), *panes(snap, names))
+        for i, snap in enumerate(throttle(lanes_stream(prompt, lanes, target), key=lambda s: s.phase)):
+            # the snapshot, kept live for Stop (updated in place after the first)
+            yield (status_of(snap), board_html(snap), *panes(snap, names), gr.skip() if i else snap)
     except Exception as exc:
         message = user_message(exc, Policy.from_env().public)
         gr.Warning(message)
-        yield (status_html(f"⚠ {message}", "error"), *([gr.skip()] * (MAX_LANES + 2)))
+        yield (status_html(f"⚠ {message}", "error"), *([gr.skip()] * (MAX_LANES + 3)))
+
+
+def stop_many(live: Optional[LanesSnapshot]):
+    """Stop was pressed. Its cancels= end the run, whose generator can no longer yield, so this renders its last
+    snapshot (`live`, kept by run_many) as stopped: the status and each unfinished pane say where. The stopped copy
+    becomes `live`: a second Stop finds nothing running."""
+    snap = stopped(live)
+    if snap is None:  # nothing was running
+        return (gr.skip(),) * (MAX_LANES + 3)
+    return (status_of(snap), board_html(snap), *panes(snap, list(snap.cfgs)), snap)
 
 
 def many_api(prompt: str = DEFAULT_PROMPT, lanes: str = DEFAULT_LANES, temperature: float = DEFAULTS.temperature,
@@ -216,6 +234,8 @@ def many_api(prompt: str = DEFAULT_PROMPT, lanes: str = DEFAULT_LANES, temperatu
         for snap in lanes_stream(prompt, lane_cfgs, target):
             pass
         return snap.result()
+    except Cancelled:  # a cancelled request or a lost client (cancel.cancellable answers it)
+        raise
     except Exception as exc:
         raise gr.Error(user_message(exc, Policy.from_env().public), print_exception=False) from None
 
@@ -254,9 +274,12 @@ def many_tab(concurrency_id: str = DEVICE_QUEUE) -> None:
                     with gr.Column(min_width=300):
                         outs.append(gr.HTML(first[i], elem_id=f"many-pane-{i}"))
         run_seconds = zerogpu.run_duration()
+        live = gr.State(None)  # the race running now, its snapshot updated in place (stop_many renders it)
         event = run.click(zerogpu.gpu(run_many, run_seconds), inputs=[prompt, lanes, temperature, max_new_tokens],
-                          outputs=[status, board, *outs], concurrency_limit=1, concurrency_id=concurrency_id,
+                          outputs=[status, board, *outs, live], concurrency_limit=1, concurrency_id=concurrency_id,
                           api_visibility="private", show_progress="full", show_progress_on=[status])
         stop.click(None, cancels=[event])
-        gr.api(zerogpu.gpu(many_api, run_seconds), api_name="race_many", concurrency_limit=1,
-               concurrency_id=concurrency_id)
+        stop.click(stop_many, inputs=[live], outputs=[status, board, *outs, live], concurrency_limit=None,
+                   concurrency_id="stop", api_visibility="private", show_progress="hidden")
+        gr.api(cancellable(zerogpu.gpu(many_api, run_seconds)), api_name="race_many", concurrency_limit=1,
+               concurrency_id=concurrency_id)  # a cancel or a lost client stops the race on the server too

@@ -14,9 +14,11 @@ import gradio as gr
 
 from specviz import hardware, whatif, zerogpu
 from specviz.config import GAMMA_MAX, TREE_NODES_MAX, TREE_SHAPES
+from specviz.core.race import Cancelled
 from specviz.policy import Policy
 from specviz.serving import export
 from specviz.ui import controls, plots, presets, render, replay, startup
+from specviz.ui.cancel import cancellable
 from specviz.ui.common import DEVICE_QUEUE, DRAFT_CHOICES, GAMMAS, MAX_NEW_TOKENS, choices_with_default
 from specviz.ui.logic import (
     DEFAULT_PROMPT,
@@ -30,7 +32,9 @@ from specviz.ui.logic import (
     race_stream,
     short_label,
     status_html,
+    stopped,
     user_message,
+    view_of,
     what_if_html,
 )
 
@@ -96,21 +100,44 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
         note = startup.default_note(cfg)  # the shipped default, while this machine is measured: said so
         for view in startup.noted(live_views(metered(race_stream(prompt, cfg, draft, target))), note):
             events = view.final_events
-            if first:  # a new race: forget the last one (the tree slider's steps, the replay)
-                first, start = False, ([], None, gr.Button(interactive=False))
+            if first:  # a new race: forget the last one (the tree slider's steps, the replay); keep it live for Stop
+                first, start = False, ([], None, gr.Button(interactive=False), view.snapshot)
             else:
-                start = (gr.skip(),) * 3
+                start = (gr.skip(),) * 4  # the live snapshot is updated in place
             yield (*(gr.skip() if v is None else v for v in view.as_tuple()),
                    start[0] if events is None else events,
-                   gr.skip() if events is None else gr.Slider(minimum=1, maximum=max(2, len(events)),
-                                                              value=plots.longest_path_step(events) + 1, step=1,
-                                                              interactive=True),
+                   gr.skip() if events is None else tree_slider(events),
                    start[1] if view.final is None else view.final,
-                   start[2] if view.final is None else gr.Button(interactive=True))
+                   start[2] if view.final is None else gr.Button(interactive=True), start[3])
     except Exception as exc:
         message = user_message(exc, Policy.from_env().public)
         gr.Warning(message)
-        yield (status_html(f"⚠ {message}", "error"), *([gr.skip()] * 11))
+        yield (status_html(f"⚠ {message}", "error"), *([gr.skip()] * 12))
+
+
+def tree_slider(events) -> gr.Slider:
+    """The tree panel's step slider over a race's steps, at its longest accepted path."""
+    return gr.Slider(minimum=1, maximum=max(2, len(events)), value=plots.longest_path_step(events) + 1, step=1,
+                     interactive=True)
+
+
+def stop_run(live, recording):
+    """Stop was pressed. Its cancels= end the race or the replay, whose generator can no longer yield, so this
+    renders their last snapshot (`live`, kept by run_race and run_replay) as stopped: the status and each unfinished
+    pane say where; a race stopped mid-run becomes the one Replay replays (a replay is running when this session has
+    a recording, which a race clears when it starts), its steps in the tree panel. The stopped copy becomes `live`:
+    a second Stop finds nothing running."""
+    snap = stopped(live)
+    if snap is None:  # nothing was running
+        return (gr.skip(),) * 13
+    view, events = view_of(snap, with_plots=False), snap.lanes["spec"].events  # the plots stay as last drawn
+    if recording is not None and live is not recording:  # a replay: the recording stays as it was
+        status = status_html(f"■ replay stopped at {snap.lanes['ar'].n_tokens} plain / "
+                             f"{snap.lanes['spec'].n_tokens} speculative tokens")
+        return (status, *(gr.skip() if v is None else v for v in view.as_tuple()[1:]), gr.skip(), gr.skip(),
+                gr.skip(), gr.Button(interactive=True), snap)
+    return (*(gr.skip() if v is None else v for v in view.as_tuple()), events,
+            tree_slider(events) if events else gr.skip(), snap, gr.Button(interactive=bool(events)), snap)
 
 
 def run_replay(final, pace):
@@ -119,11 +146,12 @@ def run_replay(final, pace):
     try:
         if final is None:
             raise ValueError("there is no finished race to replay yet: press Run first")
-        for view in replay.replay_views(final, replay.pace_of(pace)):
-            yield tuple(gr.skip() if v is None else v for v in view.as_tuple())
+        for i, view in enumerate(replay.replay_views(final, replay.pace_of(pace))):
+            # the replay's snapshot, kept live for Stop (updated in place after the first)
+            yield (*(gr.skip() if v is None else v for v in view.as_tuple()), gr.skip() if i else view.snapshot)
     except Exception as exc:
         message = str(exc) if isinstance(exc, ValueError) else user_message(exc, Policy.from_env().public)
-        yield (status_html(f"⚠ {message}", "error"), *([gr.skip()] * 7))
+        yield (status_html(f"⚠ {message}", "error"), *([gr.skip()] * 8))
 
 
 def race_api(prompt: str = DEFAULT_PROMPT, method: str = "", draft: str = "",
@@ -151,6 +179,8 @@ def race_api(prompt: str = DEFAULT_PROMPT, method: str = "", draft: str = "",
         for snap in startup.noted(metered(race_stream(prompt, cfg, draft, target)), note):  # race_result's fold
             pass
         return {**snap.result(), "note": note}
+    except Cancelled:  # a cancelled request or a lost client (cancel.cancellable answers it)
+        raise
     except Exception as exc:
         raise gr.Error(user_message(exc, Policy.from_env().public), print_exception=False) from None
 
@@ -438,9 +468,10 @@ def wire_race(form: RaceForm, panels: RacePanels, concurrency_id: str) -> None:
     """Run, Replay and Stop; the fields that follow the method; a click in the speculative pane and the step slider
     choose the tree panel's step; the /race endpoint. The handlers that run models share the device's queue."""
     run_seconds = zerogpu.run_duration()  # one capped run: SPECVIZ_MAX_RUN_SECONDS plus the set-up
+    live = gr.State(None)  # the race or replay running now, its snapshot updated in place (stop_run renders it)
     run_event = form.run.click(
         zerogpu.gpu(run_race, run_seconds), inputs=form.settings(),
-        outputs=[*panels.views(), panels.spec_events, panels.tree_step, panels.recording, form.replay],
+        outputs=[*panels.views(), panels.spec_events, panels.tree_step, panels.recording, form.replay, live],
         concurrency_limit=1, concurrency_id=concurrency_id, api_name="race_stream",
         show_progress="full", show_progress_on=[panels.status])  # a waiting visitor sees their place in the queue
     run_event.then(what_if_panel, inputs=[panels.recording, panels.what_if_profiles], outputs=[panels.what_if],
@@ -450,9 +481,13 @@ def wire_race(form: RaceForm, panels: RacePanels, concurrency_id: str) -> None:
                                show_progress="hidden")
     replay_event = form.replay.click(
         run_replay, inputs=[panels.recording, form.pace],  # no model runs: its own queue, beside the device's
-        outputs=panels.views(), concurrency_limit=4, concurrency_id="replay", api_visibility="private",
+        outputs=[*panels.views(), live], concurrency_limit=4, concurrency_id="replay", api_visibility="private",
         show_progress="hidden")
     form.stop.click(None, cancels=[run_event, replay_event])
+    form.stop.click(stop_run, inputs=[live, panels.recording],  # what the cancelled run can no longer yield
+                    outputs=[*panels.views(), panels.spec_events, panels.tree_step, panels.recording, form.replay,
+                             live], concurrency_limit=None, concurrency_id="stop", api_visibility="private",
+                    show_progress="hidden")
     form.method.input(method_changed, inputs=[form.method],
                       outputs=[form.draft, form.gamma, form.lookup, form.retrieve, form.method_note, form.tree,
                                form.tree_nodes], api_visibility="private", show_progress="hidden")
@@ -464,7 +499,8 @@ def wire_race(form: RaceForm, panels: RacePanels, concurrency_id: str) -> None:
                             api_visibility="private", show_progress="hidden")
     panels.tree_step.input(show_tree, inputs=[panels.spec_events, panels.tree_step], outputs=[panels.plot_tree],
                            api_visibility="private", show_progress="hidden")
-    gr.api(zerogpu.gpu(race_api, run_seconds), api_name="race", concurrency_limit=1, concurrency_id=concurrency_id)
+    gr.api(cancellable(zerogpu.gpu(race_api, run_seconds)), api_name="race", concurrency_limit=1,
+           concurrency_id=concurrency_id)  # a cancel or a lost client stops the race on the server too
 
 
 def race_tab(concurrency_id: str = DEVICE_QUEUE, pair: hardware.Pair = hardware.EMBEDDED_PAIR) -> None:

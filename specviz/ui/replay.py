@@ -83,7 +83,7 @@ def replay_stream(final: RaceSnapshot, pace: float, frame: float = FRAME_S, slee
         sleep(max(0.0, wake - (now() - start)))
     for name, lane in snap.lanes.items():  # the recorded end state, exactly
         lane.clock, lane.done = final.lanes[name].clock, final.lanes[name].done
-    snap.comparison, snap.phase = final.comparison, "done"
+    snap.comparison, snap.phase = final.comparison, final.phase  # "stopped" for a race stopped mid-run
     yield snap
 
 
@@ -96,11 +96,12 @@ def replay_views(final: RaceSnapshot, pace: float, frame: float = FRAME_S, plot_
     start, last_plot = now(), None
     for snap in replay_stream(final, pace, frame, sleep, now):
         t = now()
-        full = snap.phase == "done" or last_plot is None or t - last_plot >= plot_interval
+        end = snap.phase != "running"
+        full = end or last_plot is None or t - last_plot >= plot_interval
         if full:
             last_plot = t
         view = view_of(snap, with_plots=full)
-        if snap.phase == "done":
+        if end:
             status = status_html(f"Replayed at {pace:g}× in {t - start:.2f} s: {total:.2f} s of recorded compute "
                                  "(the slower lane's), the same events and the same end state as the race.", "ok")
         else:

@@ -1,0 +1,195 @@
+"""A cancelled or abandoned race stops on the server: the app launched in-process (tests/conftest.py's app_url), a race
+submitted through gradio_client and cancelled after its first tokens (or its client process killed), then the app's
+own /metrics read: within 2 s no race is counted as running and the token counter, fed by every engine step of the
+speculative lane, stops growing. (The next race's time against a solo one: experiments/probes/cancel_probe.py.)"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import replace
+
+import pytest
+from test_app_logic import snapshot
+from test_render import AR, FULL, NO_DRAFT, PARTIAL
+
+from specviz.core import race
+from specviz.ui import logic
+from specviz.ui import replay as replays
+
+gradio_client = pytest.importorskip("gradio_client")
+
+PROMPT = "Write a short, cheerful poem about a lighthouse keeper who loves tea."
+N = 400  # far more tokens than the race gets through before it is stopped
+CLIENT = """
+import sys
+from gradio_client import Client
+Client(sys.argv[1], verbose=False).predict(prompt=sys.argv[2], max_new_tokens=int(sys.argv[3]), api_name="/race")
+"""
+
+
+def test_a_race_stops_before_its_next_step_once_its_stop_signal_is_set():
+    steps = []
+
+    def lane(name):
+        for e in (PARTIAL, FULL, NO_DRAFT):
+            steps.append(name)
+            yield e
+
+    stop = [False]
+    token = race.STOP.set(lambda: stop[0])
+    try:
+        ticks = race.race({"ar": lane("ar"), "spec": lane("spec")})
+        next(ticks), next(ticks)
+        stop[0] = True
+        with pytest.raises(race.Cancelled):
+            next(ticks)
+    finally:
+        race.STOP.reset(token)
+    assert len(steps) == 2 and race.steps_run() >= 2  # no step after the signal
+    assert len(list(race.race({"ar": lane("ar")}))) == 3  # outside that context the signal is gone
+
+
+def stopped_midway():
+    snap = snapshot(AR, [PARTIAL, FULL])
+    snap.phase = "running"
+    for lane in snap.lanes.values():
+        lane.done = False
+    return snap
+
+
+def test_a_race_stopped_midway_says_where_in_its_status_and_panes():
+    snap = stopped_midway()
+    ar, spec = snap.lanes["ar"].n_tokens, snap.lanes["spec"].n_tokens
+    copy = logic.stopped(snap)
+    view = logic.view_of(copy)
+    assert snap.phase == "running" and copy.lanes["spec"].events is not snap.lanes["spec"].events  # a copy
+    assert f"■ stopped at {ar} plain / {spec} speculative tokens" in view.status
+    assert f"■ stopped at {ar} tokens" in view.pane_ar and f"■ stopped at {spec} tokens" in view.pane_spec
+    assert 'data-state="stopped"' in view.pane_ar and "running" not in view.pane_spec
+    assert logic.stopped(copy) is None and logic.stopped(snapshot(AR, [PARTIAL])) is None  # ended already
+
+
+def test_a_replay_of_a_stopped_race_ends_where_it_stopped():
+    final = logic.stopped(stopped_midway())
+    for lane in final.lanes.values():
+        lane.events = [replace(e, draft_s=0.0, verify_s=0.001) for e in lane.events]
+    last = list(replays.replay_views(final, 1.0, frame=0.0))[-1]
+    assert "Replayed at" in last.status
+    assert (last.pane_ar, last.pane_spec) == (logic.view_of(final).pane_ar, logic.view_of(final).pane_spec)
+    assert f"■ stopped at {final.lanes['spec'].n_tokens} tokens" in last.pane_spec
+
+
+def metric(url: str, name: str) -> float:
+    """The sum of one metric's samples in the app's /metrics text."""
+    text = urllib.request.urlopen(url + "metrics", timeout=10).read().decode()
+    return sum(float(v) for v in re.findall(rf"^specviz:{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    end = time.perf_counter() + timeout
+    while not condition():
+        if time.perf_counter() > end:
+            raise AssertionError(f"{what} within {timeout:g} s")
+        time.sleep(0.05)
+
+
+def tokens(url: str) -> float:
+    return metric(url, "generation_tokens_total")
+
+
+def steps(url: str) -> float:
+    return metric(url, "race_steps_total")
+
+
+def running(url: str) -> float:
+    return metric(url, "num_requests_running")
+
+
+def first_tokens(url: str) -> None:
+    """Until a race of this test is running and its speculative lane has emitted its first tokens."""
+    before = tokens(url)
+    wait_for(lambda: running(url) >= 1 and tokens(url) > before + 4, 300, "the race's first tokens")
+
+
+def assert_stopped(url: str) -> None:
+    """Within 2 s of the cancel: no race counted as running (nothing else runs here, so ≤ 1 is 0), and no engine step
+    after that (the app's count of engine steps, both lanes, and its token counter stay put for a second)."""
+    wait_for(lambda: running(url) <= 0, 2.0, "num_requests_running back to 0")
+    settled = steps(url), tokens(url)
+    time.sleep(1.0)
+    assert (steps(url), tokens(url)) == settled, "the race kept generating after it was stopped"
+
+
+@pytest.fixture(scope="module")
+def client(app_url):
+    c = gradio_client.Client(app_url, verbose=False)
+    c.predict(prompt=PROMPT, max_new_tokens=8, api_name="/race")  # warm: the drafter loaded, the kernels picked
+    return c
+
+
+def test_cancelled_race_endpoint_stops_generating(app_url, client):
+    job = client.submit(prompt=PROMPT, max_new_tokens=N, api_name="/race")
+    first_tokens(app_url)
+    job.cancel()
+    assert_stopped(app_url)
+
+
+def test_cancelled_streaming_race_stops_generating(app_url, client):
+    job = client.submit(PROMPT, "pld", "int8", "4", 0.0, 1.0, N, 0, "0", "0", api_name="/race_stream")
+    first_tokens(app_url)
+    assert job.status().code.name in ("PROCESSING", "ITERATING")
+    job.cancel()
+    assert_stopped(app_url)
+
+
+def test_race_of_a_killed_client_stops_generating(app_url, client):
+    proc = subprocess.Popen([sys.executable, "-c", CLIENT, app_url, PROMPT, str(N)])
+    try:
+        first_tokens(app_url)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert_stopped(app_url)
+    out = client.predict(prompt=PROMPT, max_new_tokens=8, api_name="/race")  # the app serves the next visitor
+    assert out["spec_text"] == out["ar_text"]
+
+
+STOPPED = re.compile(r"■ stopped at (\d+) plain / (\d+) speculative tokens")
+BADGE = "() => [...document.querySelectorAll('#pane-ar .sv-state, #pane-spec .sv-state')].map(b => b.textContent)"
+
+
+def test_stop_mid_race_says_stopped_and_replay_replays_it(app_url, browser):
+    """Stop in the middle of a race: the status and both panes say where it stopped (the time it takes printed),
+    nothing overwrites that afterwards, and Replay, enabled, replays the recorded part and ends at the same counts."""
+    from tests.browser_kit import ASSETS, set_number
+
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(app_url)
+    page.wait_for_selector("#run")
+    if not page.locator("#max-new-tokens input[type=number]").is_visible():  # the settings fold away
+        page.locator("#settings button").first.click()
+    set_number(page, "max-new-tokens", N)
+    page.locator("#run").click()
+    page.wait_for_function("() => document.querySelectorAll('#pane-spec .sv-pane .sv-tok').length > 12",
+                           timeout=300_000)
+    assert page.locator("#pane-spec .sv-pane-box[data-state=running]").count() == 1
+    start = time.perf_counter()
+    page.locator("#stop").dispatch_event("click")  # now: the growing panes never let the button sit still
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('■ stopped at')",
+                           timeout=10_000)
+    for pane in ("#pane-ar", "#pane-spec"):
+        page.wait_for_selector(f"{pane} .sv-pane-box[data-state=stopped]", timeout=10_000)
+    print(f"stopped shown {time.perf_counter() - start:.2f} s after Stop")
+    page.wait_for_timeout(1500)  # a late update of the cancelled race would land by now
+    ar, spec = (int(n) for n in STOPPED.search(page.locator("#status").inner_text()).groups())
+    assert 0 < spec < N
+    assert page.evaluate(BADGE) == [f"■ stopped at {ar} tokens", f"■ stopped at {spec} tokens"]
+    assert page.locator("#replay").is_enabled()
+    page.screenshot(path=str(ASSETS / "screenshot-stopped.png"))
+
+    page.locator("#replay").click()
+    page.wait_for_function("() => /Replayed at/.test(document.querySelector('#status').innerText)", timeout=120_000)
+    assert page.evaluate(BADGE) == [f"■ stopped at {ar} tokens", f"■ stopped at {spec} tokens"]
