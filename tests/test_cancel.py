@@ -169,9 +169,12 @@ def test_stop_mid_race_says_stopped_and_replay_replays_it(app_url, browser):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(app_url)
     page.wait_for_selector("#run")
-    if not page.locator("#max-new-tokens input[type=number]").is_visible():  # the settings fold away
+    folded = not page.locator("#max-new-tokens input[type=number]").is_visible()  # the settings fold away
+    if folded:
         page.locator("#settings button").first.click()
     set_number(page, "max-new-tokens", N)
+    if folded:
+        page.locator("#settings button").first.click()
     page.locator("#run").click()
     page.wait_for_function("() => document.querySelectorAll('#pane-spec .sv-pane .sv-tok').length > 12",
                            timeout=300_000)
@@ -188,6 +191,7 @@ def test_stop_mid_race_says_stopped_and_replay_replays_it(app_url, browser):
     assert 0 < spec < N
     assert page.evaluate(BADGE) == [f"■ stopped at {ar} tokens", f"■ stopped at {spec} tokens"]
     assert page.locator("#replay").is_enabled()
+    page.locator("#status").scroll_into_view_if_needed()
     page.screenshot(path=str(ASSETS / "screenshot-stopped.png"))
 
     page.locator("#replay").click()

@@ -66,6 +66,8 @@ def cancellable(fn: Callable) -> Callable:
         except asyncio.CancelledError:
             stop.set()
             await asyncio.wait({task})  # the engines stop within a step; the queue's slot stays held until then
+            if not task.cancelled():
+                task.exception()  # retrieved: the Cancelled it ended with is no error to log
             raise
         try:
             return task.result()
