@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from specviz import paths
 from specviz.errors import ConfigError
 
 log = logging.getLogger("specviz.calibration")
@@ -56,11 +57,12 @@ def mode() -> str:
 
 
 def cache_dir() -> Path:
-    """Where calibrations are kept: SPECVIZ_CALIBRATION_DIR, else $XDG_CACHE_HOME/specviz, else ~/.cache/specviz."""
+    """Where calibrations are kept: SPECVIZ_CALIBRATION_DIR, else paths.user_cache() (SPECVIZ_CACHE_DIR,
+    $XDG_CACHE_HOME/specviz or ~/.cache/specviz)."""
     given = os.environ.get(DIR_ENV, "").strip()
     if given:
         return Path(given).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specviz"
+    return paths.user_cache()
 
 
 def machine_key(target) -> dict:

