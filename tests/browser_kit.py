@@ -12,10 +12,14 @@ SETTINGS = "#settings"
 
 
 def reveal(page, elem_id: str) -> None:
-    """Open the race's Settings accordion when `elem_id` is one of its fields and it is folded away."""
-    if page.locator(f"{SETTINGS} #{elem_id}").count() and not page.locator(f"#{elem_id}").is_visible():
+    """Open the race's Settings accordion when `elem_id` is not on the page (a closed accordion renders none of its
+    fields) or is one of its fields, and the accordion is closed (its method field is not shown)."""
+    field = page.locator(f"#{elem_id}")
+    if field.count() and (field.is_visible() or not page.locator(f"{SETTINGS} #{elem_id}").count()):
+        return
+    if not page.locator("#method").is_visible():
         page.locator(f"{SETTINGS} > button.label-wrap").click()
-        page.locator(f"#{elem_id}").wait_for(state="visible", timeout=10_000)
+        page.locator("#method").wait_for(state="visible", timeout=10_000)
 
 
 def fold_settings(page) -> None:
