@@ -242,6 +242,8 @@ def read_layout(folder: Path, target) -> tuple[DrafterConfig, dict[str, torch.Te
             _weights_file(folder, ("model.safetensors",)))
     try:
         cfg, state = _published_layout(folder, raw, target)
+    except DrafterError:  # already one line naming what is wrong
+        raise
     except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a field of the wrong type or shape
         raise DrafterError(f"drafter {str(folder)!r}: its config.json or weights do not fit a published layout "
                            f"({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})") from None

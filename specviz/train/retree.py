@@ -29,7 +29,7 @@ def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OU
     the committed one, or this machine's from `python -m specviz profile --json`). Returns {"old": tree, "new": tree,
     "accuracy": ...}; with write, config.json gets the new tree and the figures, and the model card a line saying so."""
     folder = Path(folder)
-    raw = read_config(folder)  # one line for a missing folder, no config.json, or one that is not JSON
+    raw = read_config(folder) if (folder / "config.json").is_file() else {}  # one line for a corrupt config.json
     if "kind" not in raw:
         raise DrafterError(f"{str(folder)!r} is not a drafter trained here (no config.json with a kind)")
     kind = raw["kind"]
