@@ -17,6 +17,8 @@ def reveal(page, elem_id: str) -> None:
     field = page.locator(f"#{elem_id}")
     if field.count() and (field.is_visible() or not page.locator(f"{SETTINGS} #{elem_id}").count()):
         return
+    if not page.locator(SETTINGS).is_visible():  # another tab is shown: its field is not the race's
+        return
     if not page.locator("#method").is_visible():
         page.locator(f"{SETTINGS} > button.label-wrap").click()
         page.locator("#method").wait_for(state="visible", timeout=10_000)
