@@ -150,15 +150,15 @@ def accept_figure(events: Sequence[StepEvent]) -> go.Figure:
          "hovertemplate": "position %{x}: α_i = %{y:.2f}<extra></extra>"},
     ]
     titles = [{"text": text, "showarrow": False, "x": x, "y": 1.0, "xref": "paper", "yref": "paper",
-               "xanchor": "center", "yanchor": "bottom", "font": {"size": 16}}
-              for text, x in (("steps keeping k", 0.215), ("kept at position i", 0.785))]
+               "xanchor": "center", "yanchor": "bottom", "font": {"size": 13}}
+              for text, x in (("steps that kept k", 0.215), ("share kept at i", 0.785))]
     tau = f"<br><sup>tokens per target pass (τ) {summary.tau:.2f}</sup>" if events else ""
     return figure(
         data, "Drafts kept" + tau, None if counts else "no drafts yet", showlegend=False,
         annotations=titles, margin={"l": 64, "r": 20, "t": 100, "b": 56},
-        xaxis={"domain": [0.0, 0.43], "title": {"text": "drafts kept (k)"}, "dtick": 1, "anchor": "y"},
+        xaxis={"domain": [0.0, 0.43], "title": {"text": "k drafts kept"}, "dtick": 1, "anchor": "y"},
         yaxis={"title": {"text": "steps"}, "anchor": "x", "rangemode": "tozero"},
-        xaxis2={"domain": [0.57, 1.0], "title": {"text": "draft position i"}, "dtick": 1, "anchor": "y2"},
+        xaxis2={"domain": [0.57, 1.0], "title": {"text": "position i"}, "dtick": 1, "anchor": "y2"},
         yaxis2={"range": [0, 1.03], "anchor": "x2"})
 
 
@@ -481,11 +481,11 @@ def theory_figure(alpha: float, c: float, measured: Optional[dict] = None, gamma
                                     "line": {"color": "#000000", "width": 1.5}},
                          "hovertemplate": "predicted at the measured α, c: %{y:.2f}×<extra></extra>"})
     titles = [{"text": text, "showarrow": False, "x": 0.0, "y": y, "xref": "paper", "yref": "paper",
-               "xanchor": "left", "yanchor": "bottom", "font": {"size": 14}}
-              for text, y in (("tokens a pass E = (1 − α^(γ+1)) / (1 − α)", 1.0),
-                              ("predicted speedup S = E / (γc + 1)", 0.42))]
-    return figure(data, "Theory: Leviathan et al. (2023)", height=600, annotations=titles,
-                   margin={"l": 56, "r": 16, "t": 84, "b": 40},
+               "xanchor": "left", "yanchor": "bottom", "font": {"size": 14}, "align": "left"}
+              for text, y in (("tokens a target pass<br>E = (1 − α^(γ+1)) / (1 − α)", 1.0),
+                              ("predicted speedup<br>S = E / (γc + 1)", 0.42))]
+    return figure(data, "Theory: Leviathan et al. (2023)", height=620, annotations=titles,
+                   margin={"l": 56, "r": 16, "t": 100, "b": 40},
                    legend={"orientation": "h", "yanchor": "top", "y": -0.16, "xanchor": "left", "x": 0.0,
                            "font": {"size": 14}},
                    xaxis={"domain": [0.0, 1.0], "dtick": 2, "anchor": "y", "range": [0.5, gamma_max + 0.5]},
