@@ -9,7 +9,7 @@ from specviz.config import DecodeConfig
 from specviz.events import Verdict
 from specviz.serving import export
 from specviz.serving import prometheus as prom
-from specviz.ui import logic
+from specviz.ui import logic, race_html
 
 
 def race_and_watch(prompt: str, cfg: DecodeConfig, **target):
@@ -39,7 +39,7 @@ def check_both(snap, s) -> tuple[float, float]:
     assert (s["accepted_tokens"], s["draft_tokens"]) == (kept, len(drafts))
     assert spec.proposed_acceptance == pytest.approx(s["acceptance_rate"])
     # the summary shows both, each with its counts, so that neither is read as the other
-    note = logic.alpha_note(spec)
+    note = race_html.alpha_note(spec)
     assert f"{kept} of the {judged} guesses the target judged" in note and f"{kept} of {len(drafts)}" in note
     return spec.alpha, s["acceptance_rate"]
 

@@ -8,7 +8,7 @@ from specviz.config import DecodeConfig
 from specviz.errors import ConfigError
 from specviz.events import Verdict
 from specviz.metrics import compare
-from specviz.ui import logic
+from specviz.ui import logic, race_html, race_views
 
 
 def test_form_defaults_come_from_decode_config():
@@ -27,15 +27,15 @@ def test_bad_form_values_raise_one_line_config_errors(kwargs, needle):
 def test_throttle_passes_first_phase_changes_at_most_one_per_interval_and_the_last():
     times = iter([0.0, 0.1, 0.2, 0.3, 0.36, 0.4, 0.9, 0.95])
     items = [("a", 0), ("b", 1), ("b", 2), ("b", 3), ("b", 4), ("b", 5), ("b", 6), ("b", 7)]
-    out = list(logic.throttle(items, 0.25, key=lambda x: x[0], now=lambda: next(times)))
+    out = list(race_views.throttle(items, 0.25, key=lambda x: x[0], now=lambda: next(times)))
     # a: first; b@0.1: phase change; b@0.36 is the first >= 0.25 s later; b@0.9 next; the final b@0.95
     assert [i for _, i in out] == [0, 1, 4, 6, 7]
 
 
 def test_throttle_never_repeats_the_final_item():
-    assert list(logic.throttle([1, 2], 10.0, now=lambda: 0.0)) == [1, 2]
-    assert list(logic.throttle([1], 10.0, now=lambda: 0.0)) == [1]
-    assert list(logic.throttle([], 10.0)) == []
+    assert list(race_views.throttle([1, 2], 10.0, now=lambda: 0.0)) == [1, 2]
+    assert list(race_views.throttle([1], 10.0, now=lambda: 0.0)) == [1]
+    assert list(race_views.throttle([], 10.0)) == []
 
 
 def snapshot(ar, spec, cfg=None):
@@ -50,19 +50,19 @@ def snapshot(ar, spec, cfg=None):
 
 
 def test_summary_labels_tau_and_shows_the_prediction_beside_the_measured_speedup():
-    out = logic.summary_html(snapshot(AR, [PARTIAL]))
-    assert logic.TAU_LABEL in out
+    out = race_html.summary_html(snapshot(AR, [PARTIAL]))
+    assert race_html.TAU_LABEL in out
     for label in ("speedup (measured)", "predicted speedup", "acceptance rate α", "cost ratio c"):
         assert f'data-metric="{label}"' in out
     assert "Leviathan" in out
 
 
 def test_summary_badge_names_the_first_divergence_with_both_tokens():
-    out = logic.summary_html(snapshot(AR, [PARTIAL]))  # AR: "The", " sky"; spec: "The", " sky", " looks"
+    out = race_html.summary_html(snapshot(AR, [PARTIAL]))  # AR: "The", " sky"; spec: "The", " sky", " looks"
     assert "differs from plain decoding at token 2" in out and "&#x27; looks&#x27;" in out
-    same = logic.summary_html(snapshot(AR, [StepEventSlice.first_two()]))
+    same = race_html.summary_html(snapshot(AR, [StepEventSlice.first_two()]))
     assert "identical to plain decoding" in same
-    sampled = logic.summary_html(snapshot(AR, [PARTIAL], DecodeConfig(temperature=0.7)))
+    sampled = race_html.summary_html(snapshot(AR, [PARTIAL], DecodeConfig(temperature=0.7)))
     assert "sampling" in sampled and "identical" not in sampled
 
 
@@ -75,7 +75,7 @@ class StepEventSlice:
 
 def test_panes_show_live_counters_and_state():
     snap = snapshot(AR, [PARTIAL, FULL, NO_DRAFT])
-    view = logic.view_of(snap)
+    view = race_views.view_of(snap)
     assert 'data-state="done"' in view.pane_spec and "Speculative (vanilla)" in view.pane_spec
     assert "<b>7</b> tokens" in view.pane_spec and "<b>0.07</b> s compute" in view.pane_spec
     assert "Plain autoregressive" in view.pane_ar and 'data-verdict="plain"' in view.pane_ar
@@ -103,7 +103,7 @@ def test_live_views_redraw_plots_about_once_a_second_and_in_full_at_the_end():
             current[0] = t
             yield logic.RaceSnapshot(cfg, "int8", phase=phase)
 
-    views = list(logic.live_views(feed(), 0.25, 1.0, now=lambda: current[0]))
+    views = list(race_views.live_views(feed(), 0.25, 1.0, now=lambda: current[0]))
     # panes: loading, the first tokens, then every >= 0.25 s (0.1 is skipped), and the final state
     assert [v.status != "" for v in views] == [True] * 7
     assert [v.alpha is not None for v in views] == [True, False, False, False, False, True, True]
@@ -149,9 +149,9 @@ def test_the_tree_panel_opens_on_the_longest_accepted_path_once_the_race_is_done
     assert plots.longest_path_step(events) == 1 and plots.longest_path_step([]) == 0
     assert plots.longest_path_step([events[2], events[1], events[1]]) == 1  # a tie: the earliest
     snap = snapshot(AR, events)
-    assert "Candidate tree of step 2: kept 2 of" in logic.view_of(snap).tree.layout.title.text
+    assert "Candidate tree of step 2: kept 2 of" in race_views.view_of(snap).tree.layout.title.text
     snap.phase = "running"  # live: the latest step
-    assert "Candidate tree of step 4:" in logic.view_of(snap).tree.layout.title.text
+    assert "Candidate tree of step 4:" in race_views.view_of(snap).tree.layout.title.text
 
 
 def test_summary_opens_with_the_why_line_and_gives_both_acceptances():
@@ -160,7 +160,7 @@ def test_summary_opens_with_the_why_line_and_gives_both_acceptances():
     from specviz.metrics import why_line
 
     snap = snapshot(AR, [PARTIAL, FULL])  # a chain: 2 of 4 kept, 1 refused, 1 never judged; then 2 of 2 kept
-    out = logic.summary_html(snap)
+    out = race_html.summary_html(snap)
     assert out.index('id="why-line"') < out.index("sv-badges")
     line = why_line(snap.comparison)
     assert html.escape(line) in out and line.startswith("All 4 kept guesses were draft model's own guesses")

@@ -8,7 +8,7 @@ import json
 
 from specviz import hardware, whatif
 from specviz.metrics import CostProfile
-from specviz.ui import logic
+from specviz.ui import race_html
 from tests.browser_kit import ASSETS
 from tests.test_browser_race import race
 
@@ -43,7 +43,7 @@ def test_the_what_if_panel_retimes_the_race_and_takes_profile_files(app_url, bro
     # profile and the race, so the test holds the row to the same order, not to the benchmark's 10%
     assert rows[0][0] == "here" and abs(rows[0][1] / speedup - 1) < 0.5, (rows[0], speedup)
     assert [r[2] for r in rows[1:]] == devices and all(r[0] == "roofline" for r in rows[1:])
-    assert logic.ROOFLINE_NOTE in page.locator("#whatif").inner_text()
+    assert race_html.ROOFLINE_NOTE in page.locator("#whatif").inner_text()
 
     page.locator("#whatif-file input[type=file]").set_input_files(str(good))
     page.wait_for_function("() => document.querySelector('#whatif tr[data-kind=profile]') !== null", timeout=60_000)

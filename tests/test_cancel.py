@@ -16,7 +16,7 @@ from test_app_logic import snapshot
 from test_render import AR, FULL, NO_DRAFT, PARTIAL
 
 from specviz.core import race
-from specviz.ui import logic
+from specviz.ui import logic, race_views
 from specviz.ui import replay as replays
 
 gradio_client = pytest.importorskip("gradio_client")
@@ -64,7 +64,7 @@ def test_a_race_stopped_midway_says_where_in_its_status_and_panes():
     snap = stopped_midway()
     ar, spec = snap.lanes["ar"].n_tokens, snap.lanes["spec"].n_tokens
     copy = logic.stopped(snap)
-    view = logic.view_of(copy)
+    view = race_views.view_of(copy)
     assert snap.phase == "running" and copy.lanes["spec"].events is not snap.lanes["spec"].events  # a copy
     assert f"■ stopped at {ar} plain / {spec} speculative tokens" in view.status
     assert f"■ stopped at {ar} tokens" in view.pane_ar and f"■ stopped at {spec} tokens" in view.pane_spec
@@ -78,7 +78,7 @@ def test_a_replay_of_a_stopped_race_ends_where_it_stopped():
         lane.events = [replace(e, draft_s=0.0, verify_s=0.001) for e in lane.events]
     last = list(replays.replay_views(final, 1.0, frame=0.0))[-1]
     assert "Replayed at" in last.status
-    assert (last.pane_ar, last.pane_spec) == (logic.view_of(final).pane_ar, logic.view_of(final).pane_spec)
+    assert (last.pane_ar, last.pane_spec) == (race_views.view_of(final).pane_ar, race_views.view_of(final).pane_spec)
     assert f"■ stopped at {final.lanes['spec'].n_tokens} tokens" in last.pane_spec
 
 

@@ -47,7 +47,9 @@ def test_choosing_a_preset_fills_the_form_and_shows_the_fields_its_method_takes(
     monkeypatch.setattr(hardware, "default_pair", lambda device=None: PAIR)
     for name in presets.NAMES:
         s = presets.settings(name, PAIR)
-        method, draft, gamma, lookup, retrieve, _note, tree, tree_nodes, temperature, top_p = race.preset_chosen(name)
+        out = race.preset_chosen(name)  # by output name (wiring.by_name)
+        method, draft, gamma, lookup, retrieve, tree, tree_nodes, temperature, top_p = (out[k] for k in (
+            "method", "draft", "gamma", "lookup", "retrieve", "tree", "tree_nodes", "temperature", "top_p"))
         fields = controls.race_fields(s["method"])
         assert (method.value, draft.value, gamma.value, lookup.value, retrieve.value) == (
             s["method"], s["draft"], str(s["gamma"]), str(s["lookup"]), str(s["retrieve"])), name

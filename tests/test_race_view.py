@@ -13,14 +13,14 @@ from specviz.config import DecodeConfig
 from specviz.events import EmittedToken as E
 from specviz.events import StepEvent
 from specviz.events import Verdict as V
-from specviz.ui import controls, lesson, logic
+from specviz.ui import controls, lesson, race_html
 
 # AR's "The sky" in one step
 SAME = [StepEvent(step=0, drafts=(), emitted=(E(11, "The", V.ACCEPTED, 0.9), E(12, " sky", V.BONUS, 0.7)))]
 
 
 def test_greedy_identical_texts_say_so_and_show_both_one_above_the_other():
-    out = logic.summary_html(snapshot(AR, SAME))
+    out = race_html.summary_html(snapshot(AR, SAME))
     assert "identical to plain decoding" in out
     assert 'data-texts="same"' in out and "identical, token for token" in out and "greedy" in out
     texts = out[out.index('id="texts"'):]
@@ -31,7 +31,7 @@ def test_greedy_identical_texts_say_so_and_show_both_one_above_the_other():
 def test_sampled_texts_say_where_and_why_they_differ():
     cfg = DecodeConfig(method="vanilla", temperature=1.0)
     spec = [replace(PARTIAL, emitted=PARTIAL.emitted[:1] + (E(9, " sea", V.RESAMPLED),))]  # "The sea" vs "The sky"
-    out = logic.summary_html(snapshot(AR, spec, cfg))
+    out = race_html.summary_html(snapshot(AR, spec, cfg))
     assert 'data-texts="differ"' in out
     assert "agree on the first 1 token and part at token 2" in out
     assert "different random draws" in out and "same distribution" in out

@@ -9,7 +9,7 @@ import pytest
 from test_app_logic import snapshot
 from test_render import AR, FULL, NO_DRAFT, PARTIAL
 
-from specviz.ui import logic, replay
+from specviz.ui import race_views, replay
 
 
 def timed(events, seconds):
@@ -46,7 +46,7 @@ def test_a_replay_takes_the_recorded_compute_over_the_pace_and_ends_as_the_race_
     final, clock = race(), FakeClock()
     views = list(replay.replay_views(final, pace, frame=0.05, sleep=clock.sleep, now=clock.now))
     assert clock.t == pytest.approx(0.6 / pace)
-    last, live = views[-1], logic.view_of(final)
+    last, live = views[-1], race_views.view_of(final)
     assert (last.pane_ar, last.pane_spec, last.summary) == (live.pane_ar, live.pane_spec, live.summary)
     assert "Replayed at" in last.status and all("Replaying at" in v.status for v in views[:-1])
     assert 'data-state="done"' not in views[0].pane_ar and "…" in views[0].pane_spec  # it starts from nothing
@@ -67,7 +67,7 @@ def test_a_replay_on_the_real_clock_takes_about_twice_the_compute_at_half_speed(
     views = list(replay.replay_views(final, replay.pace_of("0.5×")))
     ratio = (time.perf_counter() - t0) / replay.duration(final)
     assert 1.5 <= ratio <= 3.0, ratio
-    assert views[-1].pane_spec == logic.view_of(final).pane_spec
+    assert views[-1].pane_spec == race_views.view_of(final).pane_spec
 
 
 def test_pace_choices():

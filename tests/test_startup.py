@@ -14,7 +14,7 @@ from specviz.config import DecodeConfig
 from specviz.core import profile as core_profile
 from specviz.errors import ConfigError
 from specviz.ui import startup
-from specviz.ui.logic import View
+from specviz.ui.race_views import View
 from tests.test_tuning import FAST, FLAT_COSTS, SLOW
 
 GB = 1e9
@@ -65,6 +65,7 @@ def test_a_bad_env_var_is_one_line_naming_it(monkeypatch, raw):
 def test_the_cache_folder_follows_the_env(monkeypatch, tmp_path):
     assert calibration.cache_dir() == tmp_path / "cache"
     monkeypatch.delenv(calibration.DIR_ENV)
+    monkeypatch.delenv("SPECVIZ_CACHE_DIR", raising=False)  # conftest points the session's cache at a temporary one
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert calibration.cache_dir() == tmp_path / "xdg" / "specviz"
     monkeypatch.delenv("XDG_CACHE_HOME")

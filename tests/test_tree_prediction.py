@@ -63,7 +63,7 @@ def test_the_tree_prediction_prices_rows_with_the_profile():
 
 def test_compare_predicts_a_tree_race_from_its_nodes_and_a_chain_with_leviathan():
     from specviz.config import DecodeConfig
-    from specviz.ui import logic
+    from specviz.ui import logic, race_html
 
     rng = random.Random(2)
     ar = [StepEvent(step=i, drafts=(), emitted=(EmittedToken(1, "x", Verdict.PLAIN),), verify_s=0.01)
@@ -91,7 +91,7 @@ def test_compare_predicts_a_tree_race_from_its_nodes_and_a_chain_with_leviathan(
         snap = logic.RaceSnapshot(DecodeConfig(method=method), "int8", phase="done")
         snap.lanes["ar"].events, snap.lanes["spec"].events = ar, events
         snap.comparison = metrics.compare(ar, events, method, True)
-        assert words in logic.summary_html(snap)
+        assert words in race_html.summary_html(snap)
 
 
 def test_a_tree_races_prediction_prices_the_steps_bookkeeping():

@@ -11,7 +11,7 @@ from test_whatif import AR, SPEC, profile
 from specviz import whatif
 from specviz.config import DecodeConfig
 from specviz.metrics import compare
-from specviz.ui import logic, race
+from specviz.ui import logic, race, race_html
 
 
 def finished() -> logic.RaceSnapshot:
@@ -29,12 +29,12 @@ def kinds(panel: str) -> list[tuple[str, float]]:
 
 def test_the_panel_shows_this_machine_then_one_roofline_row_per_device():
     snap = finished()
-    panel = logic.what_if_html(snap)
+    panel = race_html.what_if_html(snap)
     rows = kinds(panel)
     assert rows[0][0] == "here" and abs(rows[0][1] / snap.comparison.speedup - 1) < 0.10
     assert [k for k, _ in rows[1:]] == ["roofline"] * len(whatif.load_devices())
-    assert logic.ROOFLINE_NOTE in panel and "NVIDIA H100 SXM" in panel
-    assert logic.WHATIF_EMPTY in logic.what_if_html(None)
+    assert race_html.ROOFLINE_NOTE in panel and "NVIDIA H100 SXM" in panel
+    assert race_html.WHATIF_EMPTY in race_html.what_if_html(None)
     result = snap.result()["what_if"]
     assert len(result["rows"]) == 1 + len(whatif.load_devices()) and result["rows"][0]["name"] == "this machine"
 
@@ -54,4 +54,4 @@ def test_a_loaded_profile_adds_a_row_and_a_malformed_one_gets_one_line(tmp_path)
     error = html.unescape(re.search(r'id="whatif-error">(.*?)</div>', panel).group(1))
     assert "\n" not in error and "'bad.json' is not a verify profile" in error and str(tmp_path) not in error
     panel, none = race.add_profile(None, str(bad), [])  # before any race: the error, no table
-    assert none == [] and "whatif-error" in panel and logic.WHATIF_EMPTY in panel
+    assert none == [] and "whatif-error" in panel and race_html.WHATIF_EMPTY in panel

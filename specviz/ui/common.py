@@ -65,3 +65,7 @@ def cards_html(cards: Iterable[tuple[str, str, str]]) -> str:
 def verdict_html(message: str, kind: str) -> str:
     """The verdict box: kind ok (green), bad (orange) or idle (grey)."""
     return f'<div class="sv-verdict sv-verdict-{kind}">{html.escape(message)}</div>'
+
+
+def status_html(message: str, kind: str = "info") -> str:
+    return f'<div class="sv-status sv-status-{kind}">{html.escape(message)}</div>'

@@ -23,7 +23,7 @@ from specviz.metrics import Comparison, compare
 from specviz.policy import Policy
 from specviz.ui import render
 from specviz.ui.cancel import cancellable
-from specviz.ui.common import DEVICE_QUEUE, MAX_NEW_TOKENS, num, tab_intro
+from specviz.ui.common import DEVICE_QUEUE, MAX_NEW_TOKENS, num, status_html, tab_intro
 from specviz.ui.logic import (
     DEFAULT_PROMPT,
     DEFAULTS,
@@ -31,13 +31,12 @@ from specviz.ui.logic import (
     Lane,
     fold_ticks,
     make_config,
-    pane_html,
     prepared_or_fail,
-    status_html,
     stopped,
-    throttle,
     user_message,
 )
+from specviz.ui.race_html import pane_html
+from specviz.ui.race_views import throttle
 
 MAX_LANES = 3
 DEFAULT_LANES = f"{DEFAULT_RACE}, pld:2, draft"  # this machine's default race, prompt lookup and the draft model

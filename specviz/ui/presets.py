@@ -11,6 +11,7 @@ from specviz.config import DecodeConfig
 DEFAULTS = DecodeConfig()
 SAMPLING_TEMPERATURE = 0.7  # the sampled preset: exact speculative sampling at a common chat temperature
 BEST = "This machine's best"
+CUSTOM = "Custom"  # what the selector shows once a field it fills is edited by hand: no preset's settings
 
 # the settings a preset names: the race form's fields, less the prompt, the seed and the length (the reader's own)
 FIELDS = ("method", "draft", "gamma", "lookup", "retrieve", "tree", "tree_nodes", "temperature", "top_p")

@@ -12,7 +12,9 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Mapping, Sequence
 
 from specviz.events import StepEvent
-from specviz.ui.logic import Lane, RaceSnapshot, View, status_html, view_of
+from specviz.ui.common import status_html
+from specviz.ui.logic import Lane, RaceSnapshot
+from specviz.ui.race_views import View, view_of
 
 PACES = {"0.25×": 0.25, "0.5×": 0.5, "1×": 1.0}  # the replay's choices: a step narrated, then the real speed
 DEFAULT_PACE = "0.5×"
@@ -90,7 +92,7 @@ def replay_stream(final: RaceSnapshot, pace: float, frame: float = FRAME_S, slee
 def replay_views(final: RaceSnapshot, pace: float, frame: float = FRAME_S, plot_interval: float = PLOT_INTERVAL_S,
                  sleep: Callable[[float], None] = time.sleep, now: Callable[[], float] = time.perf_counter
                  ) -> Iterator[View]:
-    """The UI's stream for a replay: what the live race showed (logic.view_of), with a status that says it is a
+    """The UI's stream for a replay: what the live race showed (race_views.view_of), with a status that says it is a
     replay and, at the end, how long it took against the recorded compute."""
     total = duration(final)
     start, last_plot = now(), None

@@ -23,10 +23,13 @@ import gradio as gr
 from specviz import calibration, hardware
 from specviz.config import DEFAULT_TARGET
 from specviz.ui.logic import DEFAULT_PROMPT, make_config, race_result
+from specviz.ui.wiring import by_name
 
 log = logging.getLogger("specviz.startup")
 
 TICK_S = 1.0  # how often an open page asks for the start-up's progress, until it is ready
+# the fields that follow the race form's method (race.method_changed's outputs, by name)
+FOLLOWS = ("draft", "gamma", "lookup", "retrieve", "method_note", "tree", "tree_nodes")
 MEASURING = ("measuring", "checking")  # the steps that time this machine: they wait for the races running to end
 STYLE = "font-size: 0.9em; opacity: 0.85; margin: 2px 0"  # a small line (the race tab's style.css is not ours)
 
@@ -141,25 +144,26 @@ def line_html(state: Startup = STATE) -> str:
 def progress(form, shipped: hardware.Pair, follow: Callable, state: Startup = STATE) -> gr.HTML:
     """The start-up's progress line under the race form, refreshed every TICK_S until ready; then the form moves to
     this machine's race if it still holds the shipped default `shipped`: its method, and the fields that follow the
-    method (`follow(method)`: race.method_changed's updates of draft, γ, lookup, retrieve, note, tree, tree nodes)."""
+    method (`follow(method)`: race.method_changed's updates by name, of FOLLOWS)."""
     line = gr.HTML(lambda: line_html(state), elem_id="startup")  # the current line at each page load
     timer = gr.Timer(TICK_S)
-    fields = [form.draft, form.gamma, form.lookup, form.retrieve, form.method_note, form.tree, form.tree_nodes]
 
     def tick(method, gamma, lookup, retrieve):
         if not state.done and state.begun:
-            return (line_html(state), gr.skip(), gr.skip(), *([gr.skip()] * len(fields)))
+            return {"line": line_html(state)}
         pair = hardware.default_pair()
         as_shipped = (str(method), str(gamma), str(lookup), str(retrieve)) == (
             shipped.method, str(shipped.gamma), str(shipped.lookup_for(shipped.method)),
             str(shipped.retrieve_for(shipped.method)))
         if not as_shipped or pair.race() == shipped.race():
-            return (line_html(state), gr.Timer(active=False), gr.skip(), *([gr.skip()] * len(fields)))
-        return (line_html(state), gr.Timer(active=False), gr.Dropdown(value=pair.method), *follow(pair.method))
+            return {"line": line_html(state), "timer": gr.Timer(active=False)}
+        return {"line": line_html(state), "timer": gr.Timer(active=False), "method": gr.Dropdown(value=pair.method),
+                **follow(pair.method)}
 
-    timer.tick(tick, inputs=[form.method, form.gamma, form.lookup, form.retrieve],
-               outputs=[line, timer, form.method, *fields], queue=False, show_progress="hidden",
-               api_visibility="private")
+    handler, outputs = by_name(tick, {"line": line, "timer": timer, "method": form.method,
+                                      **form.named(*FOLLOWS)})
+    timer.tick(handler, inputs=[form.method, form.gamma, form.lookup, form.retrieve], outputs=outputs, queue=False,
+               show_progress="hidden", api_visibility="private")
     return line
 
 

@@ -15,8 +15,17 @@ from specviz.config import DEFAULT_DRAFT
 from specviz.methods import CHAIN_METHODS
 from specviz.policy import Policy
 from specviz.ui import controls, plots, render
-from specviz.ui.common import DEVICE_QUEUE, DRAFT_CHOICES, GAMMAS, choices_with_default, finish_words, num, tab_intro
-from specviz.ui.logic import make_config, status_html, user_message
+from specviz.ui.common import (
+    DEVICE_QUEUE,
+    DRAFT_CHOICES,
+    GAMMAS,
+    choices_with_default,
+    finish_words,
+    num,
+    status_html,
+    tab_intro,
+)
+from specviz.ui.logic import make_config, user_message
 
 STEP_PROMPT = "Write one sentence about the moon."
 STEP_DEFAULTS = dict(method="vanilla", draft=DEFAULT_DRAFT, gamma="4", temperature=1.0, seed=0, max_new_tokens=32)

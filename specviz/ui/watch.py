@@ -20,8 +20,8 @@ from specviz.serving import access
 from specviz.serving.alarm import alarm
 from specviz.serving.prometheus import ServerError, Watch, metrics_url, no_speculation, scrape
 from specviz.ui import watch_plots
-from specviz.ui.common import cards_html, num, tab_intro, verdict_html
-from specviz.ui.logic import status_html, user_message
+from specviz.ui.common import cards_html, num, status_html, tab_intro, verdict_html
+from specviz.ui.logic import user_message
 
 WATCH_QUEUE = "watch"  # scrapes never wait for a race on the device queue (a watch of this app runs beside one)
 INTERVAL_DEFAULT = 2.0    # seconds between two scrapes
