@@ -197,8 +197,8 @@ class CheckReport:
     synthetic: list[stats.SyntheticCase]
     payoff: Payoff
     seconds: dict                # wall seconds per part
-
     misses: dict = field(default_factory=dict)  # why it misses, over the greedy runs (check/misses.py)
+
     def to_dict(self) -> dict:
         return {
             "verdict": self.verdict, "correct": self.correct, "problems": self.problems,
@@ -214,8 +214,8 @@ class CheckReport:
             "fidelity": self.fidelity.to_dict(),
             "synthetic": [c.to_dict() for c in self.synthetic],
             "payoff": self.payoff.to_dict(),
-            "seconds": self.seconds,
             "misses": self.misses,
+            "seconds": self.seconds,
         }
 
 
