@@ -28,7 +28,7 @@ def test_step_through_in_browser(app_url, browser):
     ASSETS.mkdir(exist_ok=True)
     page.screenshot(path=str(ASSETS / "screenshot-step.png"), full_page=True)
     page.locator("#step-run").click()
-    page.wait_for_function("() => document.querySelector('#step-status')?.innerText.includes('finished')",
+    page.wait_for_function("() => document.querySelector('#step-status')?.innerText.includes('done: ')",
                            timeout=120_000)
     page.close()
 
