@@ -37,6 +37,7 @@ from specviz.ui.logic import (
 )
 from specviz.ui.race_html import pane_html
 from specviz.ui.race_views import throttle
+from specviz.ui.wiring import by_name
 
 MAX_LANES = 3
 DEFAULT_LANES = f"{DEFAULT_RACE}, pld:2, draft"  # this machine's default race, prompt lookup and the draft model
@@ -175,6 +176,13 @@ def panes(snap: Optional[LanesSnapshot], names: list[str]) -> list[str]:
     return out
 
 
+def shown(snap: LanesSnapshot, names: list[str]) -> dict:
+    """What the tab shows of a snapshot, by output name (wiring.by_name): the status, the leaderboard and each pane
+    (pane_0 is AR's)."""
+    return {"status": status_of(snap), "board": board_html(snap),
+            **{f"pane_{i}": pane for i, pane in enumerate(panes(snap, names))}}
+
+
 def status_of(snap: LanesSnapshot) -> str:
     if snap.phase == "loading":
         return status_html("Loading the drafters and preparing the prompt…")
@@ -204,11 +212,11 @@ def run_many(prompt, lanes_text, temperature, max_new_tokens):
         names = list(lanes)
         for i, snap in enumerate(throttle(lanes_stream(prompt, lanes, target), key=lambda s: s.phase)):
             # the snapshot, kept live for Stop (updated in place after the first)
-            yield (status_of(snap), board_html(snap), *panes(snap, names), gr.skip() if i else snap)
+            yield shown(snap, names) if i else {**shown(snap, names), "live": snap}
     except Exception as exc:
         message = user_message(exc, Policy.from_env().public)
         gr.Warning(message)
-        yield (status_html(f"⚠ {message}", "error"), *([gr.skip()] * (MAX_LANES + 3)))
+        yield {"status": status_html(f"⚠ {message}", "error")}
 
 
 def stop_many(live: Optional[LanesSnapshot]):
@@ -217,8 +225,8 @@ def stop_many(live: Optional[LanesSnapshot]):
     becomes `live`: a second Stop finds nothing running."""
     snap = stopped(live)
     if snap is None:  # nothing was running
-        return (gr.skip(),) * (MAX_LANES + 3)
-    return (status_of(snap), board_html(snap), *panes(snap, list(snap.cfgs)), snap)
+        return {}
+    return {**shown(snap, list(snap.cfgs)), "live": snap}
 
 
 def many_api(prompt: str = DEFAULT_PROMPT, lanes: str = DEFAULT_LANES, temperature: float = DEFAULTS.temperature,
@@ -274,11 +282,14 @@ def many_tab(concurrency_id: str = DEVICE_QUEUE) -> None:
                         outs.append(gr.HTML(first[i], elem_id=f"many-pane-{i}"))
         run_seconds = zerogpu.run_duration()
         live = gr.State(None)  # the race running now, its snapshot updated in place (stop_many renders it)
-        event = run.click(zerogpu.gpu(run_many, run_seconds), inputs=[prompt, lanes, temperature, max_new_tokens],
-                          outputs=[status, board, *outs, live], concurrency_limit=1, concurrency_id=concurrency_id,
-                          api_visibility="private", show_progress="full", show_progress_on=[status])
+        named = {"status": status, "board": board, **{f"pane_{i}": out for i, out in enumerate(outs)}, "live": live}
+        race, outputs = by_name(zerogpu.gpu(run_many, run_seconds), named)
+        event = run.click(race, inputs=[prompt, lanes, temperature, max_new_tokens], outputs=outputs,
+                          concurrency_limit=1, concurrency_id=concurrency_id, api_visibility="private",
+                          show_progress="full", show_progress_on=[status])
         stop.click(None, cancels=[event])
-        stop.click(stop_many, inputs=[live], outputs=[status, board, *outs, live], concurrency_limit=None,
-                   concurrency_id="stop", api_visibility="private", show_progress="hidden")
+        stop_handler, stop_outputs = by_name(stop_many, named)
+        stop.click(stop_handler, inputs=[live], outputs=stop_outputs, concurrency_limit=None, concurrency_id="stop",
+                   api_visibility="private", show_progress="hidden")
         gr.api(cancellable(zerogpu.gpu(many_api, run_seconds)), api_name="race_many", concurrency_limit=1,
                concurrency_id=concurrency_id)  # a cancel or a lost client stops the race on the server too
