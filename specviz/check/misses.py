@@ -18,6 +18,7 @@ What it holds:
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
 from specviz.events import StepEvent, Verdict
@@ -72,89 +73,107 @@ def _padded(counts: Counter, size: int) -> list[int]:
     return [counts.get(i, 0) for i in range(size)]
 
 
+@dataclass
+class _Tally:
+    """What analyse() counts while it walks the steps."""
+    lengths: Counter = field(default_factory=Counter)
+    by_cat: dict = field(default_factory=dict)     # category -> Counter of accepted lengths
+    drafted: Counter = field(default_factory=Counter)  # per draft position
+    judged: Counter = field(default_factory=Counter)
+    kept: Counter = field(default_factory=Counter)
+    positions: Counter = field(default_factory=Counter)    # per context class
+    refusals_at: Counter = field(default_factory=Counter)
+    missed: Counter = field(default_factory=Counter)       # (class, token text) -> refusals
+    ties_of: Counter = field(default_factory=Counter)      # (class, token text) -> of them near ties
+    instead: dict = field(default_factory=dict)            # (class, token text) -> what the drafter drafted there
+    example: dict = field(default_factory=dict)            # (class, token text) -> the text before its first refusal
+    gaps: list = field(default_factory=list)
+    refusals: int = 0
+    unknown_gap: int = 0
+    depth_max: int = 0
+
+    def refusal(self, cls: str, tok: str, draft, before: str, near_tie: float) -> None:
+        self.refusals += 1
+        self.refusals_at[cls] += 1
+        key = (cls, tok)
+        self.missed[key] += 1
+        self.instead.setdefault(key, Counter())[draft.text] += 1
+        self.example.setdefault(key, before[-CONTEXT_CHARS:])
+        if draft.p_top1 is None or draft.p_top2 is None:
+            self.unknown_gap += 1
+        else:
+            gap = draft.p_top1 - draft.p_top2
+            self.gaps.append(gap)
+            self.ties_of[key] += gap < near_tie
+
+
 def analyse(runs: Iterable[tuple[str, Sequence[StepEvent]]], near_tie: float = NEAR_TIE, top: int = TOP) -> dict:
     """Every run's steps, in order, each run labelled by its prompt's category (see the module docstring)."""
-    lengths: Counter = Counter()
-    by_cat: dict[str, Counter] = {}
-    drafted, judged, kept = Counter(), Counter(), Counter()  # per draft position
-    positions, refusals_at = Counter(), Counter()  # per context class
-    missed: Counter = Counter()   # (class, token text) -> refusals
-    ties_of: Counter = Counter()  # (class, token text) -> of them near ties
-    instead: dict[tuple, Counter] = {}  # (class, token text) -> what the drafter drafted there
-    example: dict[tuple, str] = {}      # (class, token text) -> the text before its first refusal
-    gaps: list[float] = []
-    refusals = unknown_gap = 0
-    depth_max = 0
+    t = _Tally()
     for category, events in runs:
-        cat = by_cat.setdefault(str(category), Counter())
+        cat = t.by_cat.setdefault(str(category), Counter())
         text = ""  # the answer so far
         for e in events:
             judged_here = _judged(e)
             if judged_here:
                 n_kept = e.n_accepted
                 depth = 1 + max(d.depth for d in e.drafts)
-                depth_max = max(depth_max, depth)
-                lengths[n_kept] += 1
+                t.depth_max = max(t.depth_max, depth)
+                t.lengths[n_kept] += 1
                 cat[n_kept] += 1
-                drafted.update(range(depth))
+                t.drafted.update(range(depth))
                 judged_depths = sorted({d.depth for d in judged_here})
-                judged.update(judged_depths)
-                kept.update(i for i in judged_depths if i < n_kept)
+                t.judged.update(judged_depths)
+                t.kept.update(i for i in judged_depths if i < n_kept)
                 before = text
                 for i in judged_depths:  # the target's token at each judged position, in its context
                     if i >= len(e.emitted):
                         break
                     tok = e.emitted[i].text
                     cls = context_class(before, tok)
-                    positions[cls] += 1
+                    t.positions[cls] += 1
                     refused = [d for d in judged_here if d.verdict is Verdict.REJECTED and d.depth == i]
                     if refused and i == n_kept and e.emitted[i].verdict is Verdict.RESAMPLED:
-                        refusals += 1
-                        refusals_at[cls] += 1
-                        key = (cls, tok)
-                        missed[key] += 1
-                        instead.setdefault(key, Counter())[refused[0].text] += 1
-                        example.setdefault(key, before[-CONTEXT_CHARS:])
-                        d = refused[0]
-                        if d.p_top1 is None or d.p_top2 is None:
-                            unknown_gap += 1
-                        else:
-                            gap = d.p_top1 - d.p_top2
-                            gaps.append(gap)
-                            ties_of[key] += gap < near_tie
+                        t.refusal(cls, tok, refused[0], before, near_tie)
                     before += tok
-            text += "".join(t.text for t in e.emitted)
-    size = depth_max + 1
+            text += "".join(x.text for x in e.emitted)
+    return _summarise(t, near_tie, top)
+
+
+def _summarise(t: _Tally, near_tie: float, top: int) -> dict:
+    size, gaps, refusals = t.depth_max + 1, t.gaps, t.refusals
     ties = sum(g < near_tie for g in gaps)
     gap_hist = Counter(min(int(g * GAP_BINS), GAP_BINS - 1) for g in gaps)
-    contexts = [{"context": cls, "refusals": refusals_at[cls], "positions": positions[cls],
-                 "miss_rate": _ratio(refusals_at[cls], positions[cls]), "share": _ratio(refusals_at[cls], refusals)}
-                for cls in CONTEXTS if positions[cls]]
+    contexts = [{"context": cls, "refusals": t.refusals_at[cls], "positions": t.positions[cls],
+                 "miss_rate": _ratio(t.refusals_at[cls], t.positions[cls]),
+                 "share": _ratio(t.refusals_at[cls], refusals)}
+                for cls in CONTEXTS if t.positions[cls]]
     contexts.sort(key=lambda c: (-c["refusals"], -(c["miss_rate"] or 0.0)))
-    top_missed = [{"token": tok, "context": cls, "refusals": n, "near_ties": ties_of[(cls, tok)],
-                   "drafted_instead": instead[(cls, tok)].most_common(1)[0][0], "before": example[(cls, tok)]}
-                  for (cls, tok), n in sorted(missed.items(), key=lambda kv: (-kv[1], kv[0]))[:top]]
-    steps = sum(lengths.values())
+    top_missed = [{"token": tok, "context": cls, "refusals": n, "near_ties": t.ties_of[(cls, tok)],
+                   "drafted_instead": t.instead[(cls, tok)].most_common(1)[0][0], "before": t.example[(cls, tok)]}
+                  for (cls, tok), n in sorted(t.missed.items(), key=lambda kv: (-kv[1], kv[0]))[:top]]
+    steps = sum(t.lengths.values())
+    depth_max = t.depth_max
     return {
         "near_tie_threshold": near_tie,
         "steps": steps,
-        "accepted_length": _padded(lengths, size) if steps else [],
-        "accepted_length_by_category": {c: _padded(n, size) for c, n in by_cat.items()} if steps else {},
-        "mean_accepted": _ratio(sum(k * n for k, n in lengths.items()), steps),
+        "accepted_length": _padded(t.lengths, size) if steps else [],
+        "accepted_length_by_category": {c: _padded(n, size) for c, n in t.by_cat.items()} if steps else {},
+        "mean_accepted": _ratio(sum(k * n for k, n in t.lengths.items()), steps),
         "refusals": refusals,
         "near_ties": ties,
         "disagreements": len(gaps) - ties,
-        "gap_unknown": unknown_gap,
+        "gap_unknown": t.unknown_gap,
         "near_tie_share": _ratio(ties, len(gaps)),
         "gap_histogram": [gap_hist.get(i, 0) for i in range(GAP_BINS)] if gaps else [],
         "gap_median": sorted(gaps)[len(gaps) // 2] if gaps else None,
         "contexts": contexts,
         "top_missed": top_missed,
         "position": {
-            "drafted": _padded(drafted, depth_max), "judged": _padded(judged, depth_max),
-            "kept": _padded(kept, depth_max),
-            "conditional": [_ratio(kept[i], judged[i]) for i in range(depth_max)],
-            "unconditional": [_ratio(kept[i], drafted[i]) for i in range(depth_max)],
+            "drafted": _padded(t.drafted, depth_max), "judged": _padded(t.judged, depth_max),
+            "kept": _padded(t.kept, depth_max),
+            "conditional": [_ratio(t.kept[i], t.judged[i]) for i in range(depth_max)],
+            "unconditional": [_ratio(t.kept[i], t.drafted[i]) for i in range(depth_max)],
         },
     }
 
