@@ -55,9 +55,11 @@ def test_three_lanes_on_one_clock_are_each_identical_to_plain_decoding(target):
         assert snap.comparisons[name].identical is True
     board = snap.leaderboard()
     assert [r["lane"] for r in board] == sorted(lanes, key=lambda n: -snap.comparisons[n].speedup)
-    # one clock: every tick advanced the lane that had used the least compute (within one step of the others)
+    # one clock: every tick advanced the lane that had used the least compute, so no lane ever leads the slowest by
+    # more than the longest single step any lane took (a wall-time bound would fail on a busy host; this one does not)
     running = [clocks for phase, clocks in snaps if phase == "running"]
-    assert running and all(max(c.values()) - min(c.values()) < 0.5 for c in running[len(lanes) + 1:-10])
+    longest = max(b[k] - a[k] for a, b in zip(running, running[1:]) for k in a)
+    assert running and all(max(c.values()) - min(c.values()) <= longest + 1e-9 for c in running[len(lanes) + 1:-10])
     html = many.board_html(snap)
     assert html.count("<tr") == len(lanes) + 2 and "✓" in html
     result = snap.result()

@@ -56,3 +56,17 @@ def test_choosing_a_preset_fills_the_form_and_shows_the_fields_its_method_takes(
         assert (tree.value, tree_nodes.value, temperature, top_p) == (
             s["tree"], str(s["tree_nodes"]), s["temperature"], s["top_p"]), name
         assert (draft.visible, lookup.visible, tree.visible) == (fields.draft, fields.lookup, fields.tree), name
+
+
+def test_the_menus_offer_only_methods_a_visitor_can_run(tmp_path, monkeypatch):
+    """A trained method with no shipped drafter (DFlash until one is trained) stays off the race's and the
+    step-through's menus; the untrained ones and the shipped trained ones stay on."""
+    from specviz import methods
+    from specviz.ui import common
+
+    monkeypatch.setattr(common, "DRAFTERS", tmp_path)
+    (tmp_path / "smollm2-135m-eagle").mkdir()
+    shown = common.at_hand(methods.SPECULATIVE, "smollm2-135m")
+    assert "eagle" in shown and "pld" in shown and "vanilla" in shown
+    assert not [m for m in shown if methods.spec(m).trained and m != "eagle"]
+    assert "dflash" not in common.at_hand(methods.SPECULATIVE)  # none is shipped yet

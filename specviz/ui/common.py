@@ -5,12 +5,22 @@ from __future__ import annotations
 import html
 from typing import Iterable, Optional
 
+from specviz import methods
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX
+from specviz.paths import DRAFTERS
 
 DEVICE_QUEUE = "cpu"  # the app's one queue worker for its one device: races, checks and steps never overlap
 DRAFT_CHOICES = [DEFAULT_DRAFT, DEFAULT_TARGET]
 MAX_NEW_TOKENS = 1024  # the length sliders' top (the deployment's policy may cap runs lower)
 GAMMAS = ["auto"] + [str(g) for g in range(1, GAMMA_MAX + 1)]  # γ's choices: adaptive, or a fixed count
+
+
+def at_hand(names: Iterable[str], target: str = DEFAULT_TARGET) -> list[str]:
+    """The methods of `names` a visitor can run: every untrained one, and a trained one only where a drafter is
+    shipped for the target the trained drafters are tied to (a method whose drafter is still to be trained, as
+    DFlash's is, stays off the menus: `python -m specviz train NAME` makes one, and --drafter runs it)."""
+    return [n for n in names if not methods.spec(n).trained or (DRAFTERS / f"{target}-{n}").is_dir()]
+
 
 TABS_CSS = """
 .sv-intro { font-size: 16px; color: #333; margin: 0; }

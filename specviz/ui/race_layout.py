@@ -11,7 +11,7 @@ import gradio as gr
 from specviz import hardware
 from specviz.config import GAMMA_MAX, TREE_NODES_MAX, TREE_SHAPES
 from specviz.ui import controls, presets, render, replay
-from specviz.ui.common import DRAFT_CHOICES, GAMMAS, MAX_NEW_TOKENS, choices_with_default
+from specviz.ui.common import DRAFT_CHOICES, GAMMAS, MAX_NEW_TOKENS, at_hand, choices_with_default
 from specviz.ui.logic import DEFAULT_PROMPT, DEFAULTS, SPEC_METHODS, example_rows
 from specviz.ui.race_html import what_if_html
 from specviz.ui.race_views import View
@@ -145,7 +145,7 @@ class RacePanels:
 def method_fields(pair: hardware.Pair, fields: controls.Fields) -> dict:
     """The method and the fields that follow it (method_changed): the draft model, γ, the branches, the tree."""
     with gr.Row():
-        method = gr.Dropdown(list(SPEC_METHODS), value=pair.method, label="Method",
+        method = gr.Dropdown(at_hand(SPEC_METHODS), value=pair.method, label="Method",
                              info="vanilla: draft model · pld: prompt lookup · eagle, medusa, "
                                   "layerskip, draft: trained drafters",
                              elem_id="method")

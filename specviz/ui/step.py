@@ -19,6 +19,7 @@ from specviz.ui.common import (
     DEVICE_QUEUE,
     DRAFT_CHOICES,
     GAMMAS,
+    at_hand,
     choices_with_default,
     finish_words,
     num,
@@ -235,7 +236,7 @@ def step_tab(concurrency_id: str = DEVICE_QUEUE, pair: hardware.Pair = hardware.
                           "and when sampling a refused sibling shows the residual the next one is judged against."))
         with gr.Row(equal_height=False):
             prompt = gr.Textbox(value=STEP_PROMPT, label="Prompt", lines=2, max_lines=4, scale=3, elem_id="step-prompt")
-            method = gr.Dropdown(list(CHAIN_METHODS), value="vanilla", label="Drafter", min_width=120,
+            method = gr.Dropdown(at_hand(CHAIN_METHODS), value="vanilla", label="Drafter", min_width=120,
                                  elem_id="step-method")
             draft = gr.Dropdown(choices_with_default(pair.draft, DRAFT_CHOICES), value=pair.draft, label="Draft model",
                                 allow_custom_value=True, min_width=140, elem_id="step-draft")
