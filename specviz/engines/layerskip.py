@@ -104,6 +104,8 @@ class SplitLM(CachedLM):
 
 
 class LayerSkipSession:
+    own_cache = False  # the engine's: the verifier runs the later layers on the first layers' cache
+
     def __init__(self, lm: SplitLM, drafter: Drafter, eos_ids: frozenset[int]):
         self.lm, self.d, self.eos_ids = lm, drafter, eos_ids
 
@@ -112,7 +114,9 @@ class LayerSkipSession:
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
         while len(drafted) < gamma:
-            h = self.lm.early(tokens + drafted)
+            h = self.lm.early(list(tokens) + drafted)
+            if self.own_cache:
+                self.lm.pending = []  # only the first layers run here: the target verifies on its own cache
             logits = self.d.logits(self.d.final_norm(self.d.module(self.d.inputs(h))))
             token, q, confidence = self.d.draw(logits, cfg, generator)
             drafted.append(token)
@@ -120,8 +124,12 @@ class LayerSkipSession:
             if stop_drafting(token, confidence, self.eos_ids, cfg):
                 break
         if not drafted:
-            return Proposal.empty(self.d.cfg.vocab_size)
+            return Proposal.empty(self.empty_vocab)
         return Proposal(drafted, torch.stack(qs), len(drafted))
+
+    @property
+    def empty_vocab(self) -> int:
+        return self.d.cfg.vocab_size
 
     def rollback(self, n_valid: int) -> None:
         pass  # the shared SplitLM is rolled back by the engine as the target

@@ -7,11 +7,7 @@ engine's (the same drafts from the same layers and adapter).
 """
 from __future__ import annotations
 
-import torch
-
-from specviz.config import DecodeConfig
-from specviz.engines.layerskip import SplitLM
-from specviz.engines.speculative import Proposal, stop_drafting
+from specviz.engines.layerskip import LayerSkipSession, SplitLM
 
 
 class LayerSkipChainDrafter:
@@ -24,27 +20,18 @@ class LayerSkipChainDrafter:
         return LayerSkipChainSession(self.drafter, vocab_size, eos_ids)
 
 
-class LayerSkipChainSession:
-    def __init__(self, drafter, vocab_size: int, eos_ids: frozenset[int]):
-        self.d, self.vocab_size, self.eos_ids = drafter, vocab_size, eos_ids
-        self.lm = SplitLM(drafter.target_model, drafter.head_weight.device, drafter.cfg.exit_layer)
+class LayerSkipChainSession(LayerSkipSession):
+    """LayerSkip's own drafting loop (engines/layerskip.py) over a cache of its own first layers."""
+    own_cache = True
 
-    @torch.inference_mode()
-    def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, generator: torch.Generator) -> Proposal:
-        drafted: list[int] = []
-        qs: list[torch.Tensor] = []
-        while len(drafted) < gamma:
-            h = self.lm.early(list(tokens) + drafted)
-            self.lm.pending = []  # only the first layers run here: the target verifies on its own cache
-            logits = self.d.logits(self.d.final_norm(self.d.module(self.d.inputs(h))))
-            token, q, confidence = self.d.draw(logits, cfg, generator)
-            drafted.append(token)
-            qs.append(q)
-            if stop_drafting(token, confidence, self.eos_ids, cfg):
-                break
-        if not drafted:
-            return Proposal.empty(self.vocab_size)
-        return Proposal(drafted, torch.stack(qs), len(drafted))
+    def __init__(self, drafter, vocab_size: int, eos_ids: frozenset[int]):
+        super().__init__(SplitLM(drafter.target_model, drafter.head_weight.device, drafter.cfg.exit_layer), drafter,
+                         eos_ids)
+        self.vocab_size = vocab_size
+
+    @property
+    def empty_vocab(self) -> int:
+        return self.vocab_size
 
     def rollback(self, n_valid: int) -> None:
         self.lm.rollback(n_valid)
