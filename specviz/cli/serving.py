@@ -57,11 +57,15 @@ def engine_parsers(sub) -> None:
     ex.add_argument("--target", default="smollm2-135m", help="the target spec (default %(default)s)")
     ex.add_argument("--out", default=None, help="the folder to write (default out/export/NAME)")
     ex.add_argument("--force", action="store_true", help="export again even when out/ holds this export")
+    ex.add_argument("--format", default="native", help="a drafter's format: native (each method's engine layout, "
+                    "the default) or speculators (vLLM's: EAGLE-3, served by `vllm serve DRAFTER`)")
     sv = sub.add_parser("serve", help="serve the target with a drafter on a real engine (vLLM or llama.cpp) at "
                         "127.0.0.1, exporting what it needs; stops the engine on Ctrl-C or exit")
     sv.add_argument("--engine", required=True, help=f"one of {', '.join(engines.ENGINES)}")
     sv.add_argument("--drafter", required=True, help="ngram, eagle, medusa, draft, or a drafter folder trained "
                     "here (vLLM: all; llama.cpp: ngram, draft)")
+    sv.add_argument("--format", default="native", help="the drafter export's format: native (default) or "
+                    "speculators (vLLM with --drafter eagle: the drafter folder alone, naming the target)")
     sv.add_argument("--port", default=None, help="the port on 127.0.0.1 (default: a free one)")
     sv.add_argument("--duration", default=None, help="stop after this many seconds (default: until Ctrl-C)")
     sv.add_argument("--log", default=None, help="the engine's output goes here (default: a file under /tmp)")
@@ -145,12 +149,18 @@ def cmd_export(args) -> int:
     from specviz.serving import engine_export as ee
 
     try:
+        fmt = ee.check_format(args.format)
         folder = None if args.what == "target" else ee.drafter_folder(args.what)  # a bad name fails first
+        if folder is None and fmt != ee.NATIVE:
+            raise ee.ExportError(f"format={fmt!r} is a drafter's format: the target has one layout (leave --format "
+                                 "out)")
+        if folder is not None and fmt != ee.NATIVE:
+            ee.exporter(ee.read_drafter(folder)[0].kind, fmt)  # a method without this format fails before the target
         target_out = Path(args.out) if args.out and folder is None else None
         target = ee.export_target(args.target, out=target_out, force=args.force)
         if folder is not None:
             ee.export_drafter(folder, target, args.target, out=Path(args.out) if args.out else None,
-                              force=args.force)
+                              force=args.force, fmt=fmt)
     except ee.ExportError as exc:
         raise InputError(str(exc)) from None
     return 0
@@ -171,7 +181,7 @@ def cmd_serve(args) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        plan = engines.plan(args.engine, args.drafter, port)
+        plan = engines.plan(args.engine, args.drafter, port, fmt=args.format)
         print(f"starting {plan.engine} with drafter {plan.drafter} (γ={engines.GAMMA}) on {plan.url}: "
               + " ".join(plan.argv), flush=True)
         t0 = time.monotonic()

@@ -29,9 +29,11 @@ from typing import Callable, Optional
 
 from specviz import methods
 from specviz.serving.export_common import (
+    NATIVE,
     TARGET_GGUF,
     DrafterExport,
     ExportError,
+    check_format,
     vllm_command,
 )
 from specviz.serving.gguf_export import write_gguf
@@ -51,10 +53,18 @@ SHIPPED = {kind: f"smollm2-135m-{kind}" for kind in KINDS}  # the shipped drafte
 
 
 
-def exporter(kind: str) -> Optional[DrafterExport]:
-    """The export of `kind`'s drafters (methods.MethodSpec.exporter), None when it has none."""
+def exporter(kind: str, fmt: str = NATIVE) -> Optional[DrafterExport]:
+    """The export of `kind`'s drafters (methods.MethodSpec.exporter) in `fmt`, None when it has none; ExportError
+    (one line) when `fmt` is unknown or not one this method's drafters are written in."""
     spec = methods.METHODS.get(kind)
-    return methods.load(spec.exporter) if spec is not None and spec.exporter else None
+    export = methods.load(spec.exporter) if spec is not None and spec.exporter else None
+    if check_format(fmt) == NATIVE or export is None:
+        return export
+    if fmt not in export.formats:
+        takes = [k for k in KINDS if fmt in methods.load(methods.METHODS[k].exporter).formats]
+        raise ExportError(f"format={fmt!r} is written for {', '.join(takes)} drafters only, not {kind}: use "
+                          f"--format {NATIVE}")
+    return methods.load(export.formats[fmt])
 
 
 def _sha(paths: list[Path]) -> str:
@@ -75,8 +85,9 @@ def _cached(out: Path, manifest: dict) -> bool:
         old = json.loads(path.read_text())
     except ValueError:
         return False
-    keys = ("kind", "format", "source_sha256", "target_sha256")
-    return all(old.get(k) == manifest.get(k) for k in keys)
+    fmt = manifest.get("export_format", NATIVE)
+    keys = ("kind", "format", "source_sha256", "target_sha256") + (() if fmt == NATIVE else ("target",))  # it
+    return all(old.get(k) == manifest.get(k) for k in keys) and old.get("export_format", NATIVE) == fmt  # names it
 
 
 def _finish(tmp: Path, out: Path, manifest: dict, readme: str) -> Path:
@@ -202,10 +213,10 @@ def shipped(kind: str) -> Path:
     return DRAFTERS / SHIPPED[kind]
 
 
-def default_out(folder: Path, kind: str, spec: str, root: Path = ROOT) -> Path:
+def default_out(folder: Path, kind: str, spec: str, root: Path = ROOT, fmt: str = NATIVE) -> Path:
     """Where a drafter's export goes: out/export/smollm2-135m-eagle3 for a shipped one, else named after its folder
-    (train's out/train/NAME/drafter -> NAME)."""
-    suffix = exporter(kind).suffix
+    (train's out/train/NAME/drafter -> NAME); the suffix names the format (eagle3-speculators)."""
+    suffix = exporter(kind, fmt).suffix
     folder = Path(folder)
     if folder.resolve() == shipped(kind).resolve():
         return root / f"{slug(spec)}-{suffix}"
@@ -238,20 +249,22 @@ def _check_pair(cfg, folder: Path, target_dir: Path, spec: str) -> dict:
 
 
 def export_drafter(folder: Path, target_dir: Path, spec: str = "smollm2-135m", out: Optional[Path] = None,
-                   force: bool = False, log: Callable[[str], None] = print) -> Path:
+                   force: bool = False, log: Callable[[str], None] = print, fmt: str = NATIVE) -> Path:
     """A drafter folder in the layout engines load: EAGLE-3 (eagle), vLLM's Medusa (medusa) or a Llama draft model +
-    GGUF (draft)."""
+    GGUF (draft); `fmt` "speculators": EAGLE-3 in vLLM's speculators format (export_speculators.py)."""
     folder = Path(folder)
+    check_format(fmt)
     cfg, state = read_drafter(folder)
     tc = _check_pair(cfg, folder, target_dir, spec)
-    export = exporter(cfg.kind)
+    export = exporter(cfg.kind, fmt)
     refused = export.refuses(cfg) if export else f"a {cfg.kind}"
     if refused:
         converts = ", ".join(f"{exporter(k).converts} ({k})" for k in KINDS)
         raise ExportError(f"drafter {str(folder)!r} is {refused} drafter: export converts {converts}")
     files = [folder / "model.safetensors", folder / "config.json"]
-    out = Path(out or default_out(folder, cfg.kind, spec))
-    manifest = {"kind": cfg.kind, "format": FORMAT, "source": str(folder), "source_sha256": _sha(files),
+    out = Path(out or default_out(folder, cfg.kind, spec, fmt=fmt))
+    manifest = {"kind": cfg.kind, "format": FORMAT, "export_format": fmt, "source": str(folder),
+                "source_sha256": _sha(files),
                 "target": str(target_dir), "target_sha256": json.loads((target_dir / "export.json").read_text())
                 .get("source_sha256")}
     if not force and _cached(out, manifest):

@@ -96,11 +96,22 @@ def drafter_kind(value: str) -> tuple[str, Optional[Path]]:
 
 
 def plan(engine: str, drafter: str, port: Optional[int] = None, spec: str = "smollm2-135m",
-         log: Callable[[str], None] = print, export_root: Optional[Path] = None) -> Plan:
-    """Check the request, export what it needs (cached), and build the command. ServeError: one line."""
+         log: Callable[[str], None] = print, export_root: Optional[Path] = None, fmt: str = "native") -> Plan:
+    """Check the request, export what it needs (cached, in `fmt`: native or speculators), and build the command.
+    ServeError: one line."""
+    from specviz.serving import engine_export as ee
+
     if engine not in ENGINES:
         raise ServeError(f"engine={engine!r} is unknown: use one of {', '.join(ENGINES)}")
     kind, folder = drafter_kind(drafter)
+    if fmt != ee.NATIVE:
+        try:
+            ee.exporter(kind, fmt)  # the format exists and this drafter's method writes it
+        except ee.ExportError as exc:
+            raise ServeError(str(exc)) from None
+        if engine != "vllm" or folder is None:
+            raise ServeError(f"format={fmt!r} is served by vLLM with a trained drafter (--engine vllm --drafter "
+                             f"eagle), not {engine} with {drafter}")
     if kind not in DRAFTERS[engine]:
         others = [e for e in ENGINES if kind in DRAFTERS[e]]
         raise ServeError(f"drafter={drafter!r} cannot be served by {engine}: it takes {', '.join(DRAFTERS[engine])}"
@@ -109,7 +120,7 @@ def plan(engine: str, drafter: str, port: Optional[int] = None, spec: str = "smo
         check_port(port)
     port = port or llama.free_port()
     if engine == "vllm":
-        return _plan_vllm(kind, folder, port, spec, log, export_root)
+        return _plan_vllm(kind, folder, port, spec, log, export_root, fmt)
     return _plan_llama(kind, folder, port, spec, log, export_root)
 
 
@@ -122,35 +133,38 @@ def reference(engine: str, spec: str = "smollm2-135m", log: Callable[[str], None
     return replace(p, drafter="none", argv=p.argv[:p.argv.index(first)], speculative={})
 
 
-def _exports(kind: str, folder: Optional[Path], spec: str, log, root: Optional[Path]):
+def _exports(kind: str, folder: Optional[Path], spec: str, log, root: Optional[Path], fmt: str = "native"):
     from specviz.serving import engine_export as ee
 
     try:
         target = ee.export_target(spec, out=(root / ee.slug(spec)) if root else None, log=log)
         draft = None
         if folder is not None:
-            out = ee.default_out(folder, kind, spec, root) if root is not None else None
-            draft = ee.export_drafter(folder, target, spec, out=out, log=log)
+            out = ee.default_out(folder, kind, spec, root, fmt) if root is not None else None
+            draft = ee.export_drafter(folder, target, spec, out=out, log=log, fmt=fmt)
     except ee.ExportError as exc:
         raise ServeError(str(exc)) from None
     return target, draft
 
 
-def _plan_vllm(kind, folder, port, spec, log, root) -> Plan:
+def _plan_vllm(kind, folder, port, spec, log, root, fmt="native") -> Plan:
     python = vllm_python()
     if python is None:
         venv = os.environ.get(VLLM_VENV_ENV) or VLLM_VENV
         raise ServeError(f"vLLM is not installed at {venv}: run `make vllm` (or set {VLLM_VENV_ENV} to its venv)")
-    target, draft = _exports(kind, folder, spec, log, root)
-    if kind == "ngram":
+    target, draft = _exports(kind, folder, spec, log, root, fmt)
+    served = target
+    if fmt == "speculators":  # the drafter folder alone: vLLM reads the target and γ from its config.json
+        speculative, served = {}, draft
+    elif kind == "ngram":
         speculative = {"method": "ngram", "num_speculative_tokens": GAMMA, "prompt_lookup_max": NGRAM["max"],
                        "prompt_lookup_min": NGRAM["min"]}
     else:
         speculative = {"method": VLLM_METHOD[kind], "model": str(draft.resolve()), "num_speculative_tokens": GAMMA}
-    argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(target.resolve()),
+    argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(served.resolve()),
             "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-            "-O0", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4", "--seed", "0",
-            "--speculative-config", json.dumps(speculative)]
+            "-O0", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4", "--seed", "0"]
+    argv += ["--speculative-config", json.dumps(speculative)] if speculative else []
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
            "OMP_NUM_THREADS": os.environ.get("SPECVIZ_ENGINE_THREADS", "2")}

@@ -3,12 +3,14 @@ how a method's drafters are exported (DrafterExport, named by its registry entry
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 TARGET_GGUF = "target-f32.gguf"  # the target's export for llama.cpp
 TOLERANCE = 1e-4           # the largest logit difference a round trip may show (fp32 in both)
+NATIVE = "native"          # `export --format`: each method's own engine layout (the default) ...
+FORMATS = (NATIVE, "speculators")  # ... or vLLM's `speculators` format (config.json names the verifier)
 
 
 class ExportError(ValueError):
@@ -24,6 +26,14 @@ class DrafterExport:
     write: Callable    # (cfg, state, target config, target folder, out) -> the round trip's check (a dict)
     readme: Callable   # (folder, out, target folder, cfg, check) -> the README's text
     refuses: Callable = lambda cfg: None  # cfg -> "an EAGLE-1"-style phrase when this drafter cannot be exported
+    formats: dict = field(default_factory=dict)  # the other FORMATS it writes: name -> "module:attribute" of theirs
+
+
+def check_format(fmt: str) -> str:
+    """`fmt` when it is one of FORMATS; ExportError (one line) otherwise."""
+    if fmt not in FORMATS:
+        raise ExportError(f"format={fmt!r} is unknown: use one of {', '.join(FORMATS)}")
+    return fmt
 
 
 def vllm_command(target_dir: Path, speculative: dict) -> str:

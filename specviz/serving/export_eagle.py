@@ -16,9 +16,9 @@ from specviz.serving.export_common import (
 )
 
 
-def write_eagle3(cfg, state: dict, tc: dict, target_dir: Path, out: Path) -> dict:
+def eagle3_tensors(cfg, state: dict, target_dir: Path):
+    """(the EAGLE-3 tensors, the target's embedding, the draft vocabulary's size)."""
     import torch
-    from safetensors.torch import save_file
 
     embed = target_tensors(target_dir)["model.embed_tokens.weight"]
     vocab_ids = vocab_ids_of(cfg, state)
@@ -29,16 +29,32 @@ def write_eagle3(cfg, state: dict, tc: dict, target_dir: Path, out: Path) -> dic
                if k.startswith(("fc.", "midlayer.", "norm."))}
     tensors.update({"lm_head.weight": embed[vocab_ids].contiguous(), "d2t": vocab_ids - torch.arange(n),
                     "t2d": t2d})
+    return tensors, embed, n
+
+
+def save_tensors(tensors: dict, out: Path) -> None:
+    from safetensors.torch import save_file
+
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+
+
+def llama_fields(cfg, tc: dict) -> dict:
+    """The one-layer Llama the EAGLE-3 midlayer is, as both formats' configs give it."""
+    return {"model_type": "llama", "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+            "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
+            "num_hidden_layers": 1, "head_dim": cfg.hidden_size // cfg.num_attention_heads, "hidden_act": "silu",
+            "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
+            "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "default"},
+            "max_position_embeddings": tc.get("max_position_embeddings", 8192), "vocab_size": cfg.vocab_size,
+            "tie_word_embeddings": False, "torch_dtype": "float32", "dtype": "float32",
+            "bos_token_id": tc.get("bos_token_id"), "eos_token_id": tc.get("eos_token_id")}
+
+
+def write_eagle3(cfg, state: dict, tc: dict, target_dir: Path, out: Path) -> dict:
+    tensors, embed, n = eagle3_tensors(cfg, state, target_dir)
+    save_tensors(tensors, out)
     config = {
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size, "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads, "num_hidden_layers": 1, "head_dim":
-        cfg.hidden_size // cfg.num_attention_heads, "hidden_act": "silu", "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta, "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "default"},
-        "max_position_embeddings": tc.get("max_position_embeddings", 8192), "vocab_size": cfg.vocab_size,
-        "draft_vocab_size": n, "tie_word_embeddings": False, "torch_dtype": "float32", "dtype": "float32",
-        "bos_token_id": tc.get("bos_token_id"), "eos_token_id": tc.get("eos_token_id"),
+        "architectures": ["LlamaForCausalLMEagle3"], **llama_fields(cfg, tc), "draft_vocab_size": n,
         "target_hidden_size": cfg.hidden_size,
         "eagle_aux_hidden_state_layer_ids": list(cfg.feature_layers),
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.feature_layers), "use_aux_hidden_state": True,
@@ -48,10 +64,10 @@ def write_eagle3(cfg, state: dict, tc: dict, target_dir: Path, out: Path) -> dic
     return check_eagle3(cfg, state, embed, tc, out)
 
 
-def check_eagle3(cfg, state: dict, embed, tc: dict, out: Path, rows: int = 64) -> dict:
-    """Load the exported folder back through specviz's EAGLE-3 reader and compare its draft logits with the
-    original drafter's on random target features and embeddings (fp32 both): the largest difference and how many
-    rows keep their greedy draft."""
+def check_eagle3(cfg, state: dict, embed, tc: dict, out: Path, rows: int = 64, read: Path = None) -> dict:
+    """Load the exported folder (`read`: a view of it in the EAGLE-3 layout, if given) back through specviz's EAGLE-3
+    reader and compare its draft logits with the original drafter's on random target features and embeddings (fp32
+    both): the largest difference and how many rows keep their greedy draft."""
     from types import SimpleNamespace
 
     import torch
@@ -63,7 +79,7 @@ def check_eagle3(cfg, state: dict, embed, tc: dict, out: Path, rows: int = 64) -
     target = SimpleNamespace(model=SimpleNamespace(config=LlamaConfig(**{k: v for k, v in tc.items()
                                                                          if k not in ("architectures",)})),
                              name=cfg.target)
-    cfg2, state2 = trained.read_layout(out, target)
+    cfg2, state2 = trained.read_layout(read or out, target)
     vocab_ids = state["vocab_ids"].long()
     if not torch.equal(state2.pop("vocab_ids").long(), vocab_ids):
         raise ExportError(f"{out}: d2t does not give back the drafter's vocab_ids")
@@ -109,4 +125,5 @@ SGLang: `--speculative-algorithm EAGLE3 --speculative-draft-model-path {out}` (n
 
 
 EXPORT = DrafterExport("EAGLE-3", "EAGLE-3", "eagle3", write_eagle3, readme,
-                       lambda cfg: None if cfg.feature_layers else "an EAGLE-1")
+                       lambda cfg: None if cfg.feature_layers else "an EAGLE-1",
+                       formats={"speculators": "specviz.serving.export_speculators:EXPORT"})
