@@ -10,6 +10,8 @@
   target ids in the draft vocabulary), and a config with `"architectures": ["LlamaForCausalLMEagle3"]`,
   `draft_vocab_size` and `eagle_aux_hidden_state_layer_ids`. Checked by loading it back through specviz's own
   EAGLE-3 reader (drafters/trained.py `_eagle3_layout`) and comparing logits with the original drafter's.
+  `--format speculators`: the same weights with a config.json in vLLM's `speculators` format, naming the target
+  folder as its verifier (export_speculators.py), so `vllm serve DRAFTER` serves the pair.
 - **draft** (the distilled draft model) → a Hugging Face Llama folder of its own layers, the target's embeddings,
   and a full-vocabulary head whose rows are the target's at `vocab_ids` and zero elsewhere (vLLM's draft-model
   method), and the same as a GGUF for llama.cpp's `--model-draft` (the `gguf` package). Greedy drafts equal

