@@ -1,7 +1,7 @@
 """How long `python app.py` takes to answer, to finish a first race, and to be ready again with a kept calibration.
 
-Two starts of app.py as a subprocess on a free port, the calibration cache a fresh temporary folder
-(SPECVIZ_CALIBRATION_DIR):
+Two starts of app.py as a subprocess on a free port, what the app keeps between starts (the calibration and the GGUF
+target converted once) in a fresh temporary folder (SPECVIZ_CACHE_DIR):
   cold: from the start to the port answering HTTP 200; to the first /race (gradio_client, 128 new tokens, submitted
         as soon as the port answers) done; to the log's "models ready" (the machine measured and its calibration kept);
   warm: the same cache (the calibration kept by the cold start): to the port answering, to "models ready".
@@ -50,7 +50,9 @@ def until(check, proc, deadline_s: float = 900.0) -> None:
 
 def start(app: str, cache: Path, log: Path) -> tuple[subprocess.Popen, str, float]:
     port = free_port()
-    env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "SPECVIZ_CALIBRATION_DIR": str(cache)}
+    # all the app keeps between starts (the calibration, the GGUF target converted once) in the run's own folder
+    env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "SPECVIZ_CACHE_DIR": str(cache),
+           "SPECVIZ_CALIBRATION_DIR": str(cache)}
     env.pop("SPECVIZ_CALIBRATE", None)
     t0 = time.monotonic()
     with open(log, "w") as out:
