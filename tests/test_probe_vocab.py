@@ -25,7 +25,7 @@ def servers():
     """start(model, tokenize) -> (url, posts): an OpenAI-compatible server; tokenize None: no /tokenize."""
     running = []
 
-    def start(model: str, tokenize):
+    def start(model: str, tokenize, llama_cpp: bool = False):
         posts: list[str] = []
 
         class Handler(BaseHTTPRequestHandler):
@@ -49,7 +49,9 @@ def servers():
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
                 posts.append(self.path)
-                if self.path == "/tokenize" and tokenize is not None and "prompt" in body:
+                if self.path == "/tokenize" and llama_cpp:  # llama-server reads "content" only: 200 and no tokens else
+                    self._json(200, {"tokens": tokenize(body["content"]) if "content" in body else []})
+                elif self.path == "/tokenize" and tokenize is not None and "prompt" in body:
                     assert body["add_special_tokens"] is False
                     self._json(200, {"tokens": tokenize(body["prompt"]), "count": 0, "max_model_len": 2048})
                 elif self.path == "/v1/chat/completions":
@@ -116,3 +118,14 @@ def test_a_server_without_tokenize_is_a_note_not_a_refusal(servers):
     data = probe.run_probe(url, ROWS, OPTIONS, expect=EXPECTED, log=notes.append)
     assert data["vocabulary"]["unchecked"] and any("has no /tokenize" in n for n in notes)
     assert data["by_mode"]["greedy"]["requests"] == 1
+
+
+def test_a_llama_server_is_asked_in_its_own_words(servers):
+    """llama-server answers vLLM's /tokenize body with 200 and no tokens (it reads "content"): that empty answer must
+    not pass for its vocabulary; its own body gets the real ids, which match."""
+    url, posts = servers("target-f32.gguf", OURS, llama_cpp=True)
+    assert vocab.served_tokens(url) == OURS(vocab.SAMPLE)
+    assert vocab.check_served(url, EXPECTED)["checked_against"] == ["smollm2-135m"]
+    other, _ = servers("target-f32.gguf", lambda text: [7] * len(text), llama_cpp=True)
+    with pytest.raises(VocabMismatch):
+        vocab.check_served(other, EXPECTED)

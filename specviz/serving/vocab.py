@@ -74,7 +74,8 @@ def served_tokens(url: str, text: str = SAMPLE, model: Optional[str] = None) -> 
         except (ServerError, ValueError):
             continue
         tokens = data.get("tokens") if isinstance(data, dict) else None
-        if isinstance(tokens, list):
+        # llama.cpp answers vLLM's body too, with no tokens (it reads "content" only): not an answer, try the next
+        if isinstance(tokens, list) and (tokens or not text):
             return [t["id"] if isinstance(t, dict) else t for t in tokens]
     return None
 
