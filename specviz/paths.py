@@ -14,6 +14,11 @@ SPEC_BENCH = SHARED / "spec_bench" / "question.jsonl"
 TRAIN_PROMPTS = SHARED / "prompts" / "train_prompts.jsonl.gz"
 
 
+def shipped_drafter(target: str, method: str) -> Path:
+    """The folder of the drafter specviz ships for `target` and trained method `method` (it may not exist)."""
+    return DRAFTERS / f"{target}-{method}"
+
+
 def user_cache() -> Path:
     """What this machine keeps between starts (the calibration, GGUFs converted once): SPECVIZ_CACHE_DIR, else
     $XDG_CACHE_HOME/specviz, else ~/.cache/specviz."""

@@ -61,10 +61,10 @@ def test_choosing_a_preset_fills_the_form_and_shows_the_fields_its_method_takes(
 def test_the_menus_offer_only_methods_a_visitor_can_run(tmp_path, monkeypatch):
     """A trained method with no shipped drafter (DFlash until one is trained) stays off the race's and the
     step-through's menus; the untrained ones and the shipped trained ones stay on."""
-    from specviz import methods
+    from specviz import methods, paths
     from specviz.ui import common
 
-    monkeypatch.setattr(common, "DRAFTERS", tmp_path)
+    monkeypatch.setattr(paths, "DRAFTERS", tmp_path)
     (tmp_path / "smollm2-135m-eagle").mkdir()
     shown = common.at_hand(methods.SPECULATIVE, "smollm2-135m")
     assert "eagle" in shown and "pld" in shown and "vanilla" in shown

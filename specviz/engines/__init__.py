@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specviz import methods
+from specviz import methods, paths
 from specviz.config import DEFAULT_DRAFT, DecodeConfig
 from specviz.engines.ar import AREngine
 from specviz.engines.base import Engine, generate
@@ -26,7 +26,7 @@ def drafter_folder(method: str, target: LoadedModel, draft: str | None) -> Path:
     if draft and draft != DEFAULT_DRAFT:
         raise ConfigError(f"drafter folder {draft!r} does not exist: give a folder written by python -m specviz train "
                           f"{method}, or omit --drafter for the shipped one")
-    shipped = SHIPPED / f"{target.name}-{method}"
+    shipped = paths.shipped_drafter(target.name, method)
     if not shipped.is_dir():
         raise ConfigError(f"no {method} drafter is shipped for target {target.name!r}: train one with "
                           f"python -m specviz train {method} --target {target.name} --out DIR, "

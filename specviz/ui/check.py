@@ -14,7 +14,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from specviz import hardware, methods, zerogpu
+from specviz import hardware, methods, paths, zerogpu
 from specviz.check import misses_report
 from specviz.check import report as check_report
 from specviz.check.run import CHECKED_TRAINED
@@ -114,11 +114,9 @@ def _hub_id(value: str) -> bool:
 def trained_draft(method: str, target_name: str, draft) -> "str | None":
     """The trained drafter's folder for the app (None: the shipped one), checked with the app's wording (the CLI's
     names its flags)."""
-    from specviz import engines
-
     value = str(draft or "").strip()
     if value in ("", SHIPPED, DEFAULT_DRAFT, hardware.default_pair().draft):
-        if not (engines.SHIPPED / f"{target_name}-{method}").is_dir():
+        if not paths.shipped_drafter(target_name, method).is_dir():
             raise ConfigError(f"no {method} drafter is shipped for target {target_name!r}: train one on this machine "
                               f"(python -m specviz train {method}) and give its folder in the drafter field, or pick "
                               "another drafter")

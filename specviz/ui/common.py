@@ -5,9 +5,8 @@ from __future__ import annotations
 import html
 from typing import Iterable, Optional
 
-from specviz import methods
+from specviz import methods, paths
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX
-from specviz.paths import DRAFTERS
 
 DEVICE_QUEUE = "cpu"  # the app's one queue worker for its one device: races, checks and steps never overlap
 DRAFT_CHOICES = [DEFAULT_DRAFT, DEFAULT_TARGET]
@@ -19,7 +18,7 @@ def at_hand(names: Iterable[str], target: str = DEFAULT_TARGET) -> list[str]:
     """The methods of `names` a visitor can run: every untrained one, and a trained one only where a drafter is
     shipped for the target the trained drafters are tied to (a method whose drafter is still to be trained, as
     DFlash's is, stays off the menus: `python -m specviz train NAME` makes one, and --drafter runs it)."""
-    return [n for n in names if not methods.spec(n).trained or (DRAFTERS / f"{target}-{n}").is_dir()]
+    return [n for n in names if not methods.spec(n).trained or paths.shipped_drafter(target, n).is_dir()]
 
 
 TABS_CSS = """
