@@ -44,6 +44,7 @@ class MethodSpec:
                                      # step) | "depths" (per draft depth, cost per level) | "" (no tree)
     exporter: str = ""               # "module:attribute" of its export for serving engines (serving.export_common.
                                      # DrafterExport: `python -m specviz export NAME`, `serve --drafter NAME`); "" none
+    answers_only: bool = False       # its training scores the answers only (a templated prompt is never drafted)
     tuned: bool = False              # the race grid times its defaults (γ, lookup, retrieve): tuning.py, hardware.adopt
 
     @property
@@ -111,7 +112,7 @@ METHODS: dict[str, MethodSpec] = {s.name: s for s in (
                "trained", "chain", "specviz.engines.dflash:build", trained=True, chain=True, checkable=True,
                gamma="drafted tokens per step (at most its block size - 1)",
                drafter="specviz.engines.dflash:DFlashDrafter", module="specviz.drafters.dflash:DFlash",
-               loss="specviz.train.dflash:dflash_loss",
+               loss="specviz.train.dflash:dflash_loss", answers_only=True,
                layout=("feature_layers", "block_size", "num_hidden_layers", "mask_token_id")),
 )}
 

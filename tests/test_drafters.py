@@ -10,7 +10,7 @@ import pytest
 import torch
 from tiny import random_drafter, tiny_model
 
-from specviz import engines
+from specviz import engines, methods
 from specviz.cli.main import main
 from specviz.config import DecodeConfig
 from specviz.drafters import trained as drafters
@@ -258,6 +258,17 @@ def test_training_batches_hold_sequences_of_like_length():
     assert picked == set(range(len(seqs))) and sum(fill) / len(fill) > 0.9
     ids, _, valid = features.Batches(seqs, torch.zeros(sum(lengths), 2), 10**9, 0).sample(shuffle=False)
     assert ids[:, 0].tolist() == list(range(len(seqs)))  # held-out: all of them, in order
+
+
+def test_a_kind_trained_on_answers_scores_no_prompt_row():
+    """DFlash trains on answers only (methods: answers_only): the prompt rows stay in the batch as context, with
+    their features, but none is valid, so no block is anchored or scored in a templated prompt."""
+    seqs = [[1] * 10, [2] * 7]
+    feats = torch.arange(17.0)[:, None]
+    ids, f, valid = features.Batches(seqs, feats, 100, 0, starts=[4, 6]).sample(shuffle=False)
+    assert valid.tolist() == [[False] * 4 + [True] * 6, [False] * 6 + [True] + [False] * 3]
+    assert f[0, :, 0].tolist() == list(range(10)) and ids[1, :7].tolist() == [2] * 7
+    assert methods.spec("dflash").answers_only and not methods.spec("eagle").answers_only
 
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa", "layerskip", "draft"])

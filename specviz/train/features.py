@@ -117,10 +117,12 @@ def offsets_of(seqs: list[list[int]]) -> list[int]:
 
 class Batches:
     """Random batches of whole sequences, right-padded, at most `batch_tokens` tokens each with the padding
-    (or one longer sequence alone)."""
+    (or one longer sequence alone). `starts`: where each sequence's scored part begins (its answer, for a kind
+    that trains on answers only); the rows before it stay in the batch as context but are not valid."""
 
-    def __init__(self, seqs: list[list[int]], feats: torch.Tensor, batch_tokens: int, seed: int):
-        self.seqs, self.feats, self.batch_tokens = seqs, feats, batch_tokens
+    def __init__(self, seqs: list[list[int]], feats: torch.Tensor, batch_tokens: int, seed: int,
+                 starts: list[int] | None = None):
+        self.seqs, self.feats, self.batch_tokens, self.starts = seqs, feats, batch_tokens, starts
         self.offsets = offsets_of(seqs)
         self.rng = random.Random(seed)
         self.by_length = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
@@ -160,7 +162,7 @@ class Batches:
             n = len(self.seqs[i])
             ids[row, :n] = torch.tensor(self.seqs[i])
             feats[row, :n] = self.feats[self.offsets[i]:self.offsets[i] + n].float()
-            valid[row, :n] = True
+            valid[row, self.starts[i] if self.starts else 0:n] = True
         return ids, feats, valid
 
 

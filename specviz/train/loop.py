@@ -151,7 +151,8 @@ def train(opts: TrainOptions, log=print, target=None, custom_loss=None) -> Train
     log(f"precision: {'bf16 autocast (fp32 weights and optimizer)' if bf16 else 'fp32'}")
     feats, seqs = stage_features(train_ex, target, opts.out, "", log, layers, exit_layer, bf16)
     module, cfg, vocab_ids = build_drafter(opts, spec, init, target, seqs, layers, log)
-    run = new_run(opts, spec, module, vocab_ids, target, (feats, seqs), layers, bf16, custom_loss)
+    starts = [len(e["prompt_ids"]) for e in train_ex] if spec.answers_only else None
+    run = new_run(opts, spec, module, vocab_ids, target, (feats, seqs), layers, bf16, custom_loss, starts)
     if opts.epochs:
         opts.steps = math.ceil(opts.epochs * len(feats) / opts.batch_tokens)
     ckpt_path = opts.out / "checkpoint.pt"
@@ -307,7 +308,8 @@ class Run:
 
 
 def new_run(opts: TrainOptions, spec: methods.MethodSpec, module: torch.nn.Module, vocab_ids: torch.Tensor | None,
-            target, features: tuple[torch.Tensor, list[list[int]]], layers: tuple, bf16: bool, custom_loss) -> Run:
+            target, features: tuple[torch.Tensor, list[list[int]]], layers: tuple, bf16: bool, custom_loss,
+            starts: list[int] | None = None) -> Run:
     """The optimizer (AdamW, a 20-step warm-up then a cosine over opts.steps), the kind's loss (or `custom_loss`)
     and the batches over the training features."""
     feats, seqs = features
@@ -322,7 +324,7 @@ def new_run(opts: TrainOptions, spec: methods.MethodSpec, module: torch.nn.Modul
     if exits_early(spec):
         loss_fn = functools.partial(loss_fn, norm=target.model.get_decoder().norm)
     return Run(module, custom_loss or loss_fn, head, target.model.get_input_embeddings(), noise, bf16,
-               Batches(seqs, feats, opts.batch_tokens, opts.seed), optim, schedule)
+               Batches(seqs, feats, opts.batch_tokens, opts.seed, starts), optim, schedule)
 
 
 @dataclass
