@@ -113,7 +113,8 @@ METHODS: dict[str, MethodSpec] = {s.name: s for s in (
                gamma="drafted tokens per step (at most its block size - 1)",
                drafter="specviz.engines.dflash:DFlashDrafter", module="specviz.drafters.dflash:DFlash",
                loss="specviz.train.dflash:dflash_loss", answers_only=True,
-               layout=("feature_layers", "block_size", "num_hidden_layers", "mask_token_id")),
+               layout=("feature_layers", "block_size", "num_hidden_layers", "mask_token_id"),
+               exporter="specviz.serving.export_dflash:EXPORT"),
 )}
 
 
