@@ -21,9 +21,9 @@ from specviz.errors import ConfigError
 from specviz.hardware import DEFAULT_RACE, method_spec
 from specviz.metrics import Comparison, compare
 from specviz.policy import Policy
-from specviz.ui import render
+from specviz.ui import lane_plots, render
 from specviz.ui.cancel import cancellable
-from specviz.ui.common import DEVICE_QUEUE, MAX_NEW_TOKENS, num, status_html, tab_intro
+from specviz.ui.common import DEVICE_QUEUE, MAX_NEW_TOKENS, at_hand, num, status_html, tab_intro
 from specviz.ui.logic import (
     DEFAULT_PROMPT,
     DEFAULTS,
@@ -70,6 +70,10 @@ def parse_lanes(text: str, cfg: DecodeConfig, pair: hardware.Pair) -> dict[str, 
         lane_cfg = make_config(method, gamma or str(pair.gamma_for(method)), cfg.temperature, cfg.top_p,
                                cfg.max_new_tokens, cfg.seed, grafts.get("lookup", 0), grafts.get("retrieve", 0))
         target, draft = pair.run_args(method, "")
+        if not at_hand([method], target):
+            raise ConfigError(f"lane {name!r}: no {method} drafter is shipped for {target} yet: race one of "
+                              f"{', '.join(at_hand(SPEC_METHODS, target))}, or train it (python -m specviz train "
+                              f"{method}) and race it with bench --method {method}@FOLDER")
         targets.add(target)
         label = f"{name} ({pair.race()})" if name == DEFAULT_RACE else name  # what the default is here
         lanes[label] = (lane_cfg.with_(**tree) if tree else lane_cfg, draft)
@@ -172,15 +176,24 @@ def panes(snap: Optional[LanesSnapshot], names: list[str]) -> list[str]:
             out.append("")
             continue
         lane = snap.lanes[names[i]] if snap else Lane()
-        out.append(pane_html(f"Speculative ({names[i]})", lane, running, stopped))
+        method = snap.cfgs[names[i]].method if snap else ""
+        out.append(pane_html(f"Speculative ({names[i]})", lane, running, stopped, method))
     return out
 
 
 def shown(snap: LanesSnapshot, names: list[str]) -> dict:
     """What the tab shows of a snapshot, by output name (wiring.by_name): the status, the leaderboard and each pane
     (pane_0 is AR's)."""
-    return {"status": status_of(snap), "board": board_html(snap),
-            **{f"pane_{i}": pane for i, pane in enumerate(panes(snap, names))}}
+    out = {"status": status_of(snap), "board": board_html(snap),
+           **{f"pane_{i}": pane for i, pane in enumerate(panes(snap, names))}}
+    if snap.phase in ("loading", "done"):  # drawn once a race ends (and emptied when the next one starts)
+        out["positions"] = positions_of(snap if snap.phase == "done" else None)
+    return out
+
+
+def positions_of(snap: Optional[LanesSnapshot]):
+    """The lanes' per-position acceptance side by side (lane_plots.positions_figure); empty before a race ends."""
+    return lane_plots.positions_figure({name: snap.lanes[name].events for name in snap.cfgs} if snap else {})
 
 
 def status_of(snap: LanesSnapshot) -> str:
@@ -282,7 +295,9 @@ def many_tab(concurrency_id: str = DEVICE_QUEUE) -> None:
                         outs.append(gr.HTML(first[i], elem_id=f"many-pane-{i}"))
         run_seconds = zerogpu.run_duration()
         live = gr.State(None)  # the race running now, its snapshot updated in place (stop_many renders it)
-        named = {"status": status, "board": board, **{f"pane_{i}": out for i, out in enumerate(outs)}, "live": live}
+        positions = gr.Plot(positions_of(None), elem_id="many-positions", show_label=False)
+        named = {"status": status, "board": board, "positions": positions,
+                 **{f"pane_{i}": out for i, out in enumerate(outs)}, "live": live}
         race, outputs = by_name(zerogpu.gpu(run_many, run_seconds), named)
         event = run.click(race, inputs=[prompt, lanes, temperature, max_new_tokens], outputs=outputs,
                           concurrency_limit=1, concurrency_id=concurrency_id, api_visibility="private",

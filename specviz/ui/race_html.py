@@ -6,7 +6,8 @@ import html
 import time
 from typing import Iterable, Optional
 
-from specviz import whatif
+from specviz import methods, whatif
+from specviz.errors import ConfigError
 from specviz.events import StepEvent
 from specviz.metrics import CHAIN_FORMULA, TREE_FORMULA, Comparison, RunSummary, why_line
 from specviz.ui import lesson, render
@@ -14,14 +15,18 @@ from specviz.ui.common import TABS_CSS, card, finish_words, num, status_html
 from specviz.ui.logic import DEFAULTS, LANE_TITLES, Lane, RaceSnapshot, method_label
 
 
-def pane_html(title: str, lane: Lane, running: bool, stopped: bool = False) -> str:
+def pane_html(title: str, lane: Lane, running: bool, stopped: bool = False, method: str = "") -> str:
     """A pane: a header with live counters, then the coloured tokens (each with data-verdict), one band per target
-    forward (render.pane_body_html). `stopped`: the run was stopped, and an unfinished lane says where."""
+    forward (render.pane_body_html). `stopped`: the run was stopped, and an unfinished lane says where. `method`: the
+    lane's; a drafter with weights that drafts a block in one forward (DFlash) has its blocks bracketed, with a key."""
     state = "done" if lane.done else ("stopped" if stopped else "running" if running else "idle")
+    blocks = drafts_blocks(method)
     stats = (f'<span class="sv-stat"><b>{lane.n_tokens}</b> tokens</span>'
              f'<span class="sv-stat"><b>{lane.clock:.2f}</b> s compute</span>'
              f'<span class="sv-stat"><b>{lane.tok_per_s:.1f}</b> tok/s</span>')
-    body = render.pane_body_html(lane.events) if lane.events else '<span class="sv-placeholder">…</span>'
+    body = render.pane_body_html(lane.events, blocks) if lane.events else '<span class="sv-placeholder">…</span>'
+    if blocks and any(render.one_forward_block(e) for e in lane.events):
+        body = render.block_key_html() + body
     badge = {"done": "✓ done", "running": "● running", "stopped": f"■ stopped at {lane.n_tokens} tokens",
              "idle": ""}[state]
     return (f'<div class="sv-pane-box" data-state="{state}">'
@@ -29,6 +34,15 @@ def pane_html(title: str, lane: Lane, running: bool, stopped: bool = False) -> s
             f'<span class="sv-state sv-state-{state}">{badge}</span></div>'
             f'<div class="sv-stats">{stats}</div>'
             f'<div class="sv-pane">{body}</div></div>')
+
+
+def drafts_blocks(method: str) -> bool:
+    """Whether a lane of `method` may draft a block in one forward of a drafter with weights (the registry's
+    has_weights: prompt lookup's one draft step is a lookup, no forward). Unknown or empty: no."""
+    try:
+        return bool(method) and methods.spec(method).has_weights
+    except ConfigError:
+        return False
 
 
 def empty_panes(method: str = DEFAULTS.method, lookup: int = 0, retrieve: int = 0) -> tuple[str, str]:

@@ -69,7 +69,7 @@ def view_of(snap: RaceSnapshot, with_plots: bool = True) -> View:
     view = View(
         status=status_of(snap),
         pane_ar=pane_html(snap.title("ar"), ar, running, stopped),
-        pane_spec=pane_html(snap.title("spec"), spec, running, stopped),
+        pane_spec=pane_html(snap.title("spec"), spec, running, stopped, snap.cfg.method),
         summary=summary_html(snap),
         final_events=list(spec.events) if snap.phase == "done" else None,
         final=snap if snap.phase == "done" else None,

@@ -152,10 +152,45 @@ def more_html(step: int, n: int) -> str:
     return f'<details class="sv-more" data-step="{step}"><summary title="{html.escape(note)}">+{n}</summary></details>'
 
 
-def pane_body_html(events: Iterable[StepEvent]) -> str:
+def one_forward_block(e: StepEvent) -> bool:
+    """Whether the step's drafts are a block drafted in ONE drafter forward (DFlash): a chain of two or more drafts
+    from a single forward. (A chain drafter that drafts token by token runs a forward per draft; a tree is no
+    block.) Prompt lookup's one "forward" is a lookup: the pane asks only for a drafter with weights (blocks=)."""
+    return not e.tree_size and e.draft_forwards == 1 and len(e.drafts) >= 2
+
+
+def block_title(drafted: int, kept: int) -> str:
+    """A block's hover title: what one forward drafted and where the target cut it."""
+    cut = (f"the target kept {kept} and cut it at position {kept + 1}" if kept < drafted
+           else "the target kept every one")
+    return f"a block of {drafted} drafts from ONE drafter forward; {cut}"
+
+
+def cut_html(kept: int, drafted: int) -> str:
+    """The cut mark: where the target stopped accepting a block (after `kept` of its `drafted` drafts)."""
+    return (f'<span class="sv-cut" data-cut="{kept}" title="the target cut the block here: {kept} of {drafted} drafts '
+            'kept, the rest refused or never judged"></span>')
+
+
+def block_html(e: StepEvent, items: list[Span]) -> str:
+    """A one-forward block in the pane: its drafts (kept, then the refusal and the never-judged ones) inside one
+    bracket (sv-block: data-forwards, data-drafted, data-kept), the cut mark just before the refusal, and the
+    target's own token (resampled or bonus) after the bracket: the target wrote it, the drafter did not."""
+    drafted = [s for s in items if s.verdict in DECORATED]
+    own = [s for s in items if s.verdict not in DECORATED]
+    kept = sum(s.verdict is Verdict.ACCEPTED for s in drafted)
+    inner = to_html(drafted[:kept]) + (cut_html(kept, len(drafted)) if kept < len(drafted) else "")
+    inner += to_html(drafted[kept:])
+    return (f'<span class="sv-block" data-forwards="{e.draft_forwards}" data-drafted="{len(drafted)}" '
+            f'data-kept="{kept}" title="{html.escape(block_title(len(drafted), kept))}">{inner}</span>'
+            + to_html(own))
+
+
+def pane_body_html(events: Iterable[StepEvent], blocks: bool = False) -> str:
     """A lane as text: one band per target forward (alternating sv-band-0 / sv-band-1, data-step 0-based), its
     committed tokens with their verdicts, the refusal on the verified path, the off-path drafts (hidden unless
-    "show every draft") and their count."""
+    "show every draft") and their count. `blocks`: a drafter with weights raced this lane, so a step whose drafts
+    came from one forward (one_forward_block) is drawn as a bracketed block with its cut mark (block_html)."""
     out = []
     for e in events:
         items = step_spans(e)
@@ -164,8 +199,15 @@ def pane_body_html(events: Iterable[StepEvent]) -> str:
             out.append(_token_html(items[0], e.step))
             continue
         more = more_html(e.step, hidden) if hidden else ""
-        out.append(f'<span class="sv-step sv-band-{e.step % 2}" data-step="{e.step}">{to_html(items)}{more}</span>')
+        body = block_html(e, items) if blocks and one_forward_block(e) else to_html(items)
+        out.append(f'<span class="sv-step sv-band-{e.step % 2}" data-step="{e.step}">{body}{more}</span>')
     return "".join(out)
+
+
+def block_key_html() -> str:
+    """The one-line key a pane with blocks shows above its text: the bracket and the cut mark, in words."""
+    return ('<div class="sv-block-key"><span class="sv-block sv-block-demo">1 forward</span> a block the drafter '
+            'drafted at once · <span class="sv-cut"></span> where the target cut it</div>')
 
 
 def legend_html() -> str:

@@ -12,6 +12,7 @@ import gradio as gr
 
 from specviz import hardware, methods, zerogpu
 from specviz.config import DEFAULT_DRAFT
+from specviz.events import StepEvent
 from specviz.methods import CHAIN_METHODS
 from specviz.policy import Policy
 from specviz.ui import controls, plots, render
@@ -27,6 +28,7 @@ from specviz.ui.common import (
     tab_intro,
 )
 from specviz.ui.logic import make_config, user_message
+from specviz.ui.race_html import drafts_blocks
 
 STEP_PROMPT = "Write one sentence about the moon."
 STEP_DEFAULTS = dict(method="vanilla", draft=DEFAULT_DRAFT, gamma="4", temperature=1.0, seed=0, max_new_tokens=32)
@@ -119,6 +121,30 @@ def tree_table_html(view: dict) -> str:
             + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>")
 
 
+def block_note_html(event: Optional[StepEvent], method: str) -> str:
+    """Above the table of a cycle whose guesses were one block drafted in ONE drafter forward (DFlash): that it was,
+    and where the target's check, position by position, cut it. Empty for any other cycle."""
+    if event is None or not (drafts_blocks(method) and render.one_forward_block(event)):
+        return ""
+    drafted, kept = len(event.drafts), event.n_accepted
+    unjudged = drafted - kept - 1
+    cut = ("it kept every one and added its own bonus token" if kept == drafted else
+           f"it kept {kept} and cut the block at position {kept + 1}"
+           + (f"; the {unjudged} after it were never judged" if unjudged else ""))
+    return (f'<div class="sv-rule" id="step-block-note"><b>One forward, a whole block.</b> '
+            f"{html.escape(methods.spec(method).label)}'s drafter guessed these {drafted} tokens in a single forward "
+            "(the last committed token, then mask slots it fills all at once: no guess waits for the one before it). "
+            f"The target checks them in one forward too, position by position as the rows below show: "
+            f"{html.escape(cut)}.</div>")
+
+
+def step_text_html(events: list[StepEvent], method: str) -> str:
+    """The run so far as text with every draft shown; a block drafted in one forward is bracketed, with its cut."""
+    blocks = drafts_blocks(method)
+    return "".join(render.block_html(e, items) if blocks and render.one_forward_block(e) else render.to_html(items)
+                   for e in events for items in [render.step_spans(e)])
+
+
 def step_status(session) -> str:
     cfg = session.cfg
     m = session.measured()
@@ -140,13 +166,15 @@ def step_status(session) -> str:
 def step_outputs(session, alpha: float, c: float) -> tuple:
     """(state, status, text, bars, table, theory, data) for one session."""
     view = session.views[-1].to_dict() if session.views else None
-    text = render.to_html(render.spans(session.events)) if session.events else '<span class="sv-placeholder">…</span>'
+    method = session.cfg.method
+    text = step_text_html(session.events, method) if session.events else '<span class="sv-placeholder">…</span>'
     measured = session.measured()
     data = {"step": len(session.views), "finished": session.finished, "finish_reason": session.run.finish_reason,
             "seed": session.cfg.seed, "config": session.cfg.to_dict(), "measured": measured,
             "text": session.engine.target.decode(session.token_ids), "cycle": view}
     return (session, step_status(session), f'<div class="sv-steptext">{text}</div>', plots.cycle_figure(view),
-            cycle_table_html(view), plots.theory_figure(float(alpha), float(c), measured), data)
+            block_note_html(session.events[-1] if session.events else None, method) + cycle_table_html(view),
+            plots.theory_figure(float(alpha), float(c), measured), data)
 
 
 def _error_outputs(exc: BaseException, session=None) -> tuple:

@@ -1,0 +1,179 @@
+"""How the app shows DFlash, on golden hand-built events (no model): a block drafted in one forward is bracketed in
+the pane with its cut mark, only where one drafter forward drafted the whole chain; the per-position plot sets lanes
+side by side; the step-through says the block came from one forward."""
+from __future__ import annotations
+
+from html.parser import HTMLParser
+
+import plotly.graph_objects as go
+import pytest
+
+from specviz import hardware, paths
+from specviz.config import DecodeConfig
+from specviz.errors import ConfigError
+from specviz.events import DraftToken as D
+from specviz.events import EmittedToken as E
+from specviz.events import StepEvent
+from specviz.events import Verdict as V
+from specviz.ui import lane_plots, many, render, step
+from specviz.ui.logic import Lane
+from specviz.ui.race_html import pane_html
+
+
+def block(step: int, kept: int, drafted: int, forwards: int = 1, tree_size: int = 0) -> StepEvent:
+    """A chain step of `drafted` drafts from `forwards` drafter forwards: the first `kept` accepted, the next refused,
+    the rest never judged; then the target's own token (resampled, or the bonus when every draft was kept)."""
+    words = [f" w{step}_{i}" for i in range(drafted)]
+    drafts = tuple(D(100 + i, w, V.ACCEPTED if i < kept else V.REJECTED if i == kept else V.DISCARDED, 0.5,
+                     None if i > kept else 0.4, None, i - 1, i) for i, w in enumerate(words))
+    own = E(99, f" own{step}", V.RESAMPLED if kept < drafted else V.BONUS, 0.6)
+    emitted = tuple(E(100 + i, words[i], V.ACCEPTED, 0.4) for i in range(kept)) + (own,)
+    return StepEvent(step=step, drafts=drafts, emitted=emitted, draft_forwards=forwards, gamma=drafted,
+                     tree_size=tree_size)
+
+
+PREFILL = StepEvent(step=0, drafts=(), emitted=(E(1, "Hi", V.BONUS, 0.9),))
+DFLASH = [PREFILL, block(1, 3, 7), block(2, 0, 7), block(3, 4, 4)]
+
+
+class Blocks(HTMLParser):
+    """Each sv-block's attributes and, in order, what it holds: the tokens' (verdict, text) and "CUT" for the cut mark;
+    and every token outside a block."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks: list[tuple[dict, list]] = []
+        self.outside: list[tuple[str, str]] = []
+        self.stack: list[str] = []  # "block" | "tok" | "other" for each open span
+        self.text = ""
+
+    def handle_starttag(self, tag, attrs):
+        if tag != "span":
+            return
+        a = dict(attrs)
+        classes = a.get("class", "").split()
+        if "sv-block" in classes:
+            self.blocks.append((a, []))
+            self.stack.append("block")
+        elif "sv-cut" in classes:
+            self.blocks[-1][1].append("CUT")
+            self.stack.append("other")
+        elif "sv-tok" in classes:
+            self.verdict, self.text = a["data-verdict"], ""
+            self.stack.append("tok")
+        else:
+            self.stack.append("other")
+
+    def handle_data(self, data):
+        if "tok" in self.stack:
+            self.text += data
+
+    def handle_endtag(self, tag):
+        if tag != "span":
+            return
+        kind = self.stack.pop()
+        if kind == "tok" and "tok" not in self.stack:
+            (self.blocks[-1][1] if "block" in self.stack else self.outside).append((self.verdict, self.text))
+
+
+def parse(html_text: str) -> Blocks:
+    p = Blocks()
+    p.feed(html_text)
+    return p
+
+
+def test_a_block_drafted_in_one_forward_is_bracketed_with_its_cut():
+    p = parse(render.pane_body_html(DFLASH, blocks=True))
+    assert [(a["data-forwards"], a["data-drafted"], a["data-kept"]) for a, _ in p.blocks] == [
+        ("1", "7", "3"), ("1", "7", "0"), ("1", "4", "4")]
+    first = p.blocks[0][1]  # the kept drafts, the cut, the refusal, the never-judged ones: and nothing else
+    assert first == [("accepted", " w1_0"), ("accepted", " w1_1"), ("accepted", " w1_2"), "CUT",
+                     ("rejected", " w1_3")] + [("discarded", f" w1_{i}") for i in range(4, 7)]
+    assert p.blocks[1][1][0] == "CUT"  # refused at its first draft: the cut opens the block
+    assert "CUT" not in p.blocks[2][1] and len(p.blocks[2][1]) == 4  # every draft kept: no cut
+    # the target's own tokens stand outside every bracket: the drafter did not draft them
+    assert p.outside == [("bonus", "Hi"), ("resampled", " own1"), ("resampled", " own2"), ("bonus", " own3")]
+    assert "cut it at position 4" in p.blocks[0][0]["title"] and "ONE drafter forward" in p.blocks[0][0]["title"]
+
+
+def test_only_a_chain_from_one_forward_is_a_block():
+    eagle_chain = [PREFILL, block(1, 2, 3, forwards=3)]   # a forward per draft: no block
+    tree = [PREFILL, block(1, 2, 3, forwards=1, tree_size=5)]
+    single = [PREFILL, block(1, 0, 1)]                   # one draft: nothing to bracket
+    for events in (eagle_chain, tree, single):
+        assert "sv-block" not in render.pane_body_html(events, blocks=True)
+    assert "sv-block" not in render.pane_body_html(DFLASH)  # not asked for: the pane as before
+
+
+def test_the_pane_brackets_blocks_for_a_drafter_with_weights_only_and_keys_them():
+    lane = Lane(DFLASH, clock=0.5, done=True)
+    dflash = pane_html("Speculative (DFlash)", lane, False, method="dflash")
+    assert dflash.count('class="sv-block"') == 3 and "sv-block-key" in dflash and "1 forward" in dflash
+    lookup = pane_html("Speculative (prompt lookup)", lane, False, method="pld")  # a lookup, no drafter forward
+    assert "sv-block" not in lookup
+    assert "sv-block" not in pane_html("x", lane, False, method="no-such-method")
+
+
+def test_the_pane_still_reads_as_the_committed_text():
+    """Hidden drafts (the stylesheet hides .sv-off) left out, a pane with blocks reads as what was committed."""
+    class Text(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.out, self.skip = [], []
+
+        def handle_starttag(self, tag, attrs):
+            c = dict(attrs).get("class", "")
+            self.skip.append("sv-off" in c.split() or "sv-rejected" in c.split() or tag == "summary")
+
+        def handle_endtag(self, tag):
+            self.skip.pop()
+
+        def handle_data(self, data):
+            if not any(self.skip):
+                self.out.append(data)
+
+    t = Text()
+    t.feed(render.pane_body_html(DFLASH, blocks=True))
+    assert "".join(t.out) == "".join(x.text for e in DFLASH for x in e.emitted)
+
+
+# EAGLE-3 on the same prompt, as a tree: depth 0 has two candidates (the second kept), depth 1 one (refused)
+EAGLE_TREE = StepEvent(step=1, drafts=(D(1, " a", V.REJECTED, 0.6, 0.1), D(2, " b", V.ACCEPTED, 0.3, 0.5, None, -1, 0),
+                                       D(3, " c", V.REJECTED, 0.5, 0.1, None, 1, 1)),
+                       emitted=(E(2, " b", V.ACCEPTED, 0.5), E(4, " d", V.RESAMPLED, 0.5)), draft_forwards=2, gamma=2,
+                       tree_size=3)
+
+
+def test_per_position_acceptance_sets_lanes_side_by_side():
+    fig = lane_plots.positions_figure({"dflash": DFLASH, "eagle": [PREFILL, EAGLE_TREE]})
+    go.Figure(fig.to_dict())  # plotly's own validation (built unvalidated for speed)
+    dflash, eagle = fig.data
+    # DFlash: position 1 reached by all 3 blocks, kept by 2; 2 and 3 reached by 2, kept by 2; 4 by 2, kept by 1 ...
+    assert list(dflash.x) == [1, 2, 3, 4] and list(dflash.customdata) == [3, 2, 2, 2]
+    assert list(dflash.y) == pytest.approx([2 / 3, 1.0, 1.0, 0.5])
+    # a tree counts by step, as a chain does: depth 0 kept (by its second candidate), depth 1 refused
+    assert list(eagle.y) == [1.0, 0.0] and list(eagle.customdata) == [1, 1]
+    assert dflash.name.startswith("dflash (τ ") and dflash.marker.pattern.shape != eagle.marker.pattern.shape
+    empty = lane_plots.positions_figure({})
+    assert not empty.data and "appears when" in empty.layout.annotations[-1].text
+
+
+def test_a_lane_whose_drafter_is_not_shipped_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(paths, "shipped_drafter", lambda target, method: tmp_path / f"{target}-{method}")
+    with pytest.raises(ConfigError, match=r"lane 'dflash': no dflash drafter is shipped for .* yet"):
+        many.parse_lanes("dflash, eagle", DecodeConfig(), hardware.default_pair())
+    (tmp_path / "smollm2-135m-dflash").mkdir()
+    (tmp_path / "smollm2-135m-eagle").mkdir()
+    lanes = many.parse_lanes("dflash, eagle, default", DecodeConfig(), hardware.default_pair())
+    assert [cfg.method for cfg, _ in lanes.values()][:2] == ["dflash", "eagle"]
+
+
+def test_the_step_through_says_the_block_came_from_one_forward():
+    note = step.block_note_html(DFLASH[1], "dflash")
+    assert "One forward, a whole block" in note and "these 7 tokens" in note
+    assert "kept 3 and cut the block at position 4; the 3 after it were never judged" in note
+    assert "kept every one" in step.block_note_html(DFLASH[3], "dflash")
+    assert step.block_note_html(block(1, 2, 3, forwards=3), "eagle") == ""  # EAGLE's chain: a forward a guess
+    assert step.block_note_html(DFLASH[1], "pld") == ""
+    text = parse(step.step_text_html(DFLASH, "dflash"))
+    assert len(text.blocks) == 3 and text.blocks[0][1][3] == "CUT"
