@@ -1,6 +1,6 @@
 """How the app shows DFlash, on golden hand-built events (no model): a block drafted in one forward is bracketed in
-the pane with its cut mark, only where one drafter forward drafted the whole chain; the per-position plot sets lanes
-side by side; the step-through says the block came from one forward."""
+the pane with its cut mark, only where one drafter forward drafted two or more positions (a chain, or the race's
+tree); the per-position plot sets lanes side by side; the step-through says the block came from one forward."""
 from __future__ import annotations
 
 from html.parser import HTMLParser
@@ -11,9 +11,9 @@ import pytest
 from specviz import hardware, paths
 from specviz.config import DecodeConfig
 from specviz.errors import ConfigError
+from specviz.events import LOOKUP_HEAD, StepEvent
 from specviz.events import DraftToken as D
 from specviz.events import EmittedToken as E
-from specviz.events import StepEvent
 from specviz.events import Verdict as V
 from specviz.ui import lane_plots, many, render, step
 from specviz.ui.logic import Lane
@@ -94,13 +94,40 @@ def test_a_block_drafted_in_one_forward_is_bracketed_with_its_cut():
     # the target's own tokens stand outside every bracket: the drafter did not draft them
     assert p.outside == [("bonus", "Hi"), ("resampled", " own1"), ("resampled", " own2"), ("bonus", " own3")]
     assert "cut it at position 4" in p.blocks[0][0]["title"] and "ONE drafter forward" in p.blocks[0][0]["title"]
+    assert "kept it whole" in p.blocks[2][0]["title"]
 
 
-def test_only_a_chain_from_one_forward_is_a_block():
+# DFlash's block verified as a tree (the race): each position's top-2, with prompt lookup's branch grafted at the root.
+# The path keeps " a" then " b"; " c" (depth 2) is refused; " x" (a sibling of " a"), " y" (under " b") are off the
+# path; the grafted " g" is refused; the target resamples " r".
+TREE_BLOCK = StepEvent(step=1, drafts=(
+    D(1, " a", V.ACCEPTED, 0.6, 0.7, None, -1, 0), D(2, " x", V.DISCARDED, 0.3, None, None, -1, 0, 0, 1),
+    D(3, " b", V.ACCEPTED, 0.5, 0.6, None, 0, 1), D(4, " y", V.DISCARDED, 0.2, None, None, 0, 1, 0, 1),
+    D(5, " c", V.REJECTED, 0.5, 0.1, None, 2, 2), D(6, " g", V.REJECTED, 1.0, 0.1, None, -1, 0, LOOKUP_HEAD)),
+    emitted=(E(1, " a", V.ACCEPTED, 0.7), E(3, " b", V.ACCEPTED, 0.6), E(7, " r", V.RESAMPLED, 0.5)),
+    draft_forwards=1, gamma=3, tree_size=6)
+
+
+def test_a_tree_drafted_in_one_forward_is_a_block_and_a_graft_stands_outside_it():
+    p = parse(render.pane_body_html([PREFILL, TREE_BLOCK], blocks=True))
+    (attrs, inside), = p.blocks
+    assert (attrs["data-drafted"], attrs["data-depth"], attrs["data-kept"]) == ("5", "3", "2")
+    assert inside == [("accepted", " a"), ("accepted", " b"), "CUT", ("discarded", " x"), ("discarded", " y"),
+                      ("rejected", " c")]
+    assert p.outside == [("bonus", "Hi"), ("rejected", " g"), ("resampled", " r")]  # the lookup's draft: not the block
+
+
+def test_only_drafts_of_one_forward_over_two_positions_are_a_block():
     eagle_chain = [PREFILL, block(1, 2, 3, forwards=3)]   # a forward per draft: no block
-    tree = [PREFILL, block(1, 2, 3, forwards=1, tree_size=5)]
+    siblings = [PREFILL, StepEvent(step=1, drafts=(D(1, " a", V.REJECTED, 0.6, 0.1), D(2, " b", V.REJECTED, 0.3, 0.1)),
+                                   emitted=(E(3, " c", V.RESAMPLED, 0.5),), draft_forwards=1, gamma=1, tree_size=2)]
     single = [PREFILL, block(1, 0, 1)]                   # one draft: nothing to bracket
-    for events in (eagle_chain, tree, single):
+    looked_up = StepEvent(step=1, drafts=tuple(
+        D(i, f" l{i}", V.ACCEPTED, 1.0, 0.9, None, i - 1, i, LOOKUP_HEAD) for i in range(2)) + TREE_BLOCK.drafts[1:2]
+        + TREE_BLOCK.drafts[3:5],
+        emitted=(E(0, " l0", V.ACCEPTED), E(1, " l1", V.ACCEPTED), E(9, " z", V.RESAMPLED)), draft_forwards=1,
+        gamma=3, tree_size=5)  # the path is prompt lookup's: its tokens were not drafted by the forward
+    for events in (eagle_chain, siblings, single, [PREFILL, looked_up]):
         assert "sv-block" not in render.pane_body_html(events, blocks=True)
     assert "sv-block" not in render.pane_body_html(DFLASH)  # not asked for: the pane as before
 

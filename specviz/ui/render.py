@@ -153,37 +153,49 @@ def more_html(step: int, n: int) -> str:
 
 
 def one_forward_block(e: StepEvent) -> bool:
-    """Whether the step's drafts are a block drafted in ONE drafter forward (DFlash): a chain of two or more drafts
-    from a single forward. (A chain drafter that drafts token by token runs a forward per draft; a tree is no
-    block.) Prompt lookup's one "forward" is a lookup: the pane asks only for a drafter with weights (blocks=)."""
-    return not e.tree_size and e.draft_forwards == 1 and len(e.drafts) >= 2
+    """Whether the step's drafts are a block drafted in ONE drafter forward (DFlash; Medusa's heads too): one forward
+    drafted two or more positions, and the verified path holds only the drafter's own nodes (a path that prompt
+    lookup or the datastore grafted, LOOKUP_HEAD / RETRIEVAL_HEAD, is theirs, no block). A drafter that drafts token
+    by token (EAGLE, a draft model) runs a forward per level, and a one-level tree is siblings, not a block. Prompt
+    lookup's one "forward" is a lookup: the pane asks only for a drafter with weights (pane_body_html's blocks=)."""
+    own = {d.depth for d in e.drafts if d.head >= 0}
+    return (e.draft_forwards == 1 and len(own) >= 2
+            and all(d.head >= 0 for d in e.drafts if d.verdict is Verdict.ACCEPTED))
 
 
-def block_title(drafted: int, kept: int) -> str:
+def block_title(drafted: int, depth: int, kept: int) -> str:
     """A block's hover title: what one forward drafted and where the target cut it."""
-    cut = (f"the target kept {kept} and cut it at position {kept + 1}" if kept < drafted
-           else "the target kept every one")
-    return f"a block of {drafted} drafts from ONE drafter forward; {cut}"
+    shape = f"{drafted} drafts" if drafted == depth else f"{drafted} drafts, {depth} positions deep"
+    cut = (f"the target kept {kept} and cut it at position {kept + 1}" if kept < depth
+           else "the target kept it whole")
+    return f"a block of {shape} from ONE drafter forward; {cut}"
 
 
-def cut_html(kept: int, drafted: int) -> str:
-    """The cut mark: where the target stopped accepting a block (after `kept` of its `drafted` drafts)."""
-    return (f'<span class="sv-cut" data-cut="{kept}" title="the target cut the block here: {kept} of {drafted} drafts '
-            'kept, the rest refused or never judged"></span>')
+def cut_html(kept: int, depth: int) -> str:
+    """The cut mark: where the target stopped accepting a block (after `kept` of its `depth` positions)."""
+    return (f'<span class="sv-cut" data-cut="{kept}" title="the target cut the block here: {kept} of its {depth} '
+            'positions kept, the rest refused or never judged"></span>')
 
 
 def block_html(e: StepEvent, items: list[Span]) -> str:
-    """A one-forward block in the pane: its drafts (kept, then the refusal and the never-judged ones) inside one
-    bracket (sv-block: data-forwards, data-drafted, data-kept), the cut mark just before the refusal, and the
-    target's own token (resampled or bonus) after the bracket: the target wrote it, the drafter did not."""
-    drafted = [s for s in items if s.verdict in DECORATED]
+    """A one-forward block in the pane: the drafter's drafts (kept, then the refusal and the ones never on the
+    path) inside one bracket (sv-block: data-forwards, data-drafted, data-depth, data-kept), the cut mark just
+    after the kept ones when the path stopped short of the block's depth, then outside it the drafts a graft
+    proposed and the target's own token (resampled or bonus): the drafter's forward drafted neither. `items` are
+    step_spans(e)."""
+    kept = [s for s in items if s.verdict is Verdict.ACCEPTED]
+    dropped = [s for s in items if s.verdict in UNCOMMITTED]  # in e.drafts' order (step_spans)
+    heads = [d.head for d in e.drafts if d.verdict in UNCOMMITTED]
+    inside = [s for s, h in zip(dropped, heads) if h >= 0]
+    grafted = [s for s, h in zip(dropped, heads) if h < 0]
     own = [s for s in items if s.verdict not in DECORATED]
-    kept = sum(s.verdict is Verdict.ACCEPTED for s in drafted)
-    inner = to_html(drafted[:kept]) + (cut_html(kept, len(drafted)) if kept < len(drafted) else "")
-    inner += to_html(drafted[kept:])
-    return (f'<span class="sv-block" data-forwards="{e.draft_forwards}" data-drafted="{len(drafted)}" '
-            f'data-kept="{kept}" title="{html.escape(block_title(len(drafted), kept))}">{inner}</span>'
-            + to_html(own))
+    drafted = sum(d.head >= 0 for d in e.drafts)
+    depth = 1 + max(d.depth for d in e.drafts if d.head >= 0)
+    n = len(kept)
+    inner = to_html(kept) + (cut_html(n, depth) if n < depth else "") + to_html(inside)
+    return (f'<span class="sv-block" data-forwards="{e.draft_forwards}" data-drafted="{drafted}" '
+            f'data-depth="{depth}" data-kept="{n}" title="{html.escape(block_title(drafted, depth, n))}">{inner}'
+            f'</span>' + to_html(grafted) + to_html(own))
 
 
 def pane_body_html(events: Iterable[StepEvent], blocks: bool = False) -> str:
