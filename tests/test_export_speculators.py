@@ -82,11 +82,12 @@ def test_a_planted_wrong_switch_or_weight_is_caught(exported, tmp_path):
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["export", "eagle", "--format", "gguf"], "format='gguf' is unknown: use one of native, speculators"),
+    (["export", "eagle", "--format", "onnx"], "format='onnx' is unknown: use one of native, speculators, gguf"),
     (["export", "medusa", "--format", "speculators"],
      "format='speculators' is written for eagle drafters only, not medusa: use --format native"),
     (["export", "target", "--format", "speculators"], "format='speculators' is a drafter's format"),
-    (["serve", "--engine", "vllm", "--drafter", "eagle", "--format", "gguf"], "format='gguf' is unknown"),
+    (["serve", "--engine", "vllm", "--drafter", "eagle", "--format", "gguf"],
+     "format='gguf' is served by llama.cpp with a trained drafter (--engine llama.cpp --drafter eagle), not vllm"),
     (["serve", "--engine", "vllm", "--drafter", "ngram", "--format", "speculators"],
      "format='speculators' is served by vLLM with a trained drafter"),
     (["serve", "--engine", "llama.cpp", "--drafter", "draft", "--format", "speculators"],

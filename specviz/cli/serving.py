@@ -63,7 +63,7 @@ def engine_parsers(sub) -> None:
                         "127.0.0.1, exporting what it needs; stops the engine on Ctrl-C or exit")
     sv.add_argument("--engine", required=True, help=f"one of {', '.join(engines.ENGINES)}")
     sv.add_argument("--drafter", required=True, help="ngram, eagle, medusa, draft, or a drafter folder trained "
-                    "here (vLLM: all; llama.cpp: ngram, draft)")
+                    "here (vLLM: all; llama.cpp: ngram, draft, eagle, dflash)")
     sv.add_argument("--format", default="native", help="the drafter export's format: native (default) or "
                     "speculators (vLLM with --drafter eagle: the drafter folder alone, naming the target)")
     sv.add_argument("--port", default=None, help="the port on 127.0.0.1 (default: a free one)")

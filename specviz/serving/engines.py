@@ -8,7 +8,9 @@ process on 127.0.0.1, stopped with its whole process group on exit, Ctrl-C, or t
   dflash (a DFlash folder: γ is its block after the first slot, the block it was trained on; export_dflash.py).
   `--format speculators` (eagle): the drafter folder alone (`vllm serve DRAFTER`), its config naming the target.
 - llama.cpp: `llama-server` (`make server`) on the target's fp32 GGUF export (the weights vLLM and `probe --local`
-  decode) with --metrics; drafters: ngram (ngram-simple), draft (the draft model's GGUF export as --model-draft).
+  decode) with --metrics; drafters: ngram (ngram-simple), draft (the draft model's GGUF export as --model-draft),
+  eagle and dflash (their GGUF exports, gguf_spec.py, as --spec-type draft-eagle3 / draft-dflash; DFlash with
+  n_max = block_size - 1, the block it was trained on).
 Torch-free here: exports run in engine_export, which imports torch.
 """
 from __future__ import annotations
@@ -28,7 +30,9 @@ from specviz.serving import server as llama
 from specviz.serving.prometheus import ServerError, http
 
 ENGINES = ("vllm", "llama.cpp")
-DRAFTERS = {"vllm": ("ngram", "eagle", "medusa", "draft", "dflash"), "llama.cpp": ("ngram", "draft")}
+DRAFTERS = {"vllm": ("ngram", "eagle", "medusa", "draft", "dflash"), "llama.cpp": ("ngram", "draft", "eagle", "dflash")}
+LLAMA_SPEC = {"draft": "draft-simple", "eagle": "draft-eagle3", "dflash": "draft-dflash"}  # llama-server --spec-type
+LLAMA_FORMAT = {"eagle": "gguf", "dflash": "gguf"}  # the export it serves (gguf_spec.py), else the native one
 VLLM_METHOD = {"eagle": "eagle3", "medusa": "medusa", "draft": "draft_model", "dflash": "dflash"}  # its speculative-
 # config method
 VLLM_VENV_ENV = "SPECVIZ_VLLM_VENV"
@@ -112,9 +116,10 @@ def plan(engine: str, drafter: str, port: Optional[int] = None, spec: str = "smo
             ee.exporter(kind, fmt)  # the format exists and this drafter's method writes it
         except ee.ExportError as exc:
             raise ServeError(str(exc)) from None
-        if engine != "vllm" or folder is None:
-            raise ServeError(f"format={fmt!r} is served by vLLM with a trained drafter (--engine vllm --drafter "
-                             f"eagle), not {engine} with {drafter}")
+        by = "llama.cpp" if fmt == "gguf" else "vllm"  # llama.cpp serves its drafters' GGUFs (LLAMA_FORMAT)
+        if engine != by or folder is None:
+            raise ServeError(f"format={fmt!r} is served by {'vLLM' if by == 'vllm' else by} with a trained drafter "
+                             f"(--engine {by} --drafter eagle), not {engine} with {drafter}")
     if kind not in DRAFTERS[engine]:
         others = [e for e in ENGINES if kind in DRAFTERS[e]]
         raise ServeError(f"drafter={drafter!r} cannot be served by {engine}: it takes {', '.join(DRAFTERS[engine])}"
@@ -186,7 +191,7 @@ def _plan_llama(kind, folder, port, spec, log, root) -> Plan:
         raise ServeError(f"target={spec!r}: serve --engine llama.cpp serves the embedded smollm2-135m only")
     from specviz.serving.engine_export import TARGET_GGUF
 
-    target, draft_dir = _exports(kind, folder, spec, log, root)
+    target, draft_dir = _exports(kind, folder, spec, log, root, LLAMA_FORMAT.get(kind, "native"))
     gguf = target / TARGET_GGUF  # fp32, as vLLM and probe --local decode (the embedded Q4_1 answers otherwise)
     threads = os.environ.get("SPECVIZ_ENGINE_THREADS", "2")
     argv = [str(exe), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--metrics", "--ctx-size",
@@ -199,7 +204,10 @@ def _plan_llama(kind, folder, port, spec, log, root) -> Plan:
                        "--spec-ngram-simple-size-m": str(GAMMA)}
     else:
         draft = draft_dir / "draft.gguf"
-        speculative = {"--spec-type": "draft-simple", "--model-draft": str(draft), "--spec-draft-n-max": str(GAMMA),
+        n_max = GAMMA
+        if kind == "dflash":  # llama.cpp drafts a block of n_max + 1 (common/speculative.cpp): the trained block
+            n_max = int(json.loads((folder / "config.json").read_text())["block_size"]) - 1
+        speculative = {"--spec-type": LLAMA_SPEC[kind], "--model-draft": str(draft), "--spec-draft-n-max": str(n_max),
                        "--spec-draft-n-min": "0", "--spec-draft-p-min": "0", "--threads-draft": threads}
     for k, v in speculative.items():
         argv += [k, v]

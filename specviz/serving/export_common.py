@@ -10,7 +10,7 @@ from typing import Callable
 TARGET_GGUF = "target-f32.gguf"  # the target's export for llama.cpp
 TOLERANCE = 1e-4           # the largest logit difference a round trip may show (fp32 in both)
 NATIVE = "native"          # `export --format`: each method's own engine layout (the default) ...
-FORMATS = (NATIVE, "speculators")  # ... or vLLM's `speculators` format (config.json names the verifier)
+FORMATS = (NATIVE, "speculators", "gguf")  # ... or vLLM's `speculators` format, or a GGUF for llama-server
 
 
 class ExportError(ValueError):

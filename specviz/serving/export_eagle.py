@@ -126,4 +126,5 @@ SGLang: `--speculative-algorithm EAGLE3 --speculative-draft-model-path {out}` (n
 
 EXPORT = DrafterExport("EAGLE-3", "EAGLE-3", "eagle3", write_eagle3, readme,
                        lambda cfg: None if cfg.feature_layers else "an EAGLE-1",
-                       formats={"speculators": "specviz.serving.export_speculators:EXPORT"})
+                       formats={"speculators": "specviz.serving.export_speculators:EXPORT",
+                                "gguf": "specviz.serving.gguf_spec:EAGLE3"})
