@@ -45,16 +45,18 @@ def positions_figure(lanes: Mapping[str, Sequence[StepEvent]]) -> go.Figure:
         tau = summarize(name, events).tau if events else None
         data.append({"type": "bar", "name": f"{name}" + (f" (τ {tau:.2f})" if tau else ""),
                      "x": list(range(1, len(alpha_i) + 1)), "y": alpha_i, "customdata": reached,
+                     "text": ["" if a is None else f"{a:.2f}" for a in alpha_i], "textposition": "outside",
+                     "cliponaxis": False, "textfont": {"size": 13},
                      "marker": {"color": LANE_PALETTE[n % len(LANE_PALETTE)],
                                 "pattern": {"shape": LANE_PATTERNS[n % len(LANE_PATTERNS)]}},
                      "hovertemplate": f"{name}<br>position %{{x}}: α_i = %{{y:.2f}} of %{{customdata}} steps that "
                                       "reached it<extra></extra>"})
     drafted = any(d for t in data for d in t["y"])
-    return figure(data, "Per-position acceptance α_i, lane by lane<br><sup>of the steps that kept every position "
-                  "before i, the share that kept i</sup>", None if any(t["x"] for t in data) or drafted
-                  else "appears when the lanes have drafted", barmode="group", bargap=0.2,
-                  margin={"l": 64, "r": 20, "t": 96, "b": 56},
-                  legend={"orientation": "h", "yanchor": "top", "y": -0.18, "xanchor": "center", "x": 0.5,
+    return figure(data, "Per-position acceptance α_i by lane<br><sup>of the steps that kept every guess before "
+                  "position i, the share that kept i</sup>", None if any(t["x"] for t in data) or drafted
+                  else "appears when the lanes have drafted", barmode="group", bargap=0.2, height=420,
+                  margin={"l": 64, "r": 20, "t": 96, "b": 120},
+                  legend={"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "center", "x": 0.5,
                           "font": {"size": 15}},
                   xaxis={"title": {"text": "position i in the step's guesses"}, "dtick": 1},
-                  yaxis={"title": {"text": "α_i"}, "range": [0, 1.03]})
+                  yaxis={"title": {"text": "α_i"}, "range": [0, 1.12]})
