@@ -1,17 +1,25 @@
-"""DFlash (block drafted in one forward): greedy identity with AR, exact sampling, the training forward equal to the
+"""DFlash (block drafted in one forward): greedy identity with AR, as a chain and as a tree; exact sampling (the block's
+tree judged by the sampler suite's statistics, planted bugs caught); the grafts; the training forward equal to the
 drafting one, the registry entry, save/load and a training smoke run on tiny random models."""
 from __future__ import annotations
+
+import itertools
+from dataclasses import replace
 
 import pytest
 import torch
 from tiny import random_drafter, tiny_model
 
 from specviz import engines, methods
+from specviz.check import stats
 from specviz.config import DecodeConfig
+from specviz.core.sampling import verify_tree
+from specviz.core.trees import Tree
 from specviz.drafters import trained as drafters
 from specviz.drafters.dflash import dflash_layers, mask_token
-from specviz.engines.dflash import DFlashDrafter, DFlashEngine, build
-from specviz.events import Verdict
+from specviz.engines.dflash import DFlashDrafter, DFlashEngine, DFlashProposer, block_nodes, build, top_tree
+from specviz.engines.tree import TreeEngine
+from specviz.events import LOOKUP_HEAD, Verdict
 from specviz.train import dflash as dflash_train
 from specviz.train import loop as train
 
@@ -29,9 +37,12 @@ def target_feats(target, ids: torch.Tensor, layers: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("block_size", [2, 4, 8])
 @pytest.mark.parametrize("compressed", [False, True])
-def test_greedy_identity_tiny(tiny_target, block_size, compressed):
+@pytest.mark.parametrize("chain", [False, True])
+def test_greedy_identity_tiny(tiny_target, block_size, compressed, chain):
+    """The race's engine (the tree loop, the block as a chain) and the chain loop (step-through, check) alike."""
     vocab_ids = torch.arange(0, 64, 2) if compressed else None
-    eng = build(tiny_target, dflash_drafter(tiny_target, vocab_ids, block_size))
+    eng = build(tiny_target, dflash_drafter(tiny_target, vocab_ids, block_size), chain=chain)
+    assert isinstance(eng, DFlashEngine if chain else TreeEngine)
     ar = engines.build("ar", tiny_target)
     for prompt in ([1, 2, 3], [5, 9, 11, 13, 2], [7]):
         cfg = DecodeConfig(method="dflash", max_new_tokens=30, gamma=7)
@@ -39,29 +50,175 @@ def test_greedy_identity_tiny(tiny_target, block_size, compressed):
         assert run.token_ids == engines.generate(ar, prompt, cfg).token_ids
         for event in run.events:  # the whole block in one drafter forward, never more than its slots after the first
             assert len(event.drafts) <= block_size - 1 and event.draft_forwards == (1 if event.drafts else 0)
+            assert event.tree_size == (0 if chain else len(event.drafts))
+            assert [t.depth for t in event.drafts] == list(range(len(event.drafts)))  # a chain
 
 
-def test_a_drafter_that_copies_the_target_is_accepted_whole(tiny_target):
+TREES = {  # DecodeConfig fields, and the stored tree of the drafter (rank paths) where one is named
+    "top-2 beam": ({"tree": "dynamic", "tree_topk": 2, "tree_nodes": 10}, None),
+    "top-4, 8 nodes": ({"tree": "dynamic", "tree_depth": 2}, None),  # tree_depth: EAGLE's, not the block's
+    "stored: chain + second choices": ({}, [(0,), (1,), (0, 0), (0, 1), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]),
+    "chain + prompt lookup": ({"lookup": 4}, None),
+}
+
+
+@pytest.mark.parametrize("shape", list(TREES))
+def test_tree_greedy_identity_tiny(tiny_target, shape):
+    """Every tree of the block (and a grafted branch) gives AR's tokens, over the full and a compressed draft
+    vocabulary in turn; a tree step's event has every node with a verdict, tree_size set, one drafter forward."""
+    fields, stored = TREES[shape]
+    compressed = list(TREES).index(shape) % 2 == 1
+    d = dflash_drafter(tiny_target, torch.arange(0, 64, 2) if compressed else None, block_size=8)
+    if stored:
+        d = drafters.Drafter(d.module, replace(d.cfg, tree=[list(p) for p in stored]), tiny_target.model,
+                             d.vocab_ids)
+    eng, ar = build(tiny_target, d), engines.build("ar", tiny_target)
+    branched = grafted = 0
+    for prompt in ([1, 2, 3], [5, 9, 11, 13, 2, 5, 9, 11, 13]):
+        cfg = DecodeConfig(method="dflash", max_new_tokens=30, gamma=5, **fields)
+        run = engines.generate(eng, prompt, cfg)
+        assert run.token_ids == engines.generate(ar, prompt, DecodeConfig(method="ar", max_new_tokens=30)).token_ids
+        for event in run.events[1:]:  # after the prefill, a tree each step but the last (no room left: none)
+            if not event.drafts and event.finish_reason:
+                continue
+            assert event.tree_size == len(event.drafts) > 0 and event.draft_forwards == 1
+            assert all(t.verdict in (Verdict.ACCEPTED, Verdict.REJECTED, Verdict.DISCARDED) for t in event.drafts)
+            assert max(t.depth for t in event.drafts) < 5 or shape == "chain + prompt lookup"
+            branched += any(t.rank > 0 for t in event.drafts)
+            grafted += any(t.head == LOOKUP_HEAD for t in event.drafts)
+    assert branched if shape != "chain + prompt lookup" else grafted
+
+
+def test_top_tree_is_the_exact_top_paths():
+    """top_tree keeps the n paths of highest product of the slots' sorted probabilities, checked against every path
+    of a k-ary tree enumerated."""
+    gen = torch.Generator().manual_seed(0)
+    for depth, k, n in [(3, 2, 5), (4, 3, 9), (2, 4, 8), (5, 2, 12)]:
+        values = torch.rand(depth, k, generator=gen).sort(descending=True).values.tolist()
+        every = {}
+        for d in range(1, depth + 1):
+            for path in itertools.product(range(k), repeat=d):
+                every[path] = torch.tensor([values[i][r] for i, r in enumerate(path)]).prod().item()
+        best = sorted(every, key=lambda p: -every[p])[:n]
+        assert set(top_tree(values, k, n).paths) == set(best), (depth, k, n)
+
+
+def test_block_nodes_rank_the_slot_draft_first():
+    """Greedy: rank r is the slot's r-th most probable token. Sampling: rank 0 is the slot's draw (the same for every
+    node of a depth), the ranks after it the most probable tokens other than the draw, chosen (no q)."""
+    probs = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.1, 0.2, 0.3, 0.4]])
+    tree = Tree.from_choices([(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 2)])
+    small, q, drawn = block_nodes(tree, probs, True, None)
+    assert small == [0, 1, 3, 2, 3, 1] and q == pytest.approx([0.5, 0.3, 0.4, 0.3, 0.4, 0.2]) and drawn is None
+    gen = torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(40):
+        small, q, drawn = block_nodes(tree, probs, False, gen)
+        x1, x2 = small[0], small[2]
+        assert small[4] == x2 and small[1] == [t for t in (0, 1, 2, 3) if t != x1][0]
+        others = [t for t in (3, 2, 1, 0) if t != x2]  # slot 2's tokens by probability, its draw left out
+        assert small[3] == others[0] and small[5] == others[1]
+        assert [d is not None for d in drawn] == [True, False, True, False, True, False]
+        assert drawn[2] is not None and torch.equal(drawn[2], probs[1])
+        seen.add((x1, x2))
+    assert len(seen) > 3  # drawn, not the argmax
+
+
+# ── sampling: the first two tokens through a block's tree follow the target (the sampler suite's statistics) ──
+
+V, N = 10, 10000
+
+
+def first_two(tree_of, p1, p2, q, gen, bug=None) -> list[int]:
+    """One step over a two-slot block (q (2, V): the slots' distributions, independent of the tokens before them,
+    as DFlash's are) with the tree `tree_of(q)`, judged by verify_tree against the target's p1 then p2[a]; the next
+    step's draw completes a step that ended after one token."""
+    tree = tree_of(q)
+    small, _, drawn = block_nodes(tree, q, False, gen)
+    if bug:
+        drawn = bug(tree, drawn, q)
+    rows = [p1] + [p2[small[i]] if tree.depths[i] == 1 else torch.full((V,), 1 / V) for i in range(tree.size)]
+    result = verify_tree(tree.parents, small, drawn, torch.stack(rows), gen)
+    out = [small[i] for i in result.path] + [result.next_token]
+    if len(out) == 1:
+        out.append(int(torch.multinomial(p2[out[0]], 1, generator=gen)))
+    return out[:2]
+
+
+SHAPES = {
+    "chain": lambda q: Tree.from_choices([(0,), (0, 0)]),
+    "chain + second choices": lambda q: Tree.from_choices([(0,), (1,), (0, 0), (0, 1)]),
+    "top-2 of both slots": lambda q: Tree.from_choices([(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]),
+    "dynamic top-3, 5 nodes": lambda q: top_tree(torch.topk(q, 3).values.tolist(), 3, 5),
+}
+
+
+def joint_counts(shape: str, bug=None, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    p1 = stats.random_dist(gen, V)
+    p2 = torch.stack([stats.random_dist(gen, V, zeros=2) for _ in range(V)])  # (V, V): p(b | a)
+    q = torch.stack([stats.random_dist(gen, V), stats.random_dist(gen, V, zeros=3)])
+    q[0] = 0.4 * q[0] + 0.6 * torch.nn.functional.one_hot(torch.argmin(p1), V)  # a confident drafter, often wrong
+    counts = torch.zeros(V * V)
+    for _ in range(N):
+        a, b = first_two(SHAPES[shape], p1, p2, q, gen, bug)
+        counts[a * V + b] += 1
+    return counts, (p1[:, None] * p2).flatten()
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_two_tokens_through_the_block_tree_follow_the_target(shape):
+    fit = stats.fit(*joint_counts(shape))
+    assert fit.passed(), (shape, fit.p_value, fit.tv, fit.tv_bound)
+
+
+# (A draw judged as a point mass is no bug: the point-mass rule is exact for any candidate the target's draws do not
+# see; it only accepts less, sum q(x) p(x) against sum min(p, q).)
+def _judged_against_the_other_slot(tree, drawn, q):
+    return tuple(None if x is None else q[d % 2] for x, d in zip(drawn, tree.depths))  # slot i's draw, q of another
+
+
+def _choices_judged_as_drawn(tree, drawn, q):
+    return tuple(q[d - 1] for d in tree.depths)  # the second choices verified as if drawn from q
+
+
+@pytest.mark.parametrize("bug", [_judged_against_the_other_slot, _choices_judged_as_drawn])
+def test_planted_bugs_are_caught(bug):
+    fit = stats.fit(*joint_counts("chain + second choices", bug))
+    assert not fit.passed() and fit.p_value < 1e-6, (bug.__name__, fit.p_value, fit.tv, fit.tv_bound)
+
+
+@pytest.mark.parametrize("loop", ["chain", "tree"])
+def test_a_drafter_that_copies_the_target_is_accepted_whole(tiny_target, loop):
     """A planted perfect drafter (its logits replaced by the target's own next tokens) has every draft accepted:
-    the block's slots line up with the positions the target verifies (an off-by-one would reject them)."""
+    the block's slots line up with the positions the target verifies (an off-by-one would reject them). In the
+    tree loop with each slot's second choice beside it, only the chain is accepted."""
     d = dflash_drafter(tiny_target, block_size=4)
     ar = engines.build("ar", tiny_target)
     prompt = [5, 9, 11]
     truth = engines.generate(ar, prompt, DecodeConfig(method="ar", max_new_tokens=40)).token_ids
     seq = prompt + truth
 
+    def oracle(s):
+        s.block_logits = lambda tokens: (torch.nn.functional.one_hot(
+            torch.tensor(seq[len(tokens):len(tokens) + 3]), 64).float() * 50) if s._n else None
+        return s
+
     class Oracle(DFlashDrafter):
         def session(self, vocab_size, eos_ids):
-            s = super().session(vocab_size, eos_ids)
-            s.block_logits = lambda tokens: (torch.nn.functional.one_hot(
-                torch.tensor(seq[len(tokens):len(tokens) + 3]), 64).float() * 50) if s._n else None
-            return s
+            return oracle(super().session(vocab_size, eos_ids))
 
-    eng = DFlashEngine("dflash", tiny_target, Oracle(d))
+    class OracleTree(DFlashProposer):
+        def start(self, vocab_size, eos_ids):
+            return oracle(super().start(vocab_size, eos_ids))
+
+    eng = (DFlashEngine("dflash", tiny_target, Oracle(d)) if loop == "chain" else
+           TreeEngine("dflash", tiny_target, OracleTree(d), [(0,), (1,), (0, 0), (0, 1), (0, 0, 0), (0, 0, 1)]))
     run = engines.generate(eng, prompt, DecodeConfig(method="dflash", max_new_tokens=30, gamma=3))
     assert run.token_ids == truth[:30]
-    verdicts = [t.verdict for e in run.events for t in e.drafts]
-    assert verdicts and all(v is Verdict.ACCEPTED for v in verdicts)
+    verdicts = [(t.verdict, t.rank) for e in run.events for t in e.drafts]
+    assert verdicts and all(v is Verdict.ACCEPTED for v, rank in verdicts if rank == 0)
+    assert all(v is not Verdict.ACCEPTED for v, rank in verdicts if rank > 0)
     assert len(run.events) <= 1 + -(-29 // 4)  # the prefill's step, then 4 tokens a step
 
 
@@ -123,11 +280,12 @@ def test_layers_and_mask_token():
 
 def test_registry_entry_save_load_and_check(tmp_path, tiny_target):
     s = methods.spec("dflash")
-    assert s.trained and s.chain and s.checkable and s.drafts == "chain"
+    assert s.trained and s.chain and s.checkable and s.drafts == "tree" and s.grafts == ("lookup", "retrieve")
     d = dflash_drafter(tiny_target, torch.arange(0, 64, 2))
     drafters.save(tmp_path / "d", d.module, d.cfg, d.vocab_ids, "# card\n")
     eng = engines.build_trained(tmp_path / "d", tiny_target)
-    assert isinstance(eng, DFlashEngine) and eng.method == "dflash"
+    assert isinstance(eng, TreeEngine) and isinstance(eng.proposer, DFlashProposer) and eng.method == "dflash"
+    assert isinstance(engines.build_trained(tmp_path / "d", tiny_target, chain=True), DFlashEngine)
     assert drafters.describe(d.cfg).startswith("DFlash, 2 decoder layers drafting blocks of 4")
     cfg = DecodeConfig(method="dflash", max_new_tokens=20)
     assert engines.generate(eng, [3, 4], cfg).token_ids == \
