@@ -267,7 +267,9 @@ def many_tab(concurrency_id: str = DEVICE_QUEUE) -> None:
                           "the lane that has used the least compute runs next, so each pane grows at its true "
                           "relative speed. Name a lane as <code>bench --method</code> does: <code>pld:2</code>, "
                           "<code>eagle:1+pld:4+ret:4</code>, <code>draft</code>, or <code>default</code> for this "
-                          "machine's default race."))
+                          "machine's default race. Drafters here: "
+                          + ", ".join(f"<code>{m}</code>" for m in at_hand(SPEC_METHODS)) + ". Below the panes, "
+                          "each lane's acceptance by position: how far into its guesses it stays right."))
         with gr.Row(equal_height=False):
             prompt = gr.Textbox(value=DEFAULT_PROMPT, label="Prompt", lines=3, max_lines=8, scale=3,
                                 elem_id="many-prompt")

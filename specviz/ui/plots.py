@@ -440,14 +440,16 @@ def cycle_figure(view: Optional[dict]) -> go.Figure:
                    **(layout or axes))
 
 
-def theory_figure(alpha: float, c: float, measured: Optional[dict] = None, gamma_max: int = 16) -> go.Figure:
+def theory_figure(alpha: float, c: float, measured: Optional[dict] = None, gamma_max: int = 16,
+                  block: bool = False) -> go.Figure:
     """Leviathan et al. (2023) against γ at the sliders' α and c: left E[tokens per target forward], right the
-    predicted speedup; the measured point (α, τ and c of the steps so far, at their mean γ) marked ◆."""
+    predicted speedup; the measured point (α, τ and c of the steps so far, at their mean γ) marked ◆. `block`: the
+    drafter drafts all γ guesses in ONE forward (DFlash), so a step's drafting costs c, not γc: S = E / (c + 1)."""
     from specviz.metrics import expected_tokens_per_step, predicted_speedup
 
     gs = list(range(1, gamma_max + 1))
     e = [expected_tokens_per_step(alpha, g) for g in gs]
-    s = [predicted_speedup(alpha, g, c) for g in gs]
+    s = [predicted_speedup(alpha, g, c / g if block else c) for g in gs]  # a block: γ · (c / γ) = c a step
     best = max(gs, key=lambda g: s[g - 1])
     data = [
         {"type": "scatter", "x": gs, "y": e, "mode": "lines+markers", "name": f"α = {alpha:.2f}",
@@ -474,7 +476,9 @@ def theory_figure(alpha: float, c: float, measured: Optional[dict] = None, gamma
                                 "line": {"color": "#000000", "width": 1.5}},
                      "hovertemplate": "measured τ = %{y:.2f} at γ ≈ %{x:.1f}<extra></extra>"})
         if m.get("c") is not None:
-            data.append({"type": "scatter", "x": [g], "y": [predicted_speedup(m["alpha"], max(1, round(g)), m["c"])],
+            k = max(1, round(g))
+            data.append({"type": "scatter", "x": [g], "y": [predicted_speedup(m["alpha"], k, m["c"] / k if block
+                                                                              else m["c"])],
                          "mode": "markers", "xaxis": "x2", "yaxis": "y2", "showlegend": False,
                          "name": "prediction at the measured α, c",
                          "marker": {"color": COLOURS[Verdict.REJECTED], "size": 15, "symbol": "diamond",
@@ -483,7 +487,8 @@ def theory_figure(alpha: float, c: float, measured: Optional[dict] = None, gamma
     titles = [{"text": text, "showarrow": False, "x": 0.0, "y": y, "xref": "paper", "yref": "paper",
                "xanchor": "left", "yanchor": "bottom", "font": {"size": 14}, "align": "left"}
               for text, y in (("tokens a target pass<br>E = (1 − α^(γ+1)) / (1 − α)", 1.0),
-                              ("predicted speedup<br>S = E / (γc + 1)", 0.42))]
+                              ("predicted speedup<br>" + ("S = E / (c + 1): the whole block in one drafter forward"
+                                                          if block else "S = E / (γc + 1)"), 0.42))]
     return figure(data, "Theory: Leviathan et al. (2023)", height=620, annotations=titles,
                    margin={"l": 56, "r": 16, "t": 100, "b": 40},
                    legend={"orientation": "h", "yanchor": "top", "y": -0.16, "xanchor": "left", "x": 0.0,

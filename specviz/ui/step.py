@@ -174,7 +174,7 @@ def step_outputs(session, alpha: float, c: float) -> tuple:
             "text": session.engine.target.decode(session.token_ids), "cycle": view}
     return (session, step_status(session), f'<div class="sv-steptext">{text}</div>', plots.cycle_figure(view),
             block_note_html(session.events[-1] if session.events else None, method) + cycle_table_html(view),
-            plots.theory_figure(float(alpha), float(c), measured), data)
+            plots.theory_figure(float(alpha), float(c), measured, block=drafts_a_block(session)), data)
 
 
 def _error_outputs(exc: BaseException, session=None) -> tuple:
@@ -242,8 +242,16 @@ def step_run(prompt: str = STEP_PROMPT, method: str = "vanilla", draft: str = ""
         yield _error_outputs(exc, session)
 
 
+def drafts_a_block(session) -> bool:
+    """Whether this run's drafter drafted its guesses as one block in one forward (DFlash), as its steps so far
+    show: the theory's drafting cost is then c a step, not γc."""
+    return bool(session) and drafts_blocks(session.cfg.method) and any(
+        render.one_forward_block(e) for e in session.events)
+
+
 def step_theory(session, alpha: float, c: float):
-    return plots.theory_figure(float(alpha), float(c), session.measured() if session else None)
+    return plots.theory_figure(float(alpha), float(c), session.measured() if session else None,
+                               block=drafts_a_block(session))
 
 
 def step_method_changed(method):
