@@ -132,8 +132,8 @@ def block_note_html(event: Optional[StepEvent], method: str) -> str:
            f"it kept {kept} and cut the block at position {kept + 1}"
            + (f"; the {unjudged} after it were never judged" if unjudged else ""))
     return (f'<div class="sv-rule" id="step-block-note"><b>One forward, a whole block.</b> '
-            f"{html.escape(methods.spec(method).label)}'s drafter guessed these {drafted} tokens in a single forward "
-            "(the last committed token, then mask slots it fills all at once: no guess waits for the one before it). "
+            f"{html.escape(methods.spec(method).label)}'s drafter guessed these {drafted} tokens in a single forward, "
+            "all at once: no guess waited for the one before it. "
             f"The target checks them in one forward too, position by position as the rows below show: "
             f"{html.escape(cut)}.</div>")
 
