@@ -119,7 +119,8 @@ class Calibration:
         costs = d["costs"]
         return cls(d["key"], CostProfile(**d["profile"]),
                    StepCosts({k: float(v) for k, v in costs["lanes"].items()},
-                             {k: float(v) for k, v in costs.get("draft", {}).items()}, float(costs["row_excess"])),
+                             {k: float(v) for k, v in costs.get("draft", {}).items()}, float(costs["row_excess"]),
+                             float(costs.get("prefill", 0.0))),
                    float(d["bandwidth"]), str(d["measured"]))
 
 

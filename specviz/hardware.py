@@ -39,6 +39,7 @@ class Pair:
     gammas: tuple[tuple[str, int], ...] = ()  # (method, γ): the fastest γ measured for it here; others: DecodeConfig's
     lookups: tuple[tuple[str, int], ...] = ()  # (method, n): prompt lookup's branch on its tree measured fastest here
     retrieves: tuple[tuple[str, int], ...] = ()  # (method, n): likewise the datastore's branch
+    trees: tuple[tuple[str, int], ...] = ()  # (method, n): its dynamic tree's nodes where that raced fastest here
     why: str = ""    # one line: how the default race was chosen (tuning.Choice.line), once this machine is measured
 
     def gamma_for(self, method: str) -> int:
@@ -53,6 +54,10 @@ class Pair:
         """The default length of the datastore's branch on `method`'s tree here (DecodeConfig.retrieve; 0 = none)."""
         return dict(self.retrieves).get(method, DecodeConfig.retrieve)
 
+    def nodes_for(self, method: str) -> int:
+        """The nodes of `method`'s dynamic tree in its default race here (0: its stored tree)."""
+        return dict(self.trees).get(method, 0)
+
     @property
     def gamma(self) -> int:
         """The default race's γ."""
@@ -60,24 +65,27 @@ class Pair:
 
     def race(self, method: str = "") -> str:
         """A method's default race as bench's --method writes it (this pair's default method without one):
-        "eagle:1+pld:4+ret:4", "pld:2"."""
+        "eagle:1+pld:4+ret:4", "pld:2", "eagle:3+pld:8+dyn:32"."""
         method = method or self.method
         gamma = f":{self.gamma_for(method)}" if registry.spec(method).gamma_applies else ""
         return (method + gamma + (f"+pld:{self.lookup_for(method)}" if self.lookup_for(method) else "")
-                + (f"+ret:{self.retrieve_for(method)}" if self.retrieve_for(method) else ""))
+                + (f"+ret:{self.retrieve_for(method)}" if self.retrieve_for(method) else "")
+                + (f"+{DYNAMIC}:{self.nodes_for(method)}" if self.nodes_for(method) else ""))
 
     def tuned(self, choice) -> "Pair":
         """This pair with the race chosen on this machine (a tuning.Choice) as its default, and prompt lookup's γ and
         EAGLE's γ and branches at their fastest races here (what a user who picks either method gets)."""
-        from specviz.tuning import parse_race
+        from specviz.tuning import parse_nodes, parse_race
 
         g, lookup, retrieve = parse_race(choice.best_tree) if choice.best_tree else (self.gamma_for("eagle"), 0, 0)
+        nodes = parse_nodes(choice.best_tree) if choice.best_tree else 0
         gammas = {**dict(self.gammas), "eagle": g}
         if choice.best_chain:
             gammas["pld"] = parse_race(choice.best_chain)[1]
         return replace(self, method=choice.method, gammas=tuple(gammas.items()),
                        lookups=tuple({**dict(self.lookups), "eagle": lookup}.items()),
-                       retrieves=tuple({**dict(self.retrieves), "eagle": retrieve}.items()), why=choice.line())
+                       retrieves=tuple({**dict(self.retrieves), "eagle": retrieve}.items()),
+                       trees=tuple({**dict(self.trees), "eagle": nodes}.items()), why=choice.line())
 
     def target_for(self, method: str) -> str:
         """The target a method runs against: trained drafters stay tied to the target they were trained on."""
@@ -170,24 +178,32 @@ def default_pair(device: Optional[object] = None) -> Pair:
     return _tuned.get(kind) or _pair_for(kind)
 
 
-def adopt(target, say: Optional[Callable[[str], None]] = None) -> Optional[str]:
+def adopt(target, say: Optional[Callable[[str], None]] = None, temperature: float = 0.0,
+          new_tokens: int = DecodeConfig.max_new_tokens, prompt_tokens: int = 0) -> Optional[str]:
     """Make the race chosen for this machine (specviz/tuning.py) this process's default for a loaded target, from
     this machine's calibration (its verify profile T(k) and the step costs of each lane family: kept per machine by
     specviz/calibration.py, measured where none is kept, SPECVIZ_CALIBRATE=0|1 forcing either; `say` is told the
     progress): the one line saying which race, why and where the figures came from; None where the target ships no
     race grid (the GPU pair, a target of your own) or runs in another dtype than the app's, and the pair's defaults
-    stay. Raises ConfigError for a bad SPECVIZ_CALIBRATE."""
+    stay. With temperature > 0 the race is the one chosen for sampling (its τ replayed at a temperature: tuning.Choice
+    .sampled, where the grid has it), and the line prices a run of new_tokens after a prompt of prompt_tokens (0: a
+    typical prompt, tuning.PROMPT_TOKENS) with its prefill. Raises ConfigError for a bad SPECVIZ_CALIBRATE."""
     from specviz import calibration
     from specviz.models import loader as models
+    from specviz.tuning import PROMPT_TOKENS
 
     kind = target.device.type
     pair = default_pair(target.device)
     if target.name != pair.target or target.dtype != models.default_dtype(target.device):
         return None  # the grid prices the app's configuration: another target or dtype keeps the pair's defaults
     outcome = calibration.calibrate(target, say)
-    if outcome.choice is not None:
-        _tuned[kind] = _pair_for(kind).tuned(outcome.choice)
-    return None if outcome.source == "none" else outcome.line
+    choice = outcome.choice
+    if choice is None:
+        return None if outcome.source == "none" else outcome.line
+    picked = choice.sampled if temperature > 0 and choice.sampled is not None else choice
+    _tuned[kind] = _pair_for(kind).tuned(picked)
+    # the outcome's line is the greedy choice's at a typical run, then where the figures came from
+    return picked.line(new_tokens, prompt_tokens or PROMPT_TOKENS) + outcome.line[len(choice.line()):]
 
 
 def dtype_name(dtype: object) -> str:

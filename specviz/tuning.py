@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -37,6 +37,7 @@ GRID_FILE = "race-grid-{target}.json"
 # prompt lookup 0.24). Paired on Spec-Bench 48: AVX512-BF16 eagle:1+pld:4+ret:2 1.50x against pld:6 1.32x (predicted
 # 1.45x and 1.54x at start-up); AVX2 eagle:1+pld:2 1.23x against pld:4 1.20x (predicted 1.39x and 1.48x)
 TIE = 0.10
+DYNAMIC = "dyn"  # a race's +dyn:N (hardware.DYNAMIC): EAGLE-2's dynamic tree of N nodes
 CHAIN = "pld"   # the race where nothing pays: the chain cheapest to verify and to draft
 TREE = "eagle"  # the tree drafter the grid times
 COST_TOKENS = 16  # tokens of each calibration run (after a 4-token warm-up not billed)
@@ -57,14 +58,18 @@ CALIBRATION_PROMPT = (
     "evaporator, and a fan spreads the cold air evenly through the shelves.\n\n"
     "Question: explain, step by step, how the refrigerator keeps the food cold, and why the back of it feels warm.")
 # one run per lane family: the per-step cost outside the target's forward of every candidate is read from these
-COST_LANES = {"pld": (0, 2, 0), "eagle": (1, 0, 0), "eagle2": (2, 0, 0), "grafts": (1, 4, 4)}
+COST_LANES = {"pld": (0, 2, 0), "eagle": (1, 0, 0), "eagle2": (2, 0, 0), "grafts": (1, 4, 4), "dyn": (3, 0, 0)}
+DYN_FAMILY = "dyn"  # the family run as EAGLE-2's dynamic tree (DYN_NODES nodes, grown 3 levels): its step pays the
+DYN_NODES = 16      # growing (a drafter call per level over up to 4 nodes, the rerank), which no static lane does
 
 
-def race_name(g: int, lookup: int, retrieve: int) -> str:
-    """A race as bench's --method writes it: pld:L, or eagle:g[+pld:L][+ret:R]."""
+def race_name(g: int, lookup: int, retrieve: int, nodes: int = 0) -> str:
+    """A race as bench's --method writes it: pld:L, or eagle:g[+pld:L][+ret:R][+dyn:N] (N > 0: EAGLE-2's dynamic
+    tree of N nodes, grown g levels; else the drafter's stored tree cut to depth g)."""
     if not g:
         return f"{CHAIN}:{lookup}"
-    return f"{TREE}:{g}" + (f"+pld:{lookup}" if lookup else "") + (f"+ret:{retrieve}" if retrieve else "")
+    return (f"{TREE}:{g}" + (f"+pld:{lookup}" if lookup else "") + (f"+ret:{retrieve}" if retrieve else "")
+            + (f"+{DYNAMIC}:{nodes}" if nodes else ""))
 
 
 def candidates(depths, lookups, retrieves) -> dict[str, tuple[int, int, int]]:
@@ -74,8 +79,13 @@ def candidates(depths, lookups, retrieves) -> dict[str, tuple[int, int, int]]:
     return out
 
 
+def parse_nodes(name: str) -> int:
+    """The nodes of a race's dynamic tree (its +dyn:N); 0 for the drafter's stored tree and the chains."""
+    return next((int(n) for kind, _, n in (p.partition(":") for p in name.split("+")) if kind == DYNAMIC), 0)
+
+
 def parse_race(name: str) -> tuple[int, int, int]:
-    """(g, lookup, retrieve) of a race name written by race_name."""
+    """(g, lookup, retrieve) of a race name written by race_name (its dynamic tree's nodes: parse_nodes)."""
     g = lookup = retrieve = 0
     for part in name.split("+"):
         kind, _, n = part.partition(":")
@@ -107,16 +117,35 @@ class GridRace:
     def shape(self) -> tuple[int, int, int]:
         return parse_race(self.name)
 
+    @property
+    def nodes(self) -> int:
+        return parse_nodes(self.name)
+
+
+class Grid(dict):
+    """The races replayed greedy, by name (GridRace); `sampled`: the same races replayed on a sampled recording
+    (experiments/probes/race_grid_wide.py) at `sampling` (temperature, top-p), {} where the grid has none."""
+    sampled: dict[str, GridRace] = {}
+    sampling: tuple[float, float] = (0.0, 1.0)
+
+
+def _races(configs: dict) -> dict[str, GridRace]:
+    return {name: GridRace(name, c["steps"], c["tokens"], {int(k): v for k, v in c["rows"].items()})
+            for name, c in configs.items()}
+
 
 @functools.lru_cache(maxsize=None)
-def load_grid(target_name: str, folder: Path = PROFILES) -> Optional[dict[str, GridRace]]:
+def load_grid(target_name: str, folder: Path = PROFILES) -> Optional[Grid]:
     """The shipped race grid of a target (None where none is shipped: only the embedded target has one)."""
     path = Path(folder) / GRID_FILE.format(target=target_name)
     if not path.is_file():
         return None
     d = json.loads(path.read_text())
-    return {name: GridRace(name, c["steps"], c["tokens"], {int(k): v for k, v in c["rows"].items()})
-            for name, c in d["configs"].items()}
+    grid = Grid(_races(d["configs"]))
+    if "sampled" in d:
+        grid.sampled = _races(d["sampled"]["configs"])
+        grid.sampling = (float(d["sampled"]["temperature"]), float(d["sampled"]["top_p"]))
+    return grid
 
 
 @dataclass(frozen=True)
@@ -128,36 +157,57 @@ class StepCosts:
     # how much more an extra row costs inside a race than the verify profile says: a race's forward of k rows costs
     # 1 + (1 + row_excess)(T(k)/T(1) − 1) AR steps (fitted over the calibration runs' steps; 0: as profiled)
     row_excess: float = 0.0
+    # the calibration prompt's prefill (its first forward) in AR steps a prompt token (0: not measured, a calibration
+    # kept before it was: the verify profile's T(k), extrapolated, prices it instead)
+    prefill: float = 0.0
+
+    def prefill_steps(self, profile, prompt_tokens: int) -> float:
+        """A prompt's prefill in AR steps: what a run's speedup is diluted by (AR and a race pay it alike)."""
+        return self.prefill * prompt_tokens if self.prefill > 0 else profile.ratio(prompt_tokens)
 
     def forward(self, profile, rows: int) -> float:
         """A race's target forward over `rows` rows, in AR steps, as the calibration runs measured it."""
         return 1.0 + (1.0 + self.row_excess) * (profile.ratio(rows) - 1.0)
 
-    def of(self, g: int, lookup: int, retrieve: int) -> float:
+    def of(self, g: int, lookup: int, retrieve: int, nodes: int = 0) -> float:
         """The per-step cost of a race outside its forward: prompt lookup alone; EAGLE at depth g, linear in its
-        levels from depths 1 and 2, plus what the branches add (measured with both on)."""
+        levels from depths 1 and 2, plus what the branches add (measured with both on); a dynamic tree (nodes > 0)
+        from its own family's run at depth 3, a level less or more as the static levels differ. KeyError for a
+        dynamic tree where the calibration ran none (a kept one from before: such races are not priced)."""
         if not g:
             return self.lanes["pld"]
         per_level = max(0.0, self.lanes["eagle2"] - self.lanes["eagle"])
         grafts = max(0.0, self.lanes["grafts"] - self.lanes["eagle"]) if (lookup or retrieve) else 0.0
+        if nodes:
+            return self.lanes[DYN_FAMILY] + (g - COST_LANES[DYN_FAMILY][0]) * per_level + grafts
         return self.lanes["eagle"] + (g - 1) * per_level + grafts
 
 
 def predict(race: GridRace, profile, costs: StepCosts) -> float:
     """The race's predicted speed over this machine's AR (module docstring)."""
-    c = costs.of(*race.shape)
+    c = costs.of(*race.shape, race.nodes)
     per_step = sum(n * (costs.forward(profile, k) + c) for k, n in race.rows.items()) / race.steps
     return race.tau / per_step
 
 
+def end_to_end(speedup: float, prefill: float, new_tokens: int) -> float:
+    """A run's speedup over AR from a decode step's: both pay the prompt's prefill (`prefill` AR steps, which also
+    yields the first token), then AR takes new_tokens − 1 steps and the race the same tokens `speedup` times faster."""
+    rest = max(new_tokens - 1, 0)
+    return (prefill + rest) / (prefill + rest / speedup) if prefill + rest > 0 else 1.0
+
+
+PROMPT_TOKENS = 250  # a start line's prompt where the command has none: the calibration prompt's length, about
+
+
 @dataclass(frozen=True)
 class Choice:
-    race: str                     # bench's --method syntax: "eagle:1+pld:4+ret:4", "pld:2"
+    race: str                     # bench's --method syntax: "eagle:1+pld:4+ret:4", "pld:2", "eagle:3+dyn:32"
     method: str                   # DecodeConfig.method
     gamma: int
     lookup: int
     retrieve: int
-    predicted: float              # over this machine's AR
+    predicted: float              # over this machine's AR, a decode step's (no prefill)
     tau: float
     rows: float                   # verified a step, on average
     pays: bool                    # predicted faster than AR
@@ -165,31 +215,65 @@ class Choice:
     best_tree_predicted: float = 0.0
     best_chain: str = ""          # the fastest prompt lookup race: prompt lookup's γ when a user picks it
     ratios: tuple[float, ...] = ()  # T(k)/T(1) for k = 2, 4, 8 on this machine
+    nodes: int = 0                # the race's dynamic tree's nodes (0: the drafter's stored tree, or a chain)
+    prefill: float = 0.0          # a prompt token's prefill in AR steps here (StepCosts.prefill_steps)
+    sampling: tuple[float, float] = (0.0, 1.0)  # the (temperature, top-p) its τ was replayed at: 0 = greedy
+    sampled: Optional["Choice"] = None  # the race chosen for sampling (temperature > 0), from the sampled grid
 
-    def line(self) -> str:
-        """One line: the race chosen and why."""
+    def run_speedup(self, new_tokens: int = 128, prompt_tokens: int = PROMPT_TOKENS) -> float:
+        """The predicted speedup of a whole run: new_tokens after a prompt of prompt_tokens (its prefill)."""
+        return end_to_end(self.predicted, self.prefill * prompt_tokens, new_tokens)
+
+    def line(self, new_tokens: int = 128, prompt_tokens: int = PROMPT_TOKENS) -> str:
+        """One line: the race chosen and why, its prediction priced for a run of new_tokens after a prompt of
+        prompt_tokens."""
         ks = [k for k, _ in zip((2, 4, 8), self.ratios)]
         t = (f"checking {', '.join(map(str, ks))} rows in one pass costs "
              f"{', '.join(f'{r:.2f}' for r in self.ratios)} times one row (T(k)/T(1))") if self.ratios else ""
         pace = f"{self.tau:.2f} tokens per target pass (τ), {self.rows:.1f} rows checked a pass"
+        how = (f"sampled (τ replayed at temperature {self.sampling[0]:g}, top-p {self.sampling[1]:g})"
+               if self.sampling[0] else "greedy")
+        run = (f"{self.run_speedup(new_tokens, prompt_tokens):.2f}x over {new_tokens} tokens after a "
+               f"{prompt_tokens}-token prompt's prefill ({self.predicted:.2f}x a decode step)")
         if not self.pays:
             return (f"default race {self.race}: nothing predicted faster than AR (plain decoding) on this machine"
-                    f"{'; ' + t if t else ''}; racing the best chain, predicted {self.predicted:.2f}x plain decoding, "
-                    f"greedy ({pace})")
+                    f"{'; ' + t if t else ''}; racing the best chain, predicted {run} plain decoding, "
+                    f"{how} ({pace})")
         tree = (f"; best EAGLE tree {self.best_tree} {self.best_tree_predicted:.2f}x"
                 if self.best_tree and self.best_tree != self.race else "")
-        return (f"default race {self.race}: predicted {self.predicted:.2f}x as fast as plain decoding on this "
-                f"machine, greedy ({pace}{'; ' + t if t else ''}{tree})")
+        return (f"default race {self.race}: predicted {run} as fast as plain decoding on this "
+                f"machine, {how} ({pace}{'; ' + t if t else ''}{tree})")
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("race", "method", "gamma", "lookup", "retrieve", "predicted", "tau",
-                                              "rows", "pays", "best_tree", "best_tree_predicted", "best_chain")}
+        out = {k: getattr(self, k) for k in ("race", "method", "gamma", "lookup", "retrieve", "predicted", "tau",
+                                             "rows", "pays", "best_tree", "best_tree_predicted", "best_chain",
+                                             "nodes", "prefill")}
+        return {**out, "sampled": self.sampled.to_dict() if self.sampled else None}
+
+
+def priced(grid: dict[str, GridRace], profile, costs: StepCosts) -> dict[str, float]:
+    """Each race's predicted speed over AR; the races this calibration cannot price (a dynamic tree where it ran
+    none) left out."""
+    speed = {}
+    for name, race in grid.items():
+        try:
+            speed[name] = predict(race, profile, costs)
+        except KeyError:
+            continue
+    return speed
 
 
 def choose(grid: dict[str, GridRace], profile, costs: StepCosts) -> Choice:
     """The grid's race with the highest predicted speed, the best EAGLE tree where it is predicted within TIE of it;
-    where none is predicted faster than AR, the best chain."""
-    speed = {name: predict(r, profile, costs) for name, r in grid.items()}
+    where none is predicted faster than AR, the best chain. A Grid with a sampled replay also chooses the race for
+    sampling from it (Choice.sampled)."""
+    sampled = getattr(grid, "sampled", None)
+    inner = _choose(sampled, profile, costs, getattr(grid, "sampling", (0.0, 1.0))) if sampled else None
+    return replace(_choose(grid, profile, costs, (0.0, 1.0)), sampled=inner)
+
+
+def _choose(grid: dict[str, GridRace], profile, costs: StepCosts, sampling: tuple[float, float]) -> Choice:
+    speed = priced(grid, profile, costs)
     best = max(speed, key=speed.get)
     trees = [n for n in speed if grid[n].shape[0]]
     best_tree = max(trees, key=speed.get) if trees else ""
@@ -202,7 +286,8 @@ def choose(grid: dict[str, GridRace], profile, costs: StepCosts) -> Choice:
     g, lookup, retrieve = grid[best].shape
     ratios = tuple(round(profile.ratio(k), 2) for k in (2, 4, 8))
     return Choice(best, TREE if g else CHAIN, g or lookup, lookup if g else 0, retrieve, speed[best], grid[best].tau,
-                  grid[best].mean_rows, pays, best_tree, speed.get(best_tree, 0.0), best_chain, ratios)
+                  grid[best].mean_rows, pays, best_tree, speed.get(best_tree, 0.0), best_chain, ratios,
+                  grid[best].nodes, costs.prefill_steps(profile, PROMPT_TOKENS) / PROMPT_TOKENS, sampling)
 
 
 def measure_costs(target, profile, tokens: int = COST_TOKENS, rounds: int = COST_ROUNDS,
@@ -213,7 +298,8 @@ def measure_costs(target, profile, tokens: int = COST_TOKENS, rounds: int = COST
     row costs more than the verify profile's back-to-back forwards say (measured 1.5 against 1.15 AR steps for 7 rows
     on a Zen 4: experiments/LOG.md), so the extra is fitted too: one slope over every lane's steps, x = T(rows)/T(1) −
     1 against y = step / AR step − T(rows)/T(1), each family its own intercept (its c), the slowest tenth of each
-    family's steps left out (a shared machine's stalls). `tick(done, of)` is called after each run."""
+    family's steps left out (a shared machine's stalls); the AR runs' prefill priced a prompt token. `tick(done, of)` is
+    called after each run."""
     from specviz import engines
     from specviz.config import DecodeConfig
     ids = target.encode_prompt(CALIBRATION_PROMPT)
@@ -222,13 +308,19 @@ def measure_costs(target, profile, tokens: int = COST_TOKENS, rounds: int = COST
         lanes[family] = (TREE if g else CHAIN, DecodeConfig(method=TREE if g else CHAIN, gamma=g or lookup,
                                                             lookup=lookup if g else 0, retrieve=retrieve,
                                                             max_new_tokens=tokens))
+    dyn = lanes[DYN_FAMILY][1]
+    lanes[DYN_FAMILY] = (TREE, dyn.with_(tree="dynamic", tree_nodes=DYN_NODES, tree_depth=dyn.gamma))
     built = {family: engines.build(method, target) for family, (method, _) in lanes.items()}
     for family, (_, cfg) in lanes.items():  # first-call allocations are not billed
         engines.generate(built[family], ids, cfg.with_(max_new_tokens=4))
     seen: dict[str, list] = {family: [] for family in lanes}
+    prefills = []
     for r in range(rounds):
         for i, (family, (_, cfg)) in enumerate(lanes.items()):
-            seen[family] += list(built[family].steps(ids, cfg))[1:]  # the prefill step is no decode step
+            events = list(built[family].steps(ids, cfg))
+            seen[family] += events[1:]  # the prefill step is no decode step
+            if family == "ar":
+                prefills.append(events[0].seconds)
             if tick:
                 tick(r * len(lanes) + i + 1, rounds * len(lanes))
     ar_step = statistics.median(e.seconds for e in seen.pop("ar"))
@@ -239,9 +331,11 @@ def measure_costs(target, profile, tokens: int = COST_TOKENS, rounds: int = COST
                      for e in events), key=lambda p: p[1])
         points[family] = xy[:max(1, len(xy) - len(xy) // 10)]
         draft[family] = statistics.median(e.draft_s / ar_step for e in events)
-    excess = row_slope(points)
+    # the slope from the static families (a dynamic tree's 17 rows would set it for every race: its intercept is fitted
+    # at the static families' slope)
+    excess = row_slope({family: xy for family, xy in points.items() if family != DYN_FAMILY})
     out = {family: statistics.median(y - excess * x for x, y in xy) for family, xy in points.items()}
-    return StepCosts(out, draft, excess)
+    return StepCosts(out, draft, excess, statistics.median(prefills) / ar_step / len(ids))
 
 
 def row_slope(points: dict[str, list[tuple[float, float]]], most: float = 3.0) -> float:

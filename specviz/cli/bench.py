@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import sys
 from pathlib import Path
 
@@ -96,6 +97,8 @@ def cmd_bench(args) -> int:
     if counters:
         counters.write(args.metrics_file)  # at zero: a path that cannot be written fails before any run
     target = load_target(args)
+    # the start line prices a run of these prompts (their median length's prefill)
+    args.prompt_tokens = int(statistics.median([len(target.encode_prompt(r["prompt"])) for r in prompts] or [0]))
     tune(args, target, [method_spec(m)[0] for m in specs] + specs)
     if DEFAULT_RACE in specs:  # named by the race it is here
         args.method = specs = [hardware.default_pair().race() if m == DEFAULT_RACE else m for m in specs]

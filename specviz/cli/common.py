@@ -101,7 +101,12 @@ def tune(args, target, methods) -> None:
     if not (DEFAULT_RACE in methods or (any(m in TUNED for m in methods)
                                         and None in (args.gamma, args.lookup, args.retrieve))):
         return
-    line = hardware.adopt(target)
+    try:  # a sampled run races (and prices) the race chosen for sampling; a bad value fails in DecodeConfig
+        temperature, new_tokens = float(args.temperature or 0), int(args.max_new_tokens)
+    except (TypeError, ValueError):
+        temperature, new_tokens = 0.0, DEFAULTS.max_new_tokens
+    line = hardware.adopt(target, temperature=temperature, new_tokens=new_tokens,
+                          prompt_tokens=getattr(args, "prompt_tokens", 0))
     if line:
         print(f"specviz: {line}", file=sys.stderr)
 

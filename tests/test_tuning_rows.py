@@ -1,0 +1,136 @@
+"""Races sized to what a row costs (issue 51): the grid's wide shapes (EAGLE-2 dynamic trees of 8-64 nodes, wide
+grafts, deep chains) priced from the measured T(k), a sampled race priced by its own τ, and a run by its prefill."""
+from __future__ import annotations
+
+import pytest
+
+from specviz import tuning
+from specviz.metrics import CostProfile
+
+SIZES = [1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32]
+
+
+def profile(ratios: list[float], sizes=SIZES) -> CostProfile:
+    seconds = [0.010 * r for r in ratios]
+    return CostProfile("cpu", "bfloat16", "rowwise", 128, 3, list(sizes), seconds, seconds)
+
+
+# today's Zen 4 (experiments/results/profile-machine-avx512bf16.json, `profile --reps 7 --no-drafters`, rounded)
+ZEN4 = profile([1.0, 1.0, 1.08, 1.12, 1.13, 1.13, 1.19, 1.59, 1.83, 2.51, 3.17])
+# a host where rows are cheap (the AMX tile probe of issue 51): T(32)/T(1) = 1.1
+CHEAP = profile([1.0, 1.0, 1.0, 1.0, 1.0, 1.01, 1.02, 1.03, 1.04, 1.07, 1.10])
+# step costs outside the forward, in AR steps, of the size the calibrations here measure (the dynamic tree's step
+# grows three levels and reranks 36 nodes: dearer than the stored tree's)
+COSTS = tuning.StepCosts(lanes={"pld": 0.05, "eagle": 0.25, "eagle2": 0.40, "grafts": 0.30, "dyn": 0.60},
+                         row_excess=0.3)
+GRID = tuning.load_grid("smollm2-135m")
+
+
+def test_the_shipped_grid_holds_the_wide_shapes_greedy_and_sampled():
+    for name in ("eagle:3+dyn:16", "eagle:3+dyn:32", "eagle:3+pld:16+ret:16+dyn:64", "pld:16", "eagle:1+pld:16"):
+        assert name in GRID and name in GRID.sampled
+    assert GRID.sampling == (0.7, 0.95)
+    # the same drafts keep fewer tokens when the target samples, and a bigger dynamic tree never keeps fewer
+    assert GRID.sampled["eagle:1+pld:4+ret:4"].tau < GRID["eagle:1+pld:4+ret:4"].tau
+    for grid in (GRID, GRID.sampled):
+        taus = [grid[f"eagle:3+dyn:{n}"].tau for n in (8, 16, 24, 32, 48, 64)]
+        assert taus == sorted(taus) and taus[-1] > grid["eagle:2"].tau
+
+
+def test_cheap_rows_race_a_wide_race_and_todays_zen4_does_not():
+    cheap = tuning.choose(GRID, CHEAP, COSTS)
+    assert cheap.rows >= 12 and cheap.lookup >= 12 and cheap.pays, cheap.race
+    assert cheap.sampled.rows >= 12 and cheap.sampled.lookup >= 12, cheap.sampled.race
+    today = tuning.choose(GRID, ZEN4, COSTS)  # today's kind of race: EAGLE's stored tree, short branches
+    assert today.rows < 8 and today.lookup <= 6 and today.nodes == 0 and today.pays, today.race
+    assert today.sampled.rows < 8 and today.sampled.nodes == 0, today.sampled.race
+    assert today.predicted < cheap.predicted
+
+
+def test_a_dynamic_tree_races_where_rows_and_its_growing_are_cheap():
+    """With the dynamic tree's step as dear as the stored tree's two levels, cheap rows race EAGLE-2's tree (with
+    this drafter its first 8 nodes: past them τ grows by 0.15 for 56 more rows, table in docs/performance.md);
+    today's Zen 4 T(k) does not."""
+    costs = tuning.StepCosts({**COSTS.lanes, "dyn": COSTS.lanes["eagle2"]}, row_excess=0.3)
+    cheap = tuning.choose(GRID, CHEAP, costs)
+    assert cheap.nodes >= 8 and cheap.rows >= 16 and cheap.race.endswith(f"+dyn:{cheap.nodes}"), cheap.race
+    assert tuning.choose(GRID, ZEN4, costs).nodes == 0
+
+
+def test_a_calibration_without_the_dynamic_family_does_not_price_dynamic_trees():
+    kept = tuning.StepCosts(lanes={k: v for k, v in COSTS.lanes.items() if k != "dyn"}, row_excess=0.3)
+    speed = tuning.priced(GRID, CHEAP, kept)
+    assert speed and not any(tuning.parse_nodes(n) for n in speed)
+    assert tuning.choose(GRID, CHEAP, kept).nodes == 0
+    with pytest.raises(KeyError):
+        kept.of(3, 0, 0, 16)
+    assert COSTS.of(3, 0, 0, 16) == pytest.approx(0.60) and COSTS.of(2, 4, 0, 16) == pytest.approx(0.60 - 0.15 + 0.05)
+
+
+def test_a_sampled_race_is_priced_by_its_own_tau():
+    choice = tuning.choose(GRID, ZEN4, COSTS)
+    sampled = choice.sampled
+    assert sampled.sampling == (0.7, 0.95) and choice.sampling == (0.0, 1.0)
+    assert sampled.tau == GRID.sampled[sampled.race].tau
+    assert sampled.predicted == pytest.approx(tuning.predict(GRID.sampled[sampled.race], ZEN4, COSTS))
+    greedy_priced = tuning.predict(GRID[sampled.race], ZEN4, COSTS)
+    assert sampled.predicted < greedy_priced  # the greedy τ would price the same race high
+    assert "sampled (τ replayed at temperature 0.7, top-p 0.95)" in sampled.line() and "greedy" in choice.line()
+
+
+def test_a_run_is_priced_with_its_prefill():
+    # AR: prefill P steps then N − 1 steps; the race: the same prefill, the rest s times faster
+    assert tuning.end_to_end(2.0, 0.0, 129) == pytest.approx(2.0)
+    assert tuning.end_to_end(2.0, 30.0, 129) == pytest.approx((30 + 128) / (30 + 64))
+    assert tuning.end_to_end(1.5, 10.0, 1) == 1.0
+    costs = tuning.StepCosts(COSTS.lanes, row_excess=0.3, prefill=0.1)  # a prompt token: a tenth of an AR step
+    choice = tuning.choose(GRID, ZEN4, costs)
+    assert choice.prefill == pytest.approx(0.1)
+    assert choice.run_speedup(128, 250) == pytest.approx(tuning.end_to_end(choice.predicted, 25.0, 128))
+    assert choice.run_speedup(128, 250) < choice.predicted
+    run = f"{choice.run_speedup(64, 100):.2f}x over 64 tokens after a 100-token prompt's prefill"
+    assert run in choice.line(64, 100)
+    # a kept calibration without the prefill prices it from the verify profile, extrapolated
+    assert COSTS.prefill_steps(ZEN4, 250) == pytest.approx(ZEN4.ratio(250))
+
+
+def test_the_pair_races_the_chosen_dynamic_tree():
+    from specviz.hardware import EMBEDDED_PAIR, method_spec
+
+    costs = tuning.StepCosts({**COSTS.lanes, "dyn": COSTS.lanes["eagle2"]}, row_excess=0.3)
+    pair = EMBEDDED_PAIR.tuned(tuning.choose(GRID, CHEAP, costs))
+    assert pair.nodes_for("eagle") >= 8 and pair.race().endswith(f"+dyn:{pair.nodes_for('eagle')}")
+    name, gamma, grafts, _, _ = method_spec(pair.race())
+    assert (name, grafts["tree"], int(grafts["tree_nodes"])) == ("eagle", "dynamic", pair.nodes_for("eagle"))
+    assert EMBEDDED_PAIR.tuned(tuning.choose(GRID, ZEN4, costs)).nodes_for("eagle") == 0
+
+
+def test_a_kept_calibration_keeps_the_prefill_and_the_dynamic_family():
+    from specviz import calibration
+
+    costs = tuning.StepCosts(COSTS.lanes, {"eagle": 0.1}, 0.3, prefill=0.07)
+    cal = calibration.Calibration({"cpu": "x"}, ZEN4, costs, 1e10, "2026-12-06 07:00")
+    back = calibration.Calibration.from_json(cal.to_json())
+    assert back.costs == costs and back.costs.lanes["dyn"] == 0.60
+    old = cal.to_json().replace('"prefill": 0.07', '"prefill_gone": 0')  # kept before the prefill was measured
+    assert calibration.Calibration.from_json(old).costs.prefill == 0.0
+
+
+def test_a_sampled_run_adopts_and_prices_the_race_chosen_for_sampling(monkeypatch):
+    from specviz import calibration, hardware
+    from specviz.models import loader as models
+
+    choice = tuning.choose(GRID, ZEN4, tuning.StepCosts(COSTS.lanes, row_excess=0.3, prefill=0.1))
+    outcome = calibration.Outcome(choice, "kept", f"{choice.line()}; from this machine's calibration")
+    monkeypatch.setattr(calibration, "calibrate", lambda target, say=None: outcome)
+    monkeypatch.setattr(hardware, "_tuned", {})
+
+    class Target:
+        name, device = "smollm2-135m", __import__("torch").device("cpu")
+        dtype = models.default_dtype(device)
+
+    line = hardware.adopt(Target(), temperature=0.7, new_tokens=64, prompt_tokens=120)
+    assert line == f"{choice.sampled.line(64, 120)}; from this machine's calibration"
+    assert hardware.default_pair(Target.device).why == choice.sampled.line()
+    assert hardware.adopt(Target()) == outcome.line  # greedy: the greedy choice at a typical run
+    assert hardware.default_pair(Target.device).why == choice.line()
