@@ -67,6 +67,12 @@ def dflash_url(target, dflash_folder):
             demo.close()
 
 
+def open_app(page, url: str) -> None:
+    page.goto(url)
+    page.wait_for_selector("#run")
+    page.wait_for_timeout(2_500)  # the race tab's start-up ticks settle first (they may re-render the form)
+
+
 def check_blocks(blocks: list) -> None:
     """Each block: one forward; its kept drafts first, the cut right after them where the path stopped short of the
     block's depth, then drafts the target refused or never judged; the target's own token outside it."""
@@ -79,8 +85,7 @@ def check_blocks(blocks: list) -> None:
 
 def test_a_dflash_race_marks_each_block_and_reads_as_plain_decoding(dflash_url, browser, tmp_path):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.goto(dflash_url)
-    page.wait_for_selector("#run")
+    open_app(page, dflash_url)
     race(page, "dflash", N)
     assert page.evaluate(READ_TEXT, "#pane-ar") == page.evaluate(READ_TEXT, "#pane-spec")
     assert "identical to plain decoding" in page.locator("#summary").inner_text()
@@ -109,7 +114,7 @@ def test_a_dflash_race_marks_each_block_and_reads_as_plain_decoding(dflash_url, 
 
 def test_several_drafters_race_dflash_against_eagle_and_the_default(dflash_url, browser):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.goto(dflash_url)
+    open_app(page, dflash_url)
     page.get_by_role("tab", name="Several drafters").click()
     page.wait_for_selector("#many-run")
     page.locator("#many-prompt textarea").fill("Write a Python function that adds two numbers.")
@@ -131,7 +136,7 @@ def test_several_drafters_race_dflash_against_eagle_and_the_default(dflash_url, 
 
 def test_the_step_through_walks_one_block(dflash_url, browser):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.goto(dflash_url)
+    open_app(page, dflash_url)
     page.get_by_role("tab", name="Step through").click()
     page.wait_for_selector("#step-next")
     choose(page, "step-method", "dflash")
@@ -141,7 +146,8 @@ def test_the_step_through_walks_one_block(dflash_url, browser):
                                timeout=120_000)
     page.wait_for_selector("#step-block-note", timeout=120_000)
     note = page.locator("#step-block-note").inner_text()
-    assert "One forward, a whole block" in note and ("cut the block at position" in note or "kept every one" in note)
+    assert "One forward, a whole block" in note
+    assert "cut the block at position" in note or "kept every position" in note
     rows = page.locator("#step-table-rows tr[data-verdict]").count()
     drafted = int(page.locator("#step-text .sv-block[data-kept]").last.get_attribute("data-drafted"))
     assert rows >= 2 and drafted >= 2

@@ -198,8 +198,10 @@ def test_a_lane_whose_drafter_is_not_shipped_is_one_line(monkeypatch, tmp_path):
 def test_the_step_through_says_the_block_came_from_one_forward():
     note = step.block_note_html(DFLASH[1], "dflash")
     assert "One forward, a whole block" in note and "these 7 tokens" in note
-    assert "kept 3 and cut the block at position 4; the 3 after it were never judged" in note
-    assert "kept every one" in step.block_note_html(DFLASH[3], "dflash")
+    assert "kept 3 and cut the block at position 4; the positions after it were never judged" in note
+    assert "kept every position" in step.block_note_html(DFLASH[3], "dflash")
+    tree = step.block_note_html(TREE_BLOCK, "dflash")  # the race's tree: the graft is not the drafter's
+    assert "these 5 candidates for 3 positions" in tree and "kept 2 and cut the block at position 3." in tree
     assert step.block_note_html(block(1, 2, 3, forwards=3), "eagle") == ""  # EAGLE's chain: a forward a guess
     assert step.block_note_html(DFLASH[1], "pld") == ""
     text = parse(step.step_text_html(DFLASH, "dflash"))

@@ -461,9 +461,9 @@ def theory_figure(alpha: float, c: float, measured: Optional[dict] = None, gamma
         {"type": "scatter", "x": [1, gamma_max], "y": [1, 1], "mode": "lines", "name": "break-even",
          "line": {"color": "#8C8C8C", "dash": "dash", "width": 1.5}, "xaxis": "x2", "yaxis": "y2",
          "hoverinfo": "skip", "showlegend": False},
-        {"type": "scatter", "x": [best], "y": [s[best - 1]], "mode": "markers+text", "name": "best γ",
-         "text": [f"best γ = {best}"], "textposition": "bottom center", "xaxis": "x2", "yaxis": "y2",
-         "marker": {"color": P_TARGET, "size": 12, "symbol": "star"}, "showlegend": False,
+        {"type": "scatter", "x": [best], "y": [s[best - 1]], "mode": "markers+text", "name": "best γ", "xaxis": "x2",
+         "text": [f"best γ = {best}"], "textposition": "bottom " + ("left" if 4 * best > 3 * gamma_max else "center"),
+         "yaxis": "y2", "marker": {"color": P_TARGET, "size": 12, "symbol": "star"}, "showlegend": False,
          "hovertemplate": "best γ = %{x}: %{y:.2f}×<extra></extra>"},
     ]
     m = measured or {}

@@ -122,20 +122,22 @@ def tree_table_html(view: dict) -> str:
 
 
 def block_note_html(event: Optional[StepEvent], method: str) -> str:
-    """Above the table of a cycle whose guesses were one block drafted in ONE drafter forward (DFlash): that it was,
-    and where the target's check, position by position, cut it. Empty for any other cycle."""
+    """Above the table of a cycle whose guesses were one block drafted in ONE drafter forward (DFlash): that it was
+    (a chain, or a tree of several candidates a position), and where the target's check, position by position, cut
+    it. Empty for any other cycle."""
     if event is None or not (drafts_blocks(method) and render.one_forward_block(event)):
         return ""
-    drafted, kept = len(event.drafts), event.n_accepted
-    unjudged = drafted - kept - 1
-    cut = ("it kept every one and added its own bonus token" if kept == drafted else
+    own = [d for d in event.drafts if d.head >= 0]  # not a graft's (prompt lookup, the datastore)
+    depth, kept = 1 + max(d.depth for d in own), event.n_accepted
+    what = (f"these {depth} tokens" if len(own) == depth else
+            f"these {len(own)} candidates for {depth} positions")
+    cut = ("it kept every position and added its own token" if kept == depth else
            f"it kept {kept} and cut the block at position {kept + 1}"
-           + (f"; the {unjudged} after it were never judged" if unjudged else ""))
+           + ("; the positions after it were never judged" if kept + 1 < depth else ""))
     return (f'<div class="sv-rule" id="step-block-note"><b>One forward, a whole block.</b> '
-            f"{html.escape(methods.spec(method).label)}'s drafter guessed these {drafted} tokens in a single forward, "
-            "all at once: no guess waited for the one before it. "
-            f"The target checks them in one forward too, position by position as the rows below show: "
-            f"{html.escape(cut)}.</div>")
+            f"{html.escape(methods.spec(method).label)}'s drafter guessed {what} in a single forward, all at once: "
+            "no guess waited for the one before it. The target checks them in one forward too, position by position "
+            f"as the rows below show: {html.escape(cut)}.</div>")
 
 
 def step_text_html(events: list[StepEvent], method: str) -> str:
