@@ -8,7 +8,8 @@ The app's panes read as text (`pane_body_html`): each target forward's tokens sh
 refused draft on the verified path stays inline; the drafts never on that path (other branches of a tree,
 drafts after a refusal) are marked `off_path`, hidden by the stylesheet (style.css) behind a per-step count
 unless "show every draft" is on. A special token (`<|im_end|>`, `</s>`, ...) shows as a small labelled chip ("end of
-turn"), the raw token in its hover title, never as raw markup in the text.
+turn"), the raw token in its hover title, never as raw markup in the text. A step whose drafts one drafter forward
+drafted over two or more positions (DFlash's block) is bracketed, with a bar where the target cut it (block_html).
 """
 from __future__ import annotations
 
