@@ -233,16 +233,15 @@ class Choice:
         pace = f"{self.tau:.2f} tokens per target pass (τ), {self.rows:.1f} rows checked a pass"
         how = (f"sampled (τ replayed at temperature {self.sampling[0]:g}, top-p {self.sampling[1]:g})"
                if self.sampling[0] else "greedy")
-        run = (f"{self.run_speedup(new_tokens, prompt_tokens):.2f}x over {new_tokens} tokens after a "
-               f"{prompt_tokens}-token prompt's prefill ({self.predicted:.2f}x a decode step)")
+        run = (f"{self.run_speedup(new_tokens, prompt_tokens):.2f}x as fast as plain decoding on this machine over "
+               f"{new_tokens} tokens after a {prompt_tokens}-token prompt's prefill ({self.predicted:.2f}x a decode "
+               "step)")
         if not self.pays:
             return (f"default race {self.race}: nothing predicted faster than AR (plain decoding) on this machine"
-                    f"{'; ' + t if t else ''}; racing the best chain, predicted {run} plain decoding, "
-                    f"{how} ({pace})")
+                    f"{'; ' + t if t else ''}; racing the best chain, predicted {run}, {how} ({pace})")
         tree = (f"; best EAGLE tree {self.best_tree} {self.best_tree_predicted:.2f}x"
                 if self.best_tree and self.best_tree != self.race else "")
-        return (f"default race {self.race}: predicted {run} as fast as plain decoding on this "
-                f"machine, {how} ({pace}{'; ' + t if t else ''}{tree})")
+        return f"default race {self.race}: predicted {run}, {how} ({pace}{'; ' + t if t else ''}{tree})"
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in ("race", "method", "gamma", "lookup", "retrieve", "predicted", "tau",

@@ -88,7 +88,8 @@ def test_a_run_is_priced_with_its_prefill():
     assert choice.prefill == pytest.approx(0.1)
     assert choice.run_speedup(128, 250) == pytest.approx(tuning.end_to_end(choice.predicted, 25.0, 128))
     assert choice.run_speedup(128, 250) < choice.predicted
-    run = f"{choice.run_speedup(64, 100):.2f}x over 64 tokens after a 100-token prompt's prefill"
+    run = (f"predicted {choice.run_speedup(64, 100):.2f}x as fast as plain decoding on this machine over 64 tokens "
+           f"after a 100-token prompt's prefill ({choice.predicted:.2f}x a decode step)")
     assert run in choice.line(64, 100)
     # a kept calibration without the prefill prices it from the verify profile, extrapolated
     assert COSTS.prefill_steps(ZEN4, 250) == pytest.approx(ZEN4.ratio(250))
