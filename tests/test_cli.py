@@ -21,7 +21,7 @@ BAD = [
     (["--max-new-tokens", "0"], "max_new_tokens=0 is out of range"),
     (["--max-new-tokens", "99999"], "max_new_tokens=99999 is out of range"),
     (["--method", "magic"], "method='magic' is unknown"),
-    (["--lookup", "3"], "lookup=3 applies to the tree drafters only: use it with eagle or medusa, not vanilla"),
+    (["--lookup", "3"], "lookup=3 applies to the tree drafters only: use it with eagle or medusa or dflash, not vanilla"),
     (["--method", "eagle", "--lookup", "-2"], "lookup=-2 is out of range"),
     (["--target", "no-such-model"], "model spec 'no-such-model' is unknown"),
     (["--target", "/nope/model.gguf"], "model file '/nope/model.gguf' does not exist"),

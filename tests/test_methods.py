@@ -34,7 +34,7 @@ def test_registry_order_and_fields():
         assert s.gamma_applies == s.speculative  # γ means something for every drafter, nothing for AR
         assert s.kind == (name if s.trained else "")
         assert bool(s.loss) == bool(s.module) == bool(s.layout) == s.trained  # trained: `python -m specviz train NAME`
-        assert bool(s.tree_from) == s.tree
+        assert not s.tree_from or s.tree  # a tree chosen at training: a tree drafter (DFlash's comes from its block)
         assert not (s.trained and s.uses_draft_model)
         if s.checkable:
             assert s.chain and s.drafter  # the check runs a chain drafter over the chain loop
@@ -94,7 +94,7 @@ def test_grafts_only_where_the_spec_says(name, branch):
         assert getattr(DecodeConfig(method=name, **{branch: 4}), branch) == 4
     else:
         with pytest.raises(ConfigError, match=f"^{branch}=4 applies to the tree drafters only: use it with eagle or "
-                                              f"medusa, not {name}$"):
+                                              f"medusa or dflash, not {name}$"):
             DecodeConfig(method=name, **{branch: 4})
 
 
