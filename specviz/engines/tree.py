@@ -154,6 +154,16 @@ class TreeCycle:
     result: TreeResult | None      # sampling: every candidate judged, with the residual after each refusal
 
 
+class RowArgmax:
+    """argmax_rows of warped rows, each row's when first asked for (greedy_walk's `choice`)."""
+
+    def __init__(self, rows: WarpedRows):
+        self.rows = rows
+
+    def __getitem__(self, i: int) -> int:
+        return argmax_rows(self.rows[i][None])[0]
+
+
 @dataclass(frozen=True)
 class Verified:
     """What one target forward decided (TreeEngine.verify, or .prefill with nothing drafted)."""
@@ -261,9 +271,9 @@ class TreeEngine:
         # logits (1 + n, V)
         logits, hidden = run.target.tree_logits(run.tokens, tree, node_tokens, features=run.drafts.features)
         logits = logits[:, :self.target.vocab_size]  # row 0: after the root; row i + 1: after node i
-        if run.cfg.greedy:  # every row's argmax is read
-            p_rows = warp(logits, run.cfg)
-            path, nxt = greedy_walk(tree, node_tokens, argmax_rows(p_rows))
+        if run.cfg.greedy:  # the rows the walk reaches, each warped when read: a wide tree's other rows never are
+            p_rows = WarpedRows(logits, run.cfg)  # (experiments/probes/many_rows.py: the glue at 32 and 64 rows)
+            path, nxt = greedy_walk(tree, node_tokens, RowArgmax(p_rows))
             rejected, result = bool(tree.children(path[-1] if path else -1)), None
         else:  # the rows of the nodes the walk reaches, each warped when read
             p_rows = WarpedRows(logits, run.cfg)
