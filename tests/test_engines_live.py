@@ -5,6 +5,8 @@ exported target and drafters on 127.0.0.1, started the way `specviz serve` start
   GGUF), probed with `probe --reference --local` under `watch`: watch equals the counters' deltas, every greedy
   answer equals the same engine's without speculation, and the served and local (specviz running the same drafter)
   acceptance at position 0 agree within 0.05.
+- vLLM serving a DFlash export (the shipped drafter, else a random one; its whole block, γ = block_size - 1):
+  greedy identical, watch equals the counters, served and local agree within 0.05 at positions 0-2.
 - llama-server through `python -m specviz serve` itself: it prints the URL, watch equals the counters' deltas, and
   killing the command (SIGKILL) leaves no engine process behind.
 Skipped, saying why, when vLLM's venv or llama-server is absent; .ci/run builds both (`make vllm`, `make server`).
@@ -183,3 +185,54 @@ def _alive(pgid: int, within: float = 30.0) -> bool:
             return False
         time.sleep(0.25)
     return True
+
+
+def _dflash_folder(root: Path) -> Path:
+    """The shipped DFlash drafter where it exists, else a random one for the real target, in specviz's layout: one
+    layer, blocks of 4, a draft vocabulary of three punctuation tokens (',', ' ', '\\n': so its drafts are right
+    often enough on these prompts for the acceptance comparison to mean something; the random layers still decide
+    which, and d2t must map them back)."""
+    from specviz import paths
+
+    shipped = paths.shipped_drafter("smollm2-135m", "dflash")
+    if (shipped / "config.json").is_file():
+        return shipped
+    import torch
+    from transformers import AutoConfig, AutoTokenizer
+
+    from specviz.drafters import trained
+    from specviz.drafters.config import DrafterConfig
+    from specviz.drafters.dflash import DFlash, mask_token
+    from specviz.serving import engine_export
+
+    folder = engine_export.export_target(log=lambda _: None)
+    tc, tok = AutoConfig.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    vocab_ids = torch.tensor(sorted(tok.convert_tokens_to_ids([",", "Ġ", "Ċ"])))
+    cfg = DrafterConfig.for_target("dflash", "smollm2-135m", tc, len(vocab_ids), block_size=4, num_hidden_layers=1,
+                                   feature_layers=DFlash.default_layers(tc.num_hidden_layers),
+                                   mask_token_id=mask_token(tok, tc.vocab_size))
+    torch.manual_seed(3)
+    module = trained.build_module(cfg)
+    for p in module.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    trained.save(root / "dflash-random", module, cfg, vocab_ids, "a random DFlash drafter (tests/test_engines_live)")
+    return root / "dflash-random"
+
+
+@needs_vllm
+def test_vllm_serves_the_dflash_export(vllm_plain, tmp_path):
+    """`serve --engine vllm --drafter DFLASH_FOLDER`: vLLM's DFlashDraftModel (DFlashQwen3ForCausalLM) over the Llama
+    target, drafting the whole block (num_speculative_tokens = block_size - 1, as specviz runs it): every greedy answer
+    equals vLLM's without speculation, watch equals the counters' deltas, and the served and local acceptance agree
+    within AGREE at positions 0-2."""
+    folder = _dflash_folder(tmp_path)
+    block = json.loads((folder / "config.json").read_text())["block_size"]
+    p = engines.plan("vllm", str(folder))
+    assert p.speculative["method"] == "dflash" and p.speculative["num_speculative_tokens"] == block - 1
+    with engines.Engine(p) as engine:
+        summary, delta, d = _probe_local(engine.url, str(folder), vllm_plain.url, tmp_path)
+    _equal(summary, delta)
+    assert d["identity"]["passed"] and d["identity"]["identical"] == len(PROMPTS), d["verdict"]
+    served, mine = d["served"]["per_position"], d["local"]["per_position"]
+    assert len(served) == len(mine) == block - 1
+    assert all(abs(served[i] - mine[i]) <= AGREE for i in range(min(3, block - 1))), d["local_verdict"]
