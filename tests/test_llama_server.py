@@ -11,7 +11,7 @@ import pytest
 
 from specviz.cli.main import main
 from specviz.paths import SPEC_BENCH
-from specviz.serving import probe, server, watch
+from specviz.serving import local, probe, server, watch
 from specviz.serving.prometheus import scrape
 
 pytestmark = [pytest.mark.integration,
@@ -129,3 +129,83 @@ def test_probe_catches_a_reference_that_differs(spec_server, tmp_path, capsys):
     d = json.loads((tmp_path / "p.json").read_text())
     assert code == 1 and d["identity"]["differs"] >= 1 and not d["correct"]
     assert "DIFFERS from the reference" in capsys.readouterr().out
+
+
+# -- EAGLE-3 and DFlash drafters trained here, served from their GGUF exports (`export --format gguf`) -----------------
+# llama-server on the target's fp32 export (the numbers specviz decodes) as `serve --engine llama.cpp` starts it;
+# probe --local runs the same drafter in specviz: every greedy answer equals the plain fp32 server's, and the served
+# and local acceptance agree within local.AGREE at positions 0-2.
+
+TRAINED_PROMPTS = PROMPTS[2:4]  # two cheap prompts, 32 tokens each: one copy task, one open answer
+TRAINED_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def fp32_plain():
+    from specviz.serving import engines
+
+    with engines.Engine(engines.reference("llama.cpp")) as engine:
+        yield engine
+
+
+def _served_beside_local(url: str, drafter: str, reference: str, tmp_path) -> dict:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "category": "c", "prompt": p}) + "\n"
+                               for i, p in enumerate(TRAINED_PROMPTS)))
+    main(["probe", url, "--prompts", str(prompts), "--max-new-tokens", str(TRAINED_TOKENS), "--temperature", "0",
+          "--reference", reference, "--local", "--drafter", drafter, "--json", str(tmp_path / "p.json")])
+    d = json.loads((tmp_path / "p.json").read_text())
+    assert d["errors"] == 0 and d["identity"]["passed"], d["verdict"]  # greedy: the plain server's answers
+    assert d["identity"]["compared"] == len(TRAINED_PROMPTS)
+    served, mine = d["served"]["per_position"], d["local"]["per_position"]
+    assert d["served"]["drafts"] > 0 and len(served) == len(mine)
+    gaps = [abs(served[i] - mine[i]) for i in range(min(3, len(served)))]
+    assert max(gaps) <= local.AGREE, d["local_verdict"]
+    return d
+
+
+def test_llama_server_serves_the_eagle3_gguf(fp32_plain, tmp_path):
+    """`serve --engine llama.cpp --drafter eagle`: the shipped EAGLE-3 as `--spec-type draft-eagle3` drafts what
+    specviz drafts (its first draft is kept about a third of the time on both)."""
+    from specviz.serving import engines
+
+    p = engines.plan("llama.cpp", "eagle")
+    assert p.speculative["--spec-type"] == "draft-eagle3" and p.draft.endswith("eagle3-gguf/draft.gguf")
+    with engines.Engine(p) as engine:
+        d = _served_beside_local(engine.url, "eagle", fp32_plain.url, tmp_path)
+    assert len(d["served"]["per_position"]) == engines.GAMMA and d["served"]["per_position"][0] > 0.1
+
+
+def _dflash_folder(tmp_path):
+    """The shipped DFlash drafter when there is one; else a random one for the real target (block 4, 2 layers), which
+    llama-server must still serve and decode exactly, though it is rarely right."""
+    import torch
+
+    from specviz.drafters import trained
+    from specviz.drafters.config import DrafterConfig
+    from specviz.paths import shipped_drafter
+
+    shipped = shipped_drafter("smollm2-135m", "dflash")
+    if (shipped / "model.safetensors").is_file():
+        return shipped
+    cfg = DrafterConfig(kind="dflash", target="smollm2-135m", hidden_size=576, vocab_size=49152, draft_vocab=2048,
+                        num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536, rope_theta=100000.0,
+                        feature_layers=[2, 15, 28], block_size=4, num_hidden_layers=2, mask_token_id=2)
+    torch.manual_seed(0)
+    folder = tmp_path / "dflash-random"
+    trained.save(folder, trained.build_module(cfg), cfg, torch.arange(2048), "a random DFlash drafter (tests)")
+    return folder
+
+
+def test_llama_server_serves_the_dflash_gguf(fp32_plain, tmp_path):
+    """`serve --engine llama.cpp --drafter DFLASH`: `--spec-type draft-dflash` with n_max = block_size - 1 (llama.cpp
+    runs a block of n_max + 1, specviz the trained block: only then are the drafts the same)."""
+    from specviz.serving import engines
+
+    folder = _dflash_folder(tmp_path)
+    block = json.loads((folder / "config.json").read_text())["block_size"]
+    p = engines.plan("llama.cpp", str(folder))
+    assert (p.speculative["--spec-type"], p.speculative["--spec-draft-n-max"]) == ("draft-dflash", str(block - 1))
+    with engines.Engine(p) as engine:
+        d = _served_beside_local(engine.url, str(folder), fp32_plain.url, tmp_path)
+    assert len(d["served"]["per_position"]) == block - 1
