@@ -158,7 +158,7 @@ def test_medusa_dynamic_tree_is_the_top_paths_of_the_head_product(tiny_target):
 def test_dynamic_applies_to_tree_drafters_and_checks_its_numbers():
     assert cfg_dynamic("eagle").tree_nodes == DecodeConfig().tree_nodes
     with pytest.raises(ConfigError, match="tree='dynamic' applies to the tree drafters only: use it with eagle or "
-                                          "medusa, not pld"):
+                                          "medusa or dflash, not pld"):
         cfg_dynamic("pld")
     with pytest.raises(ConfigError, match=f"tree_nodes=0 is out of range: use 1..{TREE_NODES_MAX} nodes"):
         cfg_dynamic("eagle", tree_nodes=0)
@@ -174,7 +174,7 @@ BAD = [
     (["--method", "eagle", "--tree-depth", "17"], "tree_depth=17 is out of range: use 1..16 levels"),
     (["--method", "medusa", "--tree-topk", "2.5"], "tree_topk='2.5' is not a number"),
     (["--method", "pld", "--tree", "dynamic"], "tree='dynamic' applies to the tree drafters only: use it with eagle "
-                                               "or medusa, not pld"),
+                                               "or medusa or dflash, not pld"),
 ]
 
 
