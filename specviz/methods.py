@@ -44,6 +44,8 @@ class MethodSpec:
                                      # step) | "depths" (per draft depth, cost per level) | "" (no tree)
     exporter: str = ""               # "module:attribute" of its export for serving engines (serving.export_common.
                                      # DrafterExport: `python -m specviz export NAME`, `serve --drafter NAME`); "" none
+    drafts_block: bool = False       # one forward drafts its whole trained block: an engine serving it drafts
+                                     # block_size - 1 tokens a step, the block it was trained on (vLLM, llama.cpp)
     answers_only: bool = False       # its training scores the answers only (a templated prompt is never drafted)
     tuned: bool = False              # the race grid times its defaults (γ, lookup, retrieve): tuning.py, hardware.adopt
 
@@ -112,7 +114,7 @@ METHODS: dict[str, MethodSpec] = {s.name: s for s in (
                "trained", "tree", "specviz.engines.dflash:build", trained=True, grafts=("lookup", "retrieve"),
                chain=True, checkable=True, gamma="caps the depth of its block's tree (at most its block size - 1)",
                drafter="specviz.engines.dflash:DFlashDrafter", module="specviz.drafters.dflash:DFlash",
-               loss="specviz.train.dflash:dflash_loss", answers_only=True,
+               loss="specviz.train.dflash:dflash_loss", answers_only=True, drafts_block=True,
                layout=("feature_layers", "block_size", "num_hidden_layers", "mask_token_id"),
                exporter="specviz.serving.export_dflash:EXPORT"),
 )}

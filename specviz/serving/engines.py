@@ -169,7 +169,7 @@ def _plan_vllm(kind, folder, port, spec, log, root, fmt="native") -> Plan:
                        "prompt_lookup_min": NGRAM["min"]}
     else:
         speculative = {"method": VLLM_METHOD[kind], "model": str(draft.resolve()), "num_speculative_tokens": GAMMA}
-        if kind == "dflash":  # vLLM runs γ + 1 query slots: the whole block the drafter was trained on, as specviz
+        if drafts_block(kind):  # vLLM runs γ + 1 query slots: the whole block the drafter was trained on, as specviz
             from specviz.serving.export_dflash import serving_tokens
 
             speculative["num_speculative_tokens"] = serving_tokens(json.loads((draft / "config.json").read_text()))
@@ -181,6 +181,13 @@ def _plan_vllm(kind, folder, port, spec, log, root, fmt="native") -> Plan:
            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
            "OMP_NUM_THREADS": os.environ.get("SPECVIZ_ENGINE_THREADS", "2")}
     return Plan("vllm", kind, argv, env, port, str(target), str(draft) if draft else None, speculative)
+
+
+def drafts_block(kind: str) -> bool:
+    """A drafter kind whose one forward drafts its whole trained block (methods.MethodSpec.drafts_block)."""
+    from specviz import methods
+
+    return kind in methods.METHODS and methods.spec(kind).drafts_block
 
 
 def _plan_llama(kind, folder, port, spec, log, root) -> Plan:
@@ -205,7 +212,7 @@ def _plan_llama(kind, folder, port, spec, log, root) -> Plan:
     else:
         draft = draft_dir / "draft.gguf"
         n_max = GAMMA
-        if kind == "dflash":  # llama.cpp drafts a block of n_max + 1 (common/speculative.cpp): the trained block
+        if drafts_block(kind):  # llama.cpp drafts a block of n_max + 1 (common/speculative.cpp): the trained block
             n_max = int(json.loads((folder / "config.json").read_text())["block_size"]) - 1
         speculative = {"--spec-type": LLAMA_SPEC[kind], "--model-draft": str(draft), "--spec-draft-n-max": str(n_max),
                        "--spec-draft-n-min": "0", "--spec-draft-p-min": "0", "--threads-draft": threads}

@@ -20,6 +20,7 @@ from specviz.serving.export_common import TOLERANCE, ExportError
 COMMON_KEYS = ("context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
                "attention.head_count_kv", "rope.freq_base", "attention.layer_norm_rms_epsilon", "target_layers")
 ARCH_KEYS = {"eagle3": ("target_hidden_size",), "dflash": ("block_size",)}
+QK_NORMS = {"eagle3": False, "dflash": True}  # the pinned graph's layers norm each head's queries and keys
 OTHER_KEYS = {"eagle3": ("tokenizer.ggml.tokens",), "dflash": ("tokenizer.ggml.tokens", "tokenizer.ggml.mask_token_id")}
 
 
@@ -43,7 +44,7 @@ def expected(arch: str, cfg, n_draft: int, has_d2t: bool) -> dict[str, tuple[int
                     b + "attn_k.weight": (width, hd * kv), b + "attn_v.weight": (width, hd * kv),
                     b + "attn_output.weight": (hd * h, d), b + "ffn_norm.weight": (d,), b + "ffn_gate.weight": (d, f),
                     b + "ffn_down.weight": (f, d), b + "ffn_up.weight": (d, f)})
-        if arch == "dflash":
+        if QK_NORMS[arch]:
             out.update({b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)})
     return out
 
