@@ -215,7 +215,7 @@ def _dflash_folder(root: Path) -> Path:
     module = trained.build_module(cfg)
     for p in module.parameters():
         torch.nn.init.normal_(p, std=0.3)
-    trained.save(root / "dflash-random", module, cfg, vocab_ids, "a random DFlash drafter (tests/test_engines_live)")
+    trained.save(root / "dflash-random", module, cfg, vocab_ids, "a random DFlash drafter (tests/test_engines_live.py)")
     return root / "dflash-random"
 
 
