@@ -58,6 +58,12 @@ class Pair:
         """The nodes of `method`'s dynamic tree in its default race here (0: its stored tree)."""
         return dict(self.trees).get(method, 0)
 
+    def tree_for(self, method: str) -> tuple[str, int]:
+        """DecodeConfig's (tree, tree_nodes) of `method`'s default race here: a dynamic tree of nodes_for nodes where
+        that raced fastest, else DecodeConfig's shape and node count."""
+        nodes = self.nodes_for(method)
+        return ("dynamic", nodes) if nodes else (DecodeConfig.tree, DecodeConfig.tree_nodes)
+
     @property
     def gamma(self) -> int:
         """The default race's γ."""

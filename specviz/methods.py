@@ -39,7 +39,8 @@ class MethodSpec:
                                      # layout; drafters.module_class picks EAGLE-3's for one that fuses feature layers)
     loss: str = ""                   # "module:function" its training loss (train/loop.py)
     layout: tuple[str, ...] = ()     # the DrafterConfig fields its training options set ("exit_layer", ...)
-    small: bool = False              # a one-layer drafter: bf16 on specviz's row kernel beside a bf16 CPU target
+    small: bool = False              # a few rows through small matmuls a call (a one-layer drafter, DFlash's block):
+                                     # bf16 on specviz's packed kernels beside a bf16 CPU target
     tree_from: str = ""              # how its tree is chosen: "heads" (rank accuracy per head, drafting cost once a
                                      # step) | "depths" (per draft depth, cost per level) | "" (no tree)
     exporter: str = ""               # "module:attribute" of its export for serving engines (serving.export_common.
@@ -114,7 +115,7 @@ METHODS: dict[str, MethodSpec] = {s.name: s for s in (
                "trained", "tree", "specviz.engines.dflash:build", trained=True, grafts=("lookup", "retrieve"),
                chain=True, checkable=True, gamma="caps the depth of its block's tree (at most its block size - 1)",
                drafter="specviz.engines.dflash:DFlashDrafter", module="specviz.drafters.dflash:DFlash",
-               loss="specviz.train.dflash:dflash_loss", answers_only=True, drafts_block=True,
+               loss="specviz.train.dflash:dflash_loss", answers_only=True, drafts_block=True, small=True,
                layout=("feature_layers", "block_size", "num_hidden_layers", "mask_token_id"),
                exporter="specviz.serving.export_dflash:EXPORT"),
 )}

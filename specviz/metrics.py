@@ -128,9 +128,20 @@ def expected_tokens_per_step(alpha: float, gamma: int) -> float:
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
-def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
-    """Leviathan et al. (2023): S = (1 − α^(γ+1)) / ((1 − α)(γc + 1))."""
-    return expected_tokens_per_step(alpha, gamma) / (gamma * c + 1.0)
+def draft_cost(gamma: int, c: float, block: bool = False) -> float:
+    """A step's drafting in AR steps: γ forwards of c each (Leviathan's γc), or one forward of c for a drafter that
+    drafts its whole block at once (DFlash: `block`, methods.MethodSpec.drafts_block)."""
+    return c if block else gamma * c
+
+
+def drafts_block(method: str) -> bool:
+    """Whether `method`'s drafter drafts every depth in one forward (the registry's drafts_block; unknown: no)."""
+    return method in methods.METHODS and methods.spec(method).drafts_block
+
+
+def predicted_speedup(alpha: float, gamma: int, c: float, block: bool = False) -> float:
+    """Leviathan et al. (2023): S = (1 − α^(γ+1)) / ((1 − α)(γc + 1)); a block drafter pays c once: E / (c + 1)."""
+    return expected_tokens_per_step(alpha, gamma) / (draft_cost(gamma, c, block) + 1.0)
 
 
 @dataclass(frozen=True)
@@ -166,15 +177,15 @@ class CostProfile:
         return asdict(self)
 
 
-def profiled_speedup(alpha: float, gamma: int, c: float, profile: CostProfile) -> float:
-    """Leviathan's prediction with the measured verification cost: E[tokens per step] / (γc + T(γ+1)/T(1)).
-    With a flat T (verification as cheap as one step) it is Leviathan's formula."""
-    return expected_tokens_per_step(alpha, gamma) / (gamma * c + profile.ratio(gamma + 1))
+def profiled_speedup(alpha: float, gamma: int, c: float, profile: CostProfile, block: bool = False) -> float:
+    """Leviathan's prediction with the measured verification cost: E[tokens per step] / (γc + T(γ+1)/T(1)) (c
+    once for a block drafter). With a flat T (verification as cheap as one step) it is Leviathan's formula."""
+    return expected_tokens_per_step(alpha, gamma) / (draft_cost(gamma, c, block) + profile.ratio(gamma + 1))
 
 
-def best_gamma(alpha: float, c: float, profile: CostProfile, gammas=range(1, 17)) -> int:
+def best_gamma(alpha: float, c: float, profile: CostProfile, gammas=range(1, 17), block: bool = False) -> int:
     """The γ with the highest profiled_speedup."""
-    return max(gammas, key=lambda g: profiled_speedup(alpha, g, c, profile))
+    return max(gammas, key=lambda g: profiled_speedup(alpha, g, c, profile, block))
 
 
 @dataclass(frozen=True)
@@ -262,9 +273,10 @@ def compare(ar_events: list[StepEvent], spec_events: list[StepEvent], method: st
             tokens, cost = tree.tokens_per_step, tree.cost_per_step + step_overhead(ar_events, spec_events, profile)
             predicted, formula = tokens / cost, TREE_FORMULA
     elif spec.alpha is not None and c is not None and mean_gamma:
-        g = round(mean_gamma)
-        predicted = profiled_speedup(spec.alpha, g, c, profile) if profile else predicted_speedup(spec.alpha, g, c)
-        tokens, cost = expected_tokens_per_step(spec.alpha, g), g * c + (profile.ratio(g + 1) if profile else 1.0)
+        g, block = round(mean_gamma), drafts_block(method)
+        tokens = expected_tokens_per_step(spec.alpha, g)
+        cost = draft_cost(g, c, block) + (profile.ratio(g + 1) if profile else 1.0)
+        predicted = tokens / cost
         formula = CHAIN_FORMULA
     div = first_divergence(ar_ids, spec_ids) if greedy else None
     identical = (div is None) if greedy else None

@@ -21,7 +21,8 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 TEST_CACHE = tempfile.mkdtemp(prefix="specviz-test-cache-")
 os.environ["SPECVIZ_CACHE_DIR"] = TEST_CACHE
 atexit.register(shutil.rmtree, TEST_CACHE, ignore_errors=True)
-torch.set_num_threads(2)
+# 2 threads, as the app runs; SPECVIZ_TEST_THREADS=1 leaves the other core to a job beside the tests (a training run)
+torch.set_num_threads(int(os.environ.get("SPECVIZ_TEST_THREADS", "2")))
 
 
 @pytest.fixture(scope="session")

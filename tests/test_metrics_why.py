@@ -91,3 +91,20 @@ def test_gap_line_names_the_largest_cause_and_is_empty_when_close():
     assert abs(even.speedup / even.predicted_speedup - 1) <= metrics.GAP
     assert metrics.gap_line(even) == ""
     assert metrics.why_line(even).endswith(".") and "\n" not in metrics.why_line(slow_prefill)
+
+
+def test_a_block_drafter_pays_one_forward_a_step_in_every_prediction():
+    """DFlash drafts its whole block in one forward: Leviathan's prediction, profile's best γ and check's batching
+    model price its drafting at c a step, not γ·c (a drafter of a forward per draft still pays γ·c)."""
+    from specviz.check import measure
+
+    assert metrics.drafts_block("dflash") and not metrics.drafts_block("eagle") and not metrics.drafts_block("x")
+    e = metrics.expected_tokens_per_step(0.6, 3)
+    assert metrics.predicted_speedup(0.6, 3, 0.5, block=True) == pytest.approx(e / 1.5)
+    assert metrics.predicted_speedup(0.6, 3, 0.5) == pytest.approx(e / 2.5)
+    flat = metrics.CostProfile("cpu", "float32", "sdpa", 0, 1, [1, 64], [0.01, 0.01], [0.01, 0.01])
+    assert metrics.profiled_speedup(0.6, 3, 0.5, flat, block=True) == pytest.approx(e / 1.5)
+    assert metrics.best_gamma(0.6, 0.5, flat, range(1, 8), block=True) == 7  # deeper is free for a block
+    assert metrics.best_gamma(0.6, 0.5, flat, range(1, 8)) < 7
+    assert measure.speedup_at(0.6, 3, 0.5, 1, flat, block=True) == pytest.approx(e / 1.5)
+    assert measure.speedup_at(0.6, 3, 0.5, 1, flat) == pytest.approx(e / 2.5)

@@ -135,3 +135,30 @@ def test_a_sampled_run_adopts_and_prices_the_race_chosen_for_sampling(monkeypatc
     assert hardware.default_pair(Target.device).why == choice.sampled.line()
     assert hardware.adopt(Target()) == outcome.line  # greedy: the greedy choice at a typical run
     assert hardware.default_pair(Target.device).why == choice.line()
+
+
+def test_a_left_out_tree_is_the_chosen_dynamic_tree_in_generate_and_the_app(monkeypatch):
+    """Where this machine races EAGLE-2's dynamic tree, `generate` without --tree, the app's form (the method's
+    fields and the "best" preset) run it too, not the stored tree; a given --tree still wins."""
+    import argparse
+
+    from specviz import hardware
+    from specviz.cli import common
+    from specviz.ui import presets, race
+
+    costs = tuning.StepCosts({**COSTS.lanes, "dyn": COSTS.lanes["eagle2"]}, row_excess=0.3)
+    pair = hardware.EMBEDDED_PAIR.tuned(tuning.choose(GRID, CHEAP, costs))
+    nodes = pair.nodes_for("eagle")
+    assert nodes and pair.tree_for("eagle") == ("dynamic", nodes) and pair.tree_for("pld")[0] == "static"
+    monkeypatch.setattr(hardware, "default_pair", lambda device=None: pair)
+    p = argparse.ArgumentParser()
+    common.decode_args(p)
+    cfg = common.config_of(p.parse_args([]), "eagle")
+    assert (cfg.tree, cfg.tree_nodes) == ("dynamic", nodes)
+    given = common.config_of(p.parse_args(["--tree", "static"]), "eagle")
+    assert given.tree == "static"
+    best = presets.race(pair, "eagle")
+    assert (best["tree"], best["tree_nodes"]) == ("dynamic", nodes)
+    assert presets.race(pair, "eagle", branches=False)["tree"] == "static"  # EAGLE alone: its stored tree
+    fields = race.method_changed("eagle")
+    assert fields["tree"].value == "dynamic" and fields["tree_nodes"].value == str(nodes)

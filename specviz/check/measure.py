@@ -205,13 +205,14 @@ def cost_profile(target: LoadedModel, options: CheckOptions, tick: Callable[[int
     return verify_profile(target, options.profile_sizes, options.profile_context, options.profile_reps, tick)
 
 
-def speedup_at(alpha: float, gamma: int, c: float, batch: int, profile: CostProfile) -> float:
+def speedup_at(alpha: float, gamma: int, c: float, batch: int, profile: CostProfile, block: bool = False) -> float:
     """The batching model. Per step, at batch b: AR runs one forward of b tokens, T(b), for b tokens.
-    Speculative decoding drafts γ forwards costing c·T(b) each (the draft scales like the target) and
-    verifies b·(γ+1) tokens in one forward, T(b(γ+1)), for b·E[tokens per step] tokens. So
+    Speculative decoding drafts γ forwards costing c·T(b) each (the draft scales like the target; a block drafter
+    one forward) and verifies b·(γ+1) tokens in one forward, T(b(γ+1)), for b·E[tokens per step] tokens. So
     S(b) = E·T(b) / (γ·c·T(b) + T(b(γ+1))). At b = 1 with a flat T this is Leviathan's formula."""
     t_b = profile.time(batch)
-    return metrics.expected_tokens_per_step(alpha, gamma) * t_b / (gamma * c * t_b + profile.time(batch * (gamma + 1)))
+    return metrics.expected_tokens_per_step(alpha, gamma) * t_b / (
+        metrics.draft_cost(gamma, c, block) * t_b + profile.time(batch * (gamma + 1)))
 
 
 @dataclass(frozen=True)
@@ -262,7 +263,9 @@ def _best(values: dict[int, float]) -> tuple[Optional[int], Optional[float]]:
 
 def payoff(results: list[PromptResult], ar_events: list[list[StepEvent]], spec_events: list[list[StepEvent]],
            profile: Optional[CostProfile], options: CheckOptions, prompt_ids: Optional[list[list[int]]] = None,
-           vocab_ids: Optional[torch.Tensor] = None) -> Payoff:
+           vocab_ids: Optional[torch.Tensor] = None, block: int = 0) -> Payoff:
+    """`block`: the block size of a drafter that drafts its whole block in one forward (DFlash), else 0: its
+    drafting is priced at one forward a step, and γ goes to block - 1 at most."""
     ar_all = metrics.summarize("ar", [e for run in ar_events for e in run])
     spec_flat = [e for run in spec_events for e in run]
     spec_all = metrics.summarize("spec", spec_flat)
@@ -295,16 +298,17 @@ def payoff(results: list[PromptResult], ar_events: list[list[StepEvent]], spec_e
     predicted = best_g = best_s = best_hw = best_hw_s = None
     curve, batch_curve = [], []
     if alpha is not None and c is not None and gamma_mean:
-        predicted = metrics.predicted_speedup(alpha, round(gamma_mean), c)
-        lev = {g: metrics.predicted_speedup(alpha, g, c) for g in range(1, GAMMA_MAX + 1)}
+        one = bool(block)
+        predicted = metrics.predicted_speedup(alpha, round(gamma_mean), c, one)
+        lev = {g: metrics.predicted_speedup(alpha, g, c, one) for g in range(1, (block - 1 if one else GAMMA_MAX) + 1)}
         best_g, best_s = _best(lev)
-        hw = {g: speedup_at(alpha, g, c, 1, profile) for g in lev} if profile else {}
+        hw = {g: speedup_at(alpha, g, c, 1, profile, one) for g in lev} if profile else {}
         best_hw, best_hw_s = _best(hw)
         curve = [{"gamma": g, "leviathan": lev[g], "with_profile": hw.get(g)} for g in lev]
         if profile:
             g_run = round(gamma_mean)
             for b in options.batch_sizes:
-                at_b = {g: speedup_at(alpha, g, c, b, profile) for g in lev}
+                at_b = {g: speedup_at(alpha, g, c, b, profile, one) for g in lev}
                 g_b, s_b = _best(at_b)
                 batch_curve.append({"batch": b, "gamma": g_run, "speedup": at_b[g_run], "best_gamma": g_b,
                                     "best_speedup": s_b, "verify_tokens": b * (g_run + 1),

@@ -331,7 +331,8 @@ def run_check(target: LoadedModel, drafter: ChainDrafter, draft: Optional[Loaded
 
     # a trained drafter (drafters.Drafter), whose vocabulary may be compressed
     trained = getattr(drafter, "drafter", None)
-    pay = payoff(results, ar_runs, spec_runs, profile, options, encoded, getattr(trained, "vocab_ids", None))
+    block = trained.cfg.block_size if trained is not None and metrics.drafts_block(method) else 0
+    pay = payoff(results, ar_runs, spec_runs, profile, options, encoded, getattr(trained, "vocab_ids", None), block)
     correct, problems, verdict = conclude(results, fidelity, synthetic, pay, options)
     opts = asdict(options)
     return CheckReport(verdict, correct, problems, target.name, getattr(drafter, "name", type(drafter).__name__),

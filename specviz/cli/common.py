@@ -59,10 +59,12 @@ def decode_args(p: argparse.ArgumentParser, methods=METHODS) -> None:
                    "drafter trained on your own data: likewise up to this many nodes of what most often followed the "
                    "context in the target's own answers (the datastore), a chain or a small tree; 0 = off "
                    "(default: the size fastest on this machine)")
-    p.add_argument("--tree", default=DEFAULTS.tree, help="eagle, medusa: static = the drafter's stored tree; dynamic "
-                   "= a tree grown each step from the drafter's confidence (EAGLE-2) (default %(default)s)")
-    p.add_argument("--tree-nodes", default=DEFAULTS.tree_nodes, help="--tree dynamic: nodes verified, those of highest "
-                   f"path probability, 1..{TREE_NODES_MAX} (default %(default)s)")
+    p.add_argument("--tree", default=None, help="eagle, medusa: static = the drafter's stored tree; dynamic "
+                   "= a tree grown each step from the drafter's confidence (EAGLE-2) (default: the shape of the "
+                   f"method's race chosen on this machine, else {DEFAULTS.tree})")
+    p.add_argument("--tree-nodes", default=None, help="--tree dynamic: nodes verified, those of highest "
+                   f"path probability, 1..{TREE_NODES_MAX} (default: the race chosen on this machine's, else "
+                   f"{DEFAULTS.tree_nodes})")
     p.add_argument("--tree-depth", default=DEFAULTS.tree_depth, help=f"--tree dynamic: levels grown, 1..{GAMMA_MAX}; "
                    "--gamma caps it too (default %(default)s)")
     p.add_argument("--tree-topk", default=DEFAULTS.tree_topk, help="--tree dynamic: nodes expanded per level and "
@@ -75,14 +77,15 @@ def decode_args(p: argparse.ArgumentParser, methods=METHODS) -> None:
 def config_of(args, method: str, grafts: dict | None = None) -> DecodeConfig:
     """The decode settings of the command line; `grafts` ({"lookup": n} and/or {"retrieve": n}, a bench entry's own
     branches, and {"tree": "dynamic"} with {"tree_nodes": n}) overrides --lookup, --retrieve and --tree(-nodes).
-    A left-out --gamma, --lookup or --retrieve is the method's on this machine's default pair (hardware.Pair: the
-    race chosen from this machine's own T(k) once `tune` has measured it)."""
+    A left-out --gamma, --lookup, --retrieve, --tree or --tree-nodes is the method's on this machine's default pair
+    (hardware.Pair: the race chosen from this machine's own T(k) once `tune` has measured it)."""
     from specviz import hardware
 
     pair = hardware.default_pair(args.device or None)
     pick = lambda given, default: default if given is None else given  # noqa: E731
+    shape, nodes = pair.tree_for(method)
     branches = {"lookup": pick(args.lookup, pair.lookup_for(method)), "retrieve": pick(args.retrieve,
-                pair.retrieve_for(method)), "tree": args.tree, "tree_nodes": args.tree_nodes,
+                pair.retrieve_for(method)), "tree": pick(args.tree, shape), "tree_nodes": pick(args.tree_nodes, nodes),
                 "tree_depth": args.tree_depth, "tree_topk": args.tree_topk, **(grafts or {})}
     return DecodeConfig(method=method, gamma=pick(args.gamma, pair.gamma_for(method)), temperature=args.temperature,
                         top_k=args.top_k, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,

@@ -31,8 +31,11 @@ def cmd_profile(args) -> int:
     if costs:
         for row in costs:
             if row.get("c") is not None and row.get("alpha") is not None:
-                row["best_gamma"] = metrics.best_gamma(row["alpha"], row["c"], prof)
-                row["predicted_speedup"] = metrics.profiled_speedup(row["alpha"], row["best_gamma"], row["c"], prof)
+                block = row.get("block", 0)  # a block drafter pays c once a step, for at most block - 1 drafts
+                gammas = range(1, block) if block else range(1, 17)
+                row["best_gamma"] = metrics.best_gamma(row["alpha"], row["c"], prof, gammas, bool(block))
+                row["predicted_speedup"] = metrics.profiled_speedup(row["alpha"], row["best_gamma"], row["c"], prof,
+                                                                    bool(block))
         print(format_costs(costs))
     if args.json:
         out = {"command": "python -m specviz " + " ".join(sys.argv[1:]), "target": target.name,

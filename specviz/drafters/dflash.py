@@ -75,9 +75,7 @@ class DFlashAttention(nn.Module):
         k = rotate(self.k_norm(self.k_proj(x).view(b, t, self.kv, self.hd)).transpose(1, 2), cos, sin)
         v = self.v_proj(x).view(b, t, self.kv, self.hd).transpose(1, 2)
         k, v = torch.cat([context[0], k], 2), torch.cat([context[1], v], 2)
-        rep = self.h // self.kv
-        out = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
-                                             attn_mask=mask)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.h != self.kv)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 

@@ -54,6 +54,7 @@ def build_trained(folder: str | Path, target: LoadedModel, chain: bool = False) 
     d = drafters.load(folder, target)
     engine = methods.load(methods.spec(d.kind).engine)(target, d, chain, str(folder))
     engine.draft_vocab_ids = d.vocab_ids  # the target ids it can draft (None: all), for the bench's coverage figure
+    engine.block_size = d.cfg.block_size if methods.spec(d.kind).drafts_block else 0  # one forward drafts a block
     return engine
 
 

@@ -24,6 +24,7 @@ def drafter_cost(target: LoadedModel, method: str, ar_events: list, draft: Optio
     engines.generate(engine, ids, cfg.with_(max_new_tokens=4))  # first-call allocations are not billed
     cmp = metrics.compare(ar_events, engines.generate(engine, ids, cfg).events, method, True)
     return {"method": method, "c": cmp.cost_ratio, "alpha": cmp.spec.alpha, "tau": cmp.spec.tau,
+            "block": getattr(engine, "block_size", 0),  # drafts its whole block in one forward: c once a step
             "draft_forwards": cmp.spec.draft_forwards, "ar_step_ms": 1000 * cmp.ar.seconds / max(cmp.ar.steps, 1)}
 
 

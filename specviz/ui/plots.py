@@ -449,7 +449,7 @@ def theory_figure(alpha: float, c: float, measured: Optional[dict] = None, gamma
 
     gs = list(range(1, gamma_max + 1))
     e = [expected_tokens_per_step(alpha, g) for g in gs]
-    s = [predicted_speedup(alpha, g, c / g if block else c) for g in gs]  # a block: γ · (c / γ) = c a step
+    s = [predicted_speedup(alpha, g, c, block) for g in gs]  # a block: c once a step
     best = max(gs, key=lambda g: s[g - 1])
     data = [
         {"type": "scatter", "x": gs, "y": e, "mode": "lines+markers", "name": f"α = {alpha:.2f}",
@@ -477,8 +477,7 @@ def theory_figure(alpha: float, c: float, measured: Optional[dict] = None, gamma
                      "hovertemplate": "measured τ = %{y:.2f} at γ ≈ %{x:.1f}<extra></extra>"})
         if m.get("c") is not None:
             k = max(1, round(g))
-            data.append({"type": "scatter", "x": [g], "y": [predicted_speedup(m["alpha"], k, m["c"] / k if block
-                                                                              else m["c"])],
+            data.append({"type": "scatter", "x": [g], "y": [predicted_speedup(m["alpha"], k, m["c"], block)],
                          "mode": "markers", "xaxis": "x2", "yaxis": "y2", "showlegend": False,
                          "name": "prediction at the measured α, c",
                          "marker": {"color": COLOURS[Verdict.REJECTED], "size": 15, "symbol": "diamond",

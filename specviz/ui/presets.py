@@ -19,11 +19,13 @@ FIELDS = ("method", "draft", "gamma", "lookup", "retrieve", "tree", "tree_nodes"
 
 def race(pair: hardware.Pair, method: str, branches: bool = True, temperature: float = DEFAULTS.temperature) -> dict:
     """One race's settings: `method` at its fastest γ measured here, with the prompt lookup and datastore branches
-    measured fastest on its tree (none when `branches` is False), DecodeConfig's tree and sampling defaults."""
+    measured fastest on its tree and its tree's shape there (none, and its stored tree, when `branches` is False),
+    DecodeConfig's sampling defaults."""
+    tree, nodes = pair.tree_for(method) if branches else (DEFAULTS.tree, DEFAULTS.tree_nodes)
     return {"method": method, "draft": pair.draft, "gamma": pair.gamma_for(method),
             "lookup": pair.lookup_for(method) if branches else 0,
             "retrieve": pair.retrieve_for(method) if branches else 0,
-            "tree": DEFAULTS.tree, "tree_nodes": DEFAULTS.tree_nodes,
+            "tree": tree, "tree_nodes": nodes,
             "temperature": temperature, "top_p": DEFAULTS.top_p}
 
 

@@ -158,13 +158,14 @@ def method_changed(method):
     (controls.race_fields: the draft model for a draft-model method, the branches for a tree), with a line saying why
     the others are hidden."""
     gamma, lookup, retrieve = method_defaults(method)
+    tree, nodes = hardware.default_pair().tree_for(str(method))
     fields = controls.race_fields(str(method))
     return {"draft": gr.Dropdown(visible=fields.draft),
             "gamma": gr.Dropdown(value=gamma, visible=fields.gamma, label=GAMMA_LABEL, info=gamma_info(fields)),
             "lookup": gr.Dropdown(value=lookup, visible=fields.lookup),
             "retrieve": gr.Dropdown(value=retrieve, visible=fields.retrieve),
-            "method_note": fields.note_html(why=default_why(method)), "tree": gr.Radio(visible=fields.tree),
-            "tree_nodes": gr.Dropdown(visible=fields.tree)}
+            "method_note": fields.note_html(why=default_why(method)), "tree": gr.Radio(value=tree, visible=fields.tree),
+            "tree_nodes": gr.Dropdown(value=str(nodes), visible=fields.tree)}
 
 
 def default_why(method) -> str:

@@ -166,13 +166,14 @@ def method_fields(pair: hardware.Pair, fields: controls.Fields) -> dict:
                                info="eagle, medusa: also verify what most often followed in the "
                                     "target's own answers (up to this many nodes); 0 = off",
                                visible=fields.retrieve, elem_id="retrieve")
+    shape, nodes = pair.tree_for(pair.method)
     with gr.Row():
-        tree = gr.Radio(list(TREE_SHAPES), value=DEFAULTS.tree, label="Tree",
+        tree = gr.Radio(list(TREE_SHAPES), value=shape, label="Tree",
                         info="eagle, medusa: static = the drafter's stored tree; dynamic = grown each "
                              "step from the drafter's confidence (EAGLE-2)",
                         visible=fields.tree, elem_id="tree")
         tree_nodes = gr.Dropdown([str(n) for n in range(1, TREE_NODES_MAX + 1)],
-                                 value=str(DEFAULTS.tree_nodes), label="Dynamic tree nodes",
+                                 value=str(nodes), label="Dynamic tree nodes",
                                  info="the nodes of highest path probability verified",
                                  visible=fields.tree, elem_id="tree-nodes")
     with gr.Row():
