@@ -162,3 +162,20 @@ def test_a_left_out_tree_is_the_chosen_dynamic_tree_in_generate_and_the_app(monk
     assert presets.race(pair, "eagle", branches=False)["tree"] == "static"  # EAGLE alone: its stored tree
     fields = race.method_changed("eagle")
     assert fields["tree"].value == "dynamic" and fields["tree_nodes"].value == str(nodes)
+
+
+def test_a_race_never_costs_less_than_its_drafting_however_the_fit_falls():
+    """A loaded host's calibration (kept as measured beside a training run): the dynamic family's fitted intercept
+    -1.38 AR steps, a steep row slope. Each race's cost outside its forward is floored at its family's drafting,
+    timed alone, so no race is predicted faster than its τ over its forward plus its drafting."""
+    lanes = {"pld": -0.197, "eagle": -0.113, "eagle2": 0.037, "grafts": -0.060, "dyn": -1.376}
+    draft = {"pld": 0.011, "eagle": 0.089, "eagle2": 0.164, "grafts": 0.113, "dyn": 0.315}
+    costs = tuning.StepCosts(lanes, draft, row_excess=1.68, prefill=0.089)
+    assert costs.of(2, 0, 0, 8) == pytest.approx(0.315) and costs.of(0, 4, 0) == pytest.approx(0.011)
+    assert costs.of(1, 4, 2) >= 0.113 and costs.of(1, 0, 0) >= 0.089
+    for race in GRID.values():
+        per_step = sum(n * (costs.forward(ZEN4, k) + draft["pld" if not race.shape[0] else "eagle"])
+                       for k, n in race.rows.items()) / race.steps
+        assert tuning.predict(race, ZEN4, costs) <= race.tau / per_step + 1e-9, race.name
+    choice = tuning.choose(GRID, ZEN4, costs)
+    assert choice.predicted < 2.0, choice.line()
