@@ -17,6 +17,7 @@ from specviz.core.sampling import verify_tree
 from specviz.core.trees import Tree
 from specviz.drafters import trained as drafters
 from specviz.drafters.dflash import dflash_layers, mask_token
+from specviz.drafters.modules import load_into
 from specviz.engines.dflash import DFlashDrafter, DFlashEngine, DFlashProposer, block_nodes, build, top_tree
 from specviz.engines.tree import TreeEngine
 from specviz.events import LOOKUP_HEAD, Verdict
@@ -311,3 +312,41 @@ def test_training_smoke(tmp_path):
     assert (cfg.kind, cfg.block_size, cfg.num_hidden_layers, cfg.feature_layers) == ("dflash", 4, 1, [1, 2])
     opts.steps, opts.resume = 14, True
     assert len(train.train(opts, log=lambda *_: None, target=target).losses) == 2
+
+
+def test_a_block_drafter_runs_on_the_packed_matmul_beside_a_bf16_cpu_target(target_bf16, tmp_path):
+    """DFlash is one of the small drafters (a block of rows through small matmuls): loaded beside a bf16 CPU target,
+    every Linear of its module and its draft head run on specviz's packed matmul, and a block's drafts are the fp32
+    module's at nearly every slot (drafts only propose: verification stays exact either way)."""
+    from specviz.models import fused, kernels
+
+    if not kernels.available():
+        pytest.skip("no C compiler or no AVX2/FMA here: the drafters stay in fp32")
+    t = target_bf16
+    d = random_drafter(t, "dflash", torch.arange(4096), feature_layers=dflash_layers(t.model.config.num_hidden_layers),
+                       block_size=8, num_hidden_layers=2, mask_token_id=mask_token(t.tokenizer, t.vocab_size))
+    for p in d.module.parameters():  # weights of a drafter's scale, so bf16 and fp32 agree on the top token
+        torch.nn.init.normal_(p, std=0.05)
+    folder = tmp_path / f"{t.name}-dflash"
+    drafters.save(folder, d.module.float(), d.cfg, d.vocab_ids.cpu(), "# a random DFlash drafter (test_dflash.py)\n")
+    packed = drafters.load(folder, t)
+    assert packed.dtype == torch.bfloat16 and packed.row_kernel and packed.head_packed is not None
+    linears = [m for m in packed.module.modules() if isinstance(m, (torch.nn.Linear, kernels.RowLinear))]
+    assert linears and all(isinstance(m, fused.PackedLinear) for m in linears)
+    cfg, state = drafters.read_layout(folder, t)
+    state.pop("vocab_ids", None)
+    fp32 = drafters.build_module(cfg)
+    load_into(fp32, state, "fp32 copy")
+    ids = t.encode_prompt("Explain why the sky is blue in two sentences.")
+    with torch.inference_mode():
+        feats = torch.randn(1, len(ids), packed.feature_size)
+        block = torch.full((cfg.block_size,), cfg.mask_token_id)
+        block[0] = ids[-1]
+        pos = torch.arange(len(ids), len(ids) + cfg.block_size)
+        out = packed.module(packed.embed(block)[None], pos,
+                            packed.module.context_kv(packed.inputs(feats), torch.arange(len(ids))))
+        ref = fp32(packed.embed(block)[None].float(), pos,
+                   fp32.context_kv(feats.to(torch.bfloat16).float(), torch.arange(len(ids))))
+        ours = packed.logits(out[0, 1:]).float().argmax(-1)
+        theirs = (ref[0, 1:] @ packed.head_weight.float().T).argmax(-1)
+    assert int((ours == theirs).sum()) >= cfg.block_size - 2, (ours, theirs)
