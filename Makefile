@@ -71,7 +71,16 @@ drafters: setup
 	$(BIN)/python -m specviz train layerskip --init out/train/layerskip-first/drafter --draft-vocab 16384 \
 		--data $(LAYERSKIP_MORE) --out out/train/layerskip --steps 500 --resume
 	$(BIN)/python -m specviz train draft --out out/train/draft --steps 700 --resume
-	for k in eagle medusa layerskip draft; do mkdir -p assets/drafters/smollm2-135m-$$k && \
+	# DFlash: the first 12, then 32 chunks of the shared prompts' answers (each run's data a prefix of the chunks, in
+	# order, with each example's line number, which the held-out split keys on); the second run goes on from the first
+	mkdir -p out/train/dflash-data && $(BIN)/python -c "import gzip, json; from specviz.train import distill; ex = distill.read_chunks(); \
+		[gzip.open(f'out/train/dflash-data/chunks0-{n - 1}.jsonl.gz', 'wt').writelines(json.dumps(e) + '\\n' \
+		for e in ex[:256 * n]) for n in (12, 32)]"
+	$(BIN)/python -m specviz train dflash --data out/train/dflash-data/chunks0-11.jsonl.gz --out out/train/dflash2 \
+		--steps 1200 --batch-tokens 2048 --block-size 8 --layers 2 --resume
+	$(BIN)/python -m specviz train dflash --init out/train/dflash2/drafter --data out/train/dflash-data/chunks0-31.jsonl.gz \
+		--out out/train/dflash --steps 1250 --lr 0.0005 --batch-tokens 2048 --resume
+	for k in eagle medusa layerskip draft dflash; do mkdir -p assets/drafters/smollm2-135m-$$k && \
 		cp out/train/$$k/drafter/config.json out/train/$$k/drafter/model.safetensors out/train/$$k/drafter/README.md \
 			assets/drafters/smollm2-135m-$$k/; done  # not a datastore.npy: the shipped ones use the target's (all chunks)
 

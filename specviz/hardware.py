@@ -121,17 +121,23 @@ class Pair:
 # T(k) and step costs (specviz/tuning.py), which is what the app, `generate`, `bench` and `check` run by default.
 CPU_METHOD = "eagle"
 # γ per method where DecodeConfig's is not the guess: the trained chain drafters draft one token (their drafting costs a
-# forward of their own; experiments/LOG.md); Medusa's γ caps its tree's depth and vanilla keeps DecodeConfig's.
-CPU_GAMMAS = (("pld", 2), ("eagle", 1), ("layerskip", 1), ("draft", 1))
+# forward of their own; experiments/LOG.md); Medusa's γ caps its tree's depth and vanilla keeps DecodeConfig's; DFlash
+# drafts its whole block of 8 in one forward.
+CPU_GAMMAS = (("pld", 2), ("eagle", 1), ("layerskip", 1), ("draft", 1), ("dflash", 7))
 # The length of prompt lookup's branch and the datastore's (a tree of up to that many nodes where the target's past
 # answers split) on the tree drafters' trees (DecodeConfig.lookup, .retrieve).
 CPU_LOOKUP = 4
 CPU_LOOKUPS = tuple((m, CPU_LOOKUP) for m in registry.names(lambda s: "lookup" in s.grafts))  # eagle, medusa
 CPU_RETRIEVE = 4
-CPU_RETRIEVES = tuple((m, CPU_RETRIEVE) for m in registry.names(lambda s: "retrieve" in s.grafts))
+CPU_RETRIEVES = tuple((m, 2 if m == "dflash" else CPU_RETRIEVE)  # DFlash's race below was measured with 2
+                      for m in registry.names(lambda s: "retrieve" in s.grafts))
+# DFlash's race: the 8 paths of highest probability over its block's top-k drafts (a dynamic tree), its whole block
+# deep (γ 7), with prompt lookup's and the datastore's branches: dflash:7+pld:4+ret:2+dyn:8 raced 1.04x AR at τ 2.26
+# on Spec-Bench 48 (its block as a chain 0.78x at τ 1.35, alone; experiments/LOG.md)
+CPU_TREES = (("dflash", 8),)
 CPU_GRAFTS = {"lookup": CPU_LOOKUP, "retrieve": CPU_RETRIEVE}  # bench `+pld` / `+ret` where the pair has none
 EMBEDDED_PAIR = Pair(DEFAULT_TARGET, DEFAULT_DRAFT, method=CPU_METHOD, gammas=CPU_GAMMAS, lookups=CPU_LOOKUPS,
-                     retrieves=CPU_RETRIEVES)
+                     retrieves=CPU_RETRIEVES, trees=CPU_TREES)
 GPU_PAIR = Pair(GPU_TARGET, GPU_DRAFT)
 HUB_UNREACHABLE = f"Hub unreachable: using the embedded pair {DEFAULT_TARGET} + {DEFAULT_DRAFT}"
 
@@ -142,7 +148,8 @@ def choose_pair(cuda: bool, hub_reachable: Callable[[], bool]) -> Pair:
         return EMBEDDED_PAIR
     if hub_reachable():
         return GPU_PAIR
-    return Pair(DEFAULT_TARGET, DEFAULT_DRAFT, HUB_UNREACHABLE, CPU_METHOD, CPU_GAMMAS, CPU_LOOKUPS, CPU_RETRIEVES)
+    return Pair(DEFAULT_TARGET, DEFAULT_DRAFT, HUB_UNREACHABLE, CPU_METHOD, CPU_GAMMAS, CPU_LOOKUPS, CPU_RETRIEVES,
+                CPU_TREES)
 
 
 def hub_reachable(repo_ids: Iterable[str] = (GPU_TARGET, GPU_DRAFT), timeout: float = HUB_TIMEOUT_S) -> bool:

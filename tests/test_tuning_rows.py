@@ -179,3 +179,13 @@ def test_a_race_never_costs_less_than_its_drafting_however_the_fit_falls():
         assert tuning.predict(race, ZEN4, costs) <= race.tau / per_step + 1e-9, race.name
     choice = tuning.choose(GRID, ZEN4, costs)
     assert choice.predicted < 2.0, choice.line()
+
+
+def test_dflash_races_its_measured_dynamic_tree_and_keeps_it_when_the_machine_is_tuned():
+    from specviz.hardware import EMBEDDED_PAIR, method_spec
+
+    assert EMBEDDED_PAIR.race("dflash") == "dflash:7+pld:4+ret:2+dyn:8"
+    name, gamma, grafts, _, _ = method_spec(EMBEDDED_PAIR.race("dflash"))
+    assert (name, int(gamma), grafts["tree"], int(grafts["tree_nodes"])) == ("dflash", 7, "dynamic", 8)
+    tuned = EMBEDDED_PAIR.tuned(tuning.choose(GRID, ZEN4, COSTS))
+    assert tuned.race("dflash") == EMBEDDED_PAIR.race("dflash") and tuned.tree_for("eagle")[0] == "static"
