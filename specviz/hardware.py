@@ -129,8 +129,8 @@ CPU_GAMMAS = (("pld", 2), ("eagle", 1), ("layerskip", 1), ("draft", 1), ("dflash
 CPU_LOOKUP = 4
 CPU_LOOKUPS = tuple((m, CPU_LOOKUP) for m in registry.names(lambda s: "lookup" in s.grafts))  # eagle, medusa
 CPU_RETRIEVE = 4
-CPU_RETRIEVES = tuple((m, 2 if m == "dflash" else CPU_RETRIEVE)  # DFlash's race below was measured with 2
-                      for m in registry.names(lambda s: "retrieve" in s.grafts))
+CPU_RETRIEVES = tuple({**{m: CPU_RETRIEVE for m in registry.names(lambda s: "retrieve" in s.grafts)},
+                       "dflash": 2}.items())  # DFlash's race below was measured with 2
 # DFlash's race: the 8 paths of highest probability over its block's top-k drafts (a dynamic tree), its whole block
 # deep (γ 7), with prompt lookup's and the datastore's branches: dflash:7+pld:4+ret:2+dyn:8 raced 1.04x AR at τ 2.26
 # on Spec-Bench 48 (its block as a chain 0.78x at τ 1.35, alone; experiments/LOG.md)
