@@ -126,6 +126,12 @@ def names(predicate: Optional[Callable[[MethodSpec], bool]] = None) -> tuple[str
     return tuple(n for n, s in METHODS.items() if predicate is None or predicate(s))
 
 
+def drafts_block(name: str) -> bool:
+    """Whether `name`'s drafter drafts every depth of its trained block in one forward (MethodSpec.drafts_block;
+    an unknown name: no)."""
+    return name in METHODS and METHODS[name].drafts_block
+
+
 def spec(name: str) -> MethodSpec:
     """The registry entry of `name`; a one-line ConfigError naming the value and what is accepted otherwise."""
     try:

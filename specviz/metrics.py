@@ -13,6 +13,7 @@ from typing import Iterable, Optional
 from specviz import methods
 from specviz.errors import ConfigError
 from specviz.events import LOOKUP_HEAD, RETRIEVAL_HEAD, StepEvent, Verdict
+from specviz.methods import drafts_block
 
 # The one definition of acceptance that the race, bench, check and the app's summary show (RunSummary.alpha) ...
 ACCEPTANCE = ("α = drafted tokens the target kept / drafted tokens it judged (kept or refused): a chain's drafts up "
@@ -132,11 +133,6 @@ def draft_cost(gamma: int, c: float, block: bool = False) -> float:
     """A step's drafting in AR steps: γ forwards of c each (Leviathan's γc), or one forward of c for a drafter that
     drafts its whole block at once (DFlash: `block`, methods.MethodSpec.drafts_block)."""
     return c if block else gamma * c
-
-
-def drafts_block(method: str) -> bool:
-    """Whether `method`'s drafter drafts every depth in one forward (the registry's drafts_block; unknown: no)."""
-    return method in methods.METHODS and methods.spec(method).drafts_block
 
 
 def predicted_speedup(alpha: float, gamma: int, c: float, block: bool = False) -> float:

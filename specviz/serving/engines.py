@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
+from specviz.methods import drafts_block
 from specviz.serving import server as llama
 from specviz.serving.prometheus import ServerError, http
 
@@ -181,13 +182,6 @@ def _plan_vllm(kind, folder, port, spec, log, root, fmt="native") -> Plan:
            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
            "OMP_NUM_THREADS": os.environ.get("SPECVIZ_ENGINE_THREADS", "2")}
     return Plan("vllm", kind, argv, env, port, str(target), str(draft) if draft else None, speculative)
-
-
-def drafts_block(kind: str) -> bool:
-    """A drafter kind whose one forward drafts its whole trained block (methods.MethodSpec.drafts_block)."""
-    from specviz import methods
-
-    return kind in methods.METHODS and methods.spec(kind).drafts_block
 
 
 def _plan_llama(kind, folder, port, spec, log, root) -> Plan:
