@@ -10,12 +10,13 @@ import re
 import pytest
 
 from specviz.ui import logic, presets, startup
+from specviz.ui.common import MAX_NEW_TOKENS
 from tests.browser_kit import ASSETS, choose, fold_settings, set_number
 
 pytestmark = pytest.mark.browser
 
 TOKENS = 48       # short races: the walk stays near a minute on 2 busy cores
-STOP_TOKENS = 256  # the race that is stopped: long enough to be mid-race when Stop is pressed
+STOP_TOKENS = MAX_NEW_TOKENS  # the race that is stopped: still running when Stop lands, on a quiet fast host too
 PAIR = logic.EXAMPLE_PAIRS[0]  # ("repeats or not", the poem, the sky)
 COPIED = re.compile(r"\((\d+)% of it copied\)")
 # the why-line names where the kept guesses came from (metrics.kept_line)
