@@ -36,7 +36,7 @@ log = logging.getLogger("specviz.calibration")
 ENV = "SPECVIZ_CALIBRATE"
 DIR_ENV = "SPECVIZ_CALIBRATION_DIR"
 MODES = {"": "auto", "0": "never", "1": "always"}
-VERSION = 1  # of the file's layout and of what its figures mean; a new one measures again
+VERSION = 2  # of the file's layout and of what its figures mean; a new one measures again (2: the DFlash lane)
 BANDWIDTH_BYTES = 128 << 20  # the quick check: a few sums over 128 MB (about 0.3 s)
 BANDWIDTH_REPS = 4
 # how far the quick check may read from the kept one: on this project's shared 2-core EPYC the medians of back-to-back

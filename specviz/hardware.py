@@ -80,18 +80,20 @@ class Pair:
 
     def tuned(self, choice) -> "Pair":
         """This pair with the race chosen on this machine (a tuning.Choice) as its default, and prompt lookup's γ and
-        EAGLE's γ and branches at their fastest races here (what a user who picks either method gets)."""
-        from specviz.tuning import parse_nodes, parse_race
+        each tree drafter's γ and branches at its fastest race here (what a user who picks that method gets); EAGLE
+        where the grid has none of its races: its γ, without branches."""
+        from specviz.tuning import TREE, parse_nodes, parse_race
 
-        g, lookup, retrieve = parse_race(choice.best_tree) if choice.best_tree else (self.gamma_for("eagle"), 0, 0)
-        nodes = parse_nodes(choice.best_tree) if choice.best_tree else 0
-        gammas = {**dict(self.gammas), "eagle": g}
+        shapes = {TREE: ((self.gamma_for(TREE), 0, 0), 0)}
+        shapes.update({d: (parse_race(race), parse_nodes(race)) for d, race, _ in choice.best_races})
+        gammas, lookups = dict(self.gammas), dict(self.lookups)
+        retrieves, trees = dict(self.retrieves), dict(self.trees)
+        for d, ((g, lookup, retrieve), nodes) in shapes.items():
+            gammas[d], lookups[d], retrieves[d], trees[d] = g, lookup, retrieve, nodes
         if choice.best_chain:
             gammas["pld"] = parse_race(choice.best_chain)[1]
-        return replace(self, method=choice.method, gammas=tuple(gammas.items()),
-                       lookups=tuple({**dict(self.lookups), "eagle": lookup}.items()),
-                       retrieves=tuple({**dict(self.retrieves), "eagle": retrieve}.items()),
-                       trees=tuple({**dict(self.trees), "eagle": nodes}.items()), why=choice.line())
+        return replace(self, method=choice.method, gammas=tuple(gammas.items()), lookups=tuple(lookups.items()),
+                       retrieves=tuple(retrieves.items()), trees=tuple(trees.items()), why=choice.line())
 
     def target_for(self, method: str) -> str:
         """The target a method runs against: trained drafters stay tied to the target they were trained on."""

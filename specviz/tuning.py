@@ -3,9 +3,9 @@
 Whether speculation pays depends on two things that move apart: the drafts (how many tokens a race keeps a step and
 how many rows it verifies for them) and the machine (what verifying k rows costs against one step, T(k)/T(1), and what
 drafting costs). The first half is measured once and shipped: with greedy decoding, a race's rows and kept tokens per
-step depend on the drafts and the target's tokens only, so experiments/probes/race_grid.py replays every candidate
-race on held-out prompts into assets/profiles/race-grid-<target>.json (a histogram of rows a step and the tokens
-kept). The second half is measured here, once per machine (specviz/calibration.py keeps it in a cache file): the
+step depend on the drafts and the target's tokens only, so experiments/probes/race_grid_wide.py replays every
+candidate race on held-out prompts into assets/profiles/race-grid-<target>.json (a histogram of rows a step and the
+tokens kept): prompt lookup's chains and EAGLE's trees from one recording, DFlash's blocks from one of its own. The second half is measured here, once per machine (specviz/calibration.py keeps it in a cache file): the
 verify profile T(k) (core/profile.py) and, from short greedy runs of AR and of each lane family interleaved, what a
 step costs outside the target's forward (drafting, grafting, the verdicts and bookkeeping) in AR steps. The predicted
 speed of a race over this machine's AR is then
@@ -28,18 +28,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
+from specviz import methods as registry
+from specviz.methods import drafts_block
 from specviz.paths import PROFILES
 
 GRID_FILE = "race-grid-{target}.json"
 # a near tie: the predictions run 5-26% above Spec-Bench's measured speedups, prompt lookup's the most, and repeated
-# runs differ by ~5% (experiments/LOG.md), so a tree predicted within 10% of the best chain is not known to be slower;
+# runs differ by ~5% (experiments/LOG.md), so a drafter's tree predicted within 10% of the best chain is not known to
+# be slower;
 # it is chosen, as its gain does not hang on the text repeating itself (first draft right on new text: EAGLE 0.37,
 # prompt lookup 0.24). Paired on Spec-Bench 48: AVX512-BF16 eagle:1+pld:4+ret:2 1.50x against pld:6 1.32x (predicted
 # 1.45x and 1.54x at start-up); AVX2 eagle:1+pld:2 1.23x against pld:4 1.20x (predicted 1.39x and 1.48x)
 TIE = 0.10
 DYNAMIC = "dyn"  # a race's +dyn:N (hardware.DYNAMIC): EAGLE-2's dynamic tree of N nodes
 CHAIN = "pld"   # the race where nothing pays: the chain cheapest to verify and to draft
-TREE = "eagle"  # the tree drafter the grid times
+TREE = "eagle"  # the tree drafter whose races are the rule's first family (EAGLE's defaults: Choice.best_tree)
 COST_TOKENS = 16  # tokens of each calibration run (after a 4-token warm-up not billed)
 COST_ROUNDS = 3   # runs of each lane, interleaved
 # the calibration runs' prompt: a passage and a question, so that rows are priced at a context of a few hundred
@@ -57,18 +60,23 @@ CALIBRATION_PROMPT = (
     "walls and door seals slow the heat that leaks back in. Defrost heaters melt the frost that builds up on the "
     "evaporator, and a fan spreads the cold air evenly through the shelves.\n\n"
     "Question: explain, step by step, how the refrigerator keeps the food cold, and why the back of it feels warm.")
-# one run per lane family: the per-step cost outside the target's forward of every candidate is read from these
-COST_LANES = {"pld": (0, 2, 0), "eagle": (1, 0, 0), "eagle2": (2, 0, 0), "grafts": (1, 4, 4), "dyn": (3, 0, 0)}
+# one run per lane family, (method, γ, lookup, retrieve): the per-step cost outside the target's forward of every
+# candidate is read from these. A drafter that drafts its block in one forward (methods.drafts_block: DFlash) is its
+# own family, run at its whole block: its drafting does not grow with γ, so one run prices all its races
+COST_LANES = {"pld": (CHAIN, 2, 0, 0), "eagle": (TREE, 1, 0, 0), "eagle2": (TREE, 2, 0, 0), "grafts": (TREE, 1, 4, 4),
+              "dyn": (TREE, 3, 0, 0), "dflash": ("dflash", 7, 0, 0)}
+SLOPE_FAMILIES = ("pld", "eagle", "eagle2", "grafts")  # the static families, each a few rows: the row slope's fit
 DYN_FAMILY = "dyn"  # the family run as EAGLE-2's dynamic tree (DYN_NODES nodes, grown 3 levels): its step pays the
 DYN_NODES = 16      # growing (a drafter call per level over up to 4 nodes, the rerank), which no static lane does
 
 
-def race_name(g: int, lookup: int, retrieve: int, nodes: int = 0) -> str:
+def race_name(g: int, lookup: int, retrieve: int, nodes: int = 0, drafter: str = TREE) -> str:
     """A race as bench's --method writes it: pld:L, or eagle:g[+pld:L][+ret:R][+dyn:N] (N > 0: EAGLE-2's dynamic
-    tree of N nodes, grown g levels; else the drafter's stored tree cut to depth g)."""
+    tree of N nodes, grown g levels; else the drafter's stored tree cut to depth g); `drafter` another tree drafter
+    (dflash:g...: its block's first g slots)."""
     if not g:
         return f"{CHAIN}:{lookup}"
-    return (f"{TREE}:{g}" + (f"+pld:{lookup}" if lookup else "") + (f"+ret:{retrieve}" if retrieve else "")
+    return (f"{drafter}:{g}" + (f"+pld:{lookup}" if lookup else "") + (f"+ret:{retrieve}" if retrieve else "")
             + (f"+{DYNAMIC}:{nodes}" if nodes else ""))
 
 
@@ -85,17 +93,23 @@ def parse_nodes(name: str) -> int:
 
 
 def parse_race(name: str) -> tuple[int, int, int]:
-    """(g, lookup, retrieve) of a race name written by race_name (its dynamic tree's nodes: parse_nodes)."""
+    """(g, lookup, retrieve) of a race name written by race_name (its dynamic tree's nodes: parse_nodes; its
+    drafter: race_drafter)."""
     g = lookup = retrieve = 0
     for part in name.split("+"):
         kind, _, n = part.partition(":")
-        if kind == TREE:
-            g = int(n)
-        elif kind == CHAIN:  # a race name writes prompt lookup as the chain race does
+        if kind == CHAIN:  # a race name writes prompt lookup as the chain race does
             lookup = int(n)
         elif kind == "ret":
             retrieve = int(n)
+        elif kind != DYNAMIC:  # the tree drafter, first
+            g = int(n)
     return g, lookup, retrieve
+
+
+def race_drafter(name: str) -> str:
+    """The method a race name runs: its first part's (eagle, dflash; pld for prompt lookup's chain alone)."""
+    return name.split("+")[0].partition(":")[0]
 
 
 @dataclass(frozen=True)
@@ -120,6 +134,10 @@ class GridRace:
     @property
     def nodes(self) -> int:
         return parse_nodes(self.name)
+
+    @property
+    def drafter(self) -> str:
+        return race_drafter(self.name)
 
 
 class Grid(dict):
@@ -169,17 +187,21 @@ class StepCosts:
         """A race's target forward over `rows` rows, in AR steps, as the calibration runs measured it."""
         return 1.0 + (1.0 + self.row_excess) * (profile.ratio(rows) - 1.0)
 
-    def of(self, g: int, lookup: int, retrieve: int, nodes: int = 0) -> float:
+    def of(self, g: int, lookup: int, retrieve: int, nodes: int = 0, drafter: str = TREE) -> float:
         """The per-step cost of a race outside its forward: prompt lookup alone; EAGLE at depth g, linear in its
         levels from depths 1 and 2, plus what the branches add (measured with both on); a dynamic tree (nodes > 0)
-        from its own family's run at depth 3, a level less or more as the static levels differ. KeyError for a
-        dynamic tree where the calibration ran none (a kept one from before: such races are not priced)."""
+        from its own family's run at depth 3, a level less or more as the static levels differ; a drafter that
+        drafts its block in one forward (DFlash) from its own family's run, whatever g and its tree, plus the
+        branches. KeyError for a family the calibration ran none of (a kept one from before, a target without that
+        drafter: such races are not priced)."""
         if not g:
             return max(self.lanes["pld"], self.floor("pld"))
-        per_level = max(0.0, self.lanes["eagle2"] - self.lanes["eagle"])
         grafts = max(0.0, self.lanes["grafts"] - self.lanes["eagle"]) if (lookup or retrieve) else 0.0
+        if drafts_block(drafter):
+            return max(self.lanes[drafter] + grafts, self.floor(drafter))
+        per_level = max(0.0, self.lanes["eagle2"] - self.lanes["eagle"])
         if nodes:
-            return max(self.lanes[DYN_FAMILY] + (g - COST_LANES[DYN_FAMILY][0]) * per_level + grafts,
+            return max(self.lanes[DYN_FAMILY] + (g - COST_LANES[DYN_FAMILY][1]) * per_level + grafts,
                        self.floor(DYN_FAMILY))
         return max(self.lanes["eagle"] + (g - 1) * per_level + grafts,
                    self.floor("grafts" if lookup or retrieve else "eagle2" if g > 1 else "eagle"))
@@ -194,7 +216,7 @@ class StepCosts:
 
 def predict(race: GridRace, profile, costs: StepCosts) -> float:
     """The race's predicted speed over this machine's AR (module docstring)."""
-    c = costs.of(*race.shape, race.nodes)
+    c = costs.of(*race.shape, race.nodes, race.drafter)
     per_step = sum(n * (costs.forward(profile, k) + c) for k, n in race.rows.items()) / race.steps
     return race.tau / per_step
 
@@ -228,6 +250,8 @@ class Choice:
     prefill: float = 0.0          # a prompt token's prefill in AR steps here (StepCosts.prefill_steps)
     sampling: tuple[float, float] = (0.0, 1.0)  # the (temperature, top-p) its τ was replayed at: 0 = greedy
     sampled: Optional["Choice"] = None  # the race chosen for sampling (temperature > 0), from the sampled grid
+    # (drafter, its fastest race, predicted) for each tree drafter in the grid: its defaults when a user picks it
+    best_races: tuple[tuple[str, str, float], ...] = ()
 
     def run_speedup(self, new_tokens: int = 128, prompt_tokens: int = PROMPT_TOKENS) -> float:
         """The predicted speedup of a whole run: new_tokens after a prompt of prompt_tokens (its prefill)."""
@@ -248,15 +272,16 @@ class Choice:
         if not self.pays:
             return (f"default race {self.race}: nothing predicted faster than AR (plain decoding) on this machine"
                     f"{'; ' + t if t else ''}; racing the best chain, predicted {run}, {how} ({pace})")
-        tree = (f"; best EAGLE tree {self.best_tree} {self.best_tree_predicted:.2f}x"
-                if self.best_tree and self.best_tree != self.race else "")
+        tree = "".join(f"; best {registry.spec(d).label} tree {n} {x:.2f}x" for d, n, x in self.best_races
+                       if n != self.race)
         return f"default race {self.race}: predicted {run}, {how} ({pace}{'; ' + t if t else ''}{tree})"
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in ("race", "method", "gamma", "lookup", "retrieve", "predicted", "tau",
                                              "rows", "pays", "best_tree", "best_tree_predicted", "best_chain",
                                              "nodes", "prefill")}
-        return {**out, "sampled": self.sampled.to_dict() if self.sampled else None}
+        return {**out, "best_races": {d: {"race": n, "predicted": x} for d, n, x in self.best_races},
+                "sampled": self.sampled.to_dict() if self.sampled else None}
 
 
 def priced(grid: dict[str, GridRace], profile, costs: StepCosts) -> dict[str, float]:
@@ -272,7 +297,8 @@ def priced(grid: dict[str, GridRace], profile, costs: StepCosts) -> dict[str, fl
 
 
 def choose(grid: dict[str, GridRace], profile, costs: StepCosts) -> Choice:
-    """The grid's race with the highest predicted speed, the best EAGLE tree where it is predicted within TIE of it;
+    """The grid's race with the highest predicted speed, the best drafter's tree (EAGLE's, DFlash's) where it is
+    predicted within TIE of it;
     where none is predicted faster than AR, the best chain. A Grid with a sampled replay also chooses the race for
     sampling from it (Choice.sampled)."""
     sampled = getattr(grid, "sampled", None)
@@ -283,19 +309,23 @@ def choose(grid: dict[str, GridRace], profile, costs: StepCosts) -> Choice:
 def _choose(grid: dict[str, GridRace], profile, costs: StepCosts, sampling: tuple[float, float]) -> Choice:
     speed = priced(grid, profile, costs)
     best = max(speed, key=speed.get)
-    trees = [n for n in speed if grid[n].shape[0]]
-    best_tree = max(trees, key=speed.get) if trees else ""
+    fastest: dict[str, str] = {}  # each tree drafter's fastest race
+    for name in sorted((n for n in speed if grid[n].shape[0]), key=speed.get):
+        fastest[grid[name].drafter] = name
+    best_tree = fastest.get(TREE, "")
+    tree = max(fastest.values(), key=speed.get) if fastest else ""
     best_chain = max((n for n in speed if not grid[n].shape[0]), key=speed.get)
-    if best_tree and speed[best_tree] > 1.0 and speed[best_tree] >= (1.0 - TIE) * speed[best]:
-        best = best_tree
+    if tree and speed[tree] > 1.0 and speed[tree] >= (1.0 - TIE) * speed[best]:
+        best = tree
     pays = speed[best] > 1.0
     if not pays:
         best = best_chain
     g, lookup, retrieve = grid[best].shape
     ratios = tuple(round(profile.ratio(k), 2) for k in (2, 4, 8))
-    return Choice(best, TREE if g else CHAIN, g or lookup, lookup if g else 0, retrieve, speed[best], grid[best].tau,
+    return Choice(best, grid[best].drafter, g or lookup, lookup if g else 0, retrieve, speed[best], grid[best].tau,
                   grid[best].mean_rows, pays, best_tree, speed.get(best_tree, 0.0), best_chain, ratios,
-                  grid[best].nodes, costs.prefill_steps(profile, PROMPT_TOKENS) / PROMPT_TOKENS, sampling)
+                  grid[best].nodes, costs.prefill_steps(profile, PROMPT_TOKENS) / PROMPT_TOKENS, sampling,
+                  best_races=tuple((d, n, speed[n]) for d, n in sorted(fastest.items())))
 
 
 def measure_costs(target, profile, tokens: int = COST_TOKENS, rounds: int = COST_ROUNDS,
@@ -310,15 +340,22 @@ def measure_costs(target, profile, tokens: int = COST_TOKENS, rounds: int = COST
     called after each run."""
     from specviz import engines
     from specviz.config import DecodeConfig
+    from specviz.errors import ConfigError
     ids = target.encode_prompt(CALIBRATION_PROMPT)
     lanes = {"ar": ("ar", DecodeConfig(method="ar", max_new_tokens=tokens))}
-    for family, (g, lookup, retrieve) in COST_LANES.items():
-        lanes[family] = (TREE if g else CHAIN, DecodeConfig(method=TREE if g else CHAIN, gamma=g or lookup,
-                                                            lookup=lookup if g else 0, retrieve=retrieve,
-                                                            max_new_tokens=tokens))
+    for family, (method, gamma, lookup, retrieve) in COST_LANES.items():
+        lanes[family] = (method, DecodeConfig(method=method, gamma=gamma, lookup=lookup, retrieve=retrieve,
+                                              max_new_tokens=tokens))
     dyn = lanes[DYN_FAMILY][1]
     lanes[DYN_FAMILY] = (TREE, dyn.with_(tree="dynamic", tree_nodes=DYN_NODES, tree_depth=dyn.gamma))
-    built = {family: engines.build(method, target) for family, (method, _) in lanes.items()}
+    built = {}
+    for family, (method, _) in list(lanes.items()):
+        try:
+            built[family] = engines.build(method, target)
+        except ConfigError:  # a drafter this target has none of: its races stay unpriced
+            if family in SLOPE_FAMILIES + ("ar", DYN_FAMILY):
+                raise
+            del lanes[family]
     for family, (_, cfg) in lanes.items():  # first-call allocations are not billed
         engines.generate(built[family], ids, cfg.with_(max_new_tokens=4))
     seen: dict[str, list] = {family: [] for family in lanes}
@@ -339,9 +376,9 @@ def measure_costs(target, profile, tokens: int = COST_TOKENS, rounds: int = COST
                      for e in events), key=lambda p: p[1])
         points[family] = xy[:max(1, len(xy) - len(xy) // 10)]
         draft[family] = statistics.median(e.draft_s / ar_step for e in events)
-    # the slope from the static families (a dynamic tree's 17 rows would set it for every race: its intercept is fitted
-    # at the static families' slope)
-    excess = row_slope({family: xy for family, xy in points.items() if family != DYN_FAMILY})
+    # the slope from the static families (a dynamic tree's 17 rows or a block's 8 would set it for every race: their
+    # intercepts are fitted at the static families' slope)
+    excess = row_slope({family: xy for family, xy in points.items() if family in SLOPE_FAMILIES})
     out = {family: statistics.median(y - excess * x for x, y in xy) for family, xy in points.items()}
     return StepCosts(out, draft, excess, statistics.median(prefills) / ar_step / len(ids))
 

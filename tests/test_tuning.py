@@ -34,6 +34,9 @@ def test_race_names_round_trip():
         assert tuning.parse_nodes(tuning.race_name(g, lookup, retrieve)) == 0
     name = tuning.race_name(3, 8, 0, 32)
     assert name == "eagle:3+pld:8+dyn:32" and tuning.parse_race(name) == (3, 8, 0) and tuning.parse_nodes(name) == 32
+    name = tuning.race_name(7, 4, 2, 8, "dflash")
+    assert name == "dflash:7+pld:4+ret:2+dyn:8" and tuning.parse_race(name) == (7, 4, 2) and tuning.parse_nodes(name) == 8
+    assert [tuning.race_drafter(n) for n in (name, "eagle:1+pld:4", "pld:3")] == ["dflash", "eagle", "pld"]
     assert set(tuning.candidates((1,), (0, 2), (0, 4))) == {"pld:2", "eagle:1", "eagle:1+pld:2", "eagle:1+ret:4",
                                                             "eagle:1+pld:2+ret:4"}
 
@@ -118,7 +121,8 @@ def test_the_shipped_grid_is_consistent():
     for race in grid.values():
         assert race.steps == sum(race.rows.values()) and race.tau >= 1.0
         g, lookup, retrieve = race.shape
-        assert min(race.rows) >= 1 and max(race.rows) <= 1 + (race.nodes or 3) * (g > 0) + lookup + retrieve
+        # a tree's own nodes: a dynamic tree's count, EAGLE's stored tree (3 nodes) or DFlash's chain (g) cut to depth g
+        assert min(race.rows) >= 1 and max(race.rows) <= 1 + (race.nodes or max(g, 3)) * (g > 0) + lookup + retrieve
     # more branches never keep fewer tokens at the same positions
     assert grid["eagle:1+pld:4+ret:4"].tokens >= grid["eagle:1"].tokens
     assert tuning.load_grid("no-such-target") is None

@@ -173,7 +173,7 @@ def test_a_race_never_costs_less_than_its_drafting_however_the_fit_falls():
     costs = tuning.StepCosts(lanes, draft, row_excess=1.68, prefill=0.089)
     assert costs.of(2, 0, 0, 8) == pytest.approx(0.315) and costs.of(0, 4, 0) == pytest.approx(0.011)
     assert costs.of(1, 4, 2) >= 0.113 and costs.of(1, 0, 0) >= 0.089
-    for race in GRID.values():
+    for race in map(GRID.get, tuning.priced(GRID, ZEN4, costs)):  # DFlash's: no lane in this calibration
         per_step = sum(n * (costs.forward(ZEN4, k) + draft["pld" if not race.shape[0] else "eagle"])
                        for k, n in race.rows.items()) / race.steps
         assert tuning.predict(race, ZEN4, costs) <= race.tau / per_step + 1e-9, race.name
@@ -189,3 +189,38 @@ def test_dflash_races_its_measured_dynamic_tree_and_keeps_it_when_the_machine_is
     assert (name, int(gamma), grafts["tree"], int(grafts["tree_nodes"])) == ("dflash", 7, "dynamic", 8)
     tuned = EMBEDDED_PAIR.tuned(tuning.choose(GRID, ZEN4, COSTS))
     assert tuned.race("dflash") == EMBEDDED_PAIR.race("dflash") and tuned.tree_for("eagle")[0] == "static"
+
+
+def test_dflash_is_in_the_grid_and_priced_by_its_one_forward():
+    """DFlash's races are replayed from its own recording (race_grid_wide.py --drafter dflash) into the same grid; a
+    step costs its drafter forward whatever its depth and tree (its own calibration family), plus the branches; a
+    calibration that ran no DFlash lane (kept from before, or a target without the drafter) prices none of them."""
+    for name in ("dflash:7", "dflash:3", "dflash:7+pld:4+ret:2+dyn:8", "dflash:7+pld:8+ret:8+dyn:64"):
+        assert name in GRID and GRID[name].drafter == "dflash", name
+        assert name not in GRID.sampled  # replayed greedy only: a slot's own draft is no point mass when sampling
+    assert GRID["dflash:7+dyn:16"].tau >= GRID["dflash:7"].tau >= GRID["dflash:1"].tau
+    costs = tuning.StepCosts({**COSTS.lanes, "dflash": 0.35}, row_excess=0.3)
+    assert costs.of(1, 0, 0, 0, "dflash") == costs.of(7, 0, 0, 0, "dflash") == costs.of(7, 0, 0, 32, "dflash") == 0.35
+    assert costs.of(7, 4, 2, 8, "dflash") == pytest.approx(0.35 + COSTS.lanes["grafts"] - COSTS.lanes["eagle"])
+    assert any(GRID[n].drafter == "dflash" for n in tuning.priced(GRID, ZEN4, costs))
+    assert not any(GRID[n].drafter == "dflash" for n in tuning.priced(GRID, ZEN4, COSTS))
+
+
+def test_a_cheap_block_races_dflash_and_the_pair_takes_each_drafters_fastest_race():
+    """Where DFlash's forward is cheap beside EAGLE's steps, the rule races DFlash's fastest race and the tuned pair
+    runs it by default; EAGLE's own fastest race stays what a user who picks EAGLE gets (and the line names it)."""
+    from specviz.hardware import EMBEDDED_PAIR
+
+    dear = {k: v + (1.5 if k in ("eagle", "eagle2", "grafts", "dyn") else 0.0) for k, v in COSTS.lanes.items()}
+    costs = tuning.StepCosts({**dear, "dflash": 0.02}, row_excess=0.3)
+    choice = tuning.choose(GRID, CHEAP, costs)
+    assert choice.method == "dflash" and choice.race.startswith("dflash:") and choice.pays, choice.race
+    best = dict((d, n) for d, n, _ in choice.best_races)
+    assert best["dflash"] == choice.race and best["eagle"] == choice.best_tree
+    assert f"best EAGLE tree {choice.best_tree}" in choice.line()
+    tuned = EMBEDDED_PAIR.tuned(choice)
+    assert tuned.method == "dflash" and tuned.race() == choice.race and tuned.race("eagle") == choice.best_tree
+    assert choice.to_dict()["best_races"]["dflash"]["race"] == choice.race
+    # the same machine with DFlash's forward as dear as measured here keeps EAGLE's race
+    today = tuning.choose(GRID, ZEN4, tuning.StepCosts({**COSTS.lanes, "dflash": 0.35}, row_excess=0.3))
+    assert today.method != "dflash" and "best DFlash tree dflash:" in today.line(), today.line()
