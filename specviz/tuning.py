@@ -5,9 +5,10 @@ how many rows it verifies for them) and the machine (what verifying k rows costs
 drafting costs). The first half is measured once and shipped: with greedy decoding, a race's rows and kept tokens per
 step depend on the drafts and the target's tokens only, so experiments/probes/race_grid_wide.py replays every
 candidate race on held-out prompts into assets/profiles/race-grid-<target>.json (a histogram of rows a step and the
-tokens kept): prompt lookup's chains and EAGLE's trees from one recording, DFlash's blocks from one of its own. The second half is measured here, once per machine (specviz/calibration.py keeps it in a cache file): the
-verify profile T(k) (core/profile.py) and, from short greedy runs of AR and of each lane family interleaved, what a
-step costs outside the target's forward (drafting, grafting, the verdicts and bookkeeping) in AR steps. The predicted
+tokens kept): prompt lookup's chains and EAGLE's trees from one recording, DFlash's blocks from one of its own. The
+second half is measured here, once per machine (specviz/calibration.py keeps it in a cache file): the verify profile
+T(k) (core/profile.py) and, from short greedy runs of AR and of each lane family interleaved, what a step costs
+outside the target's forward (drafting, grafting, the verdicts and bookkeeping) in AR steps. The predicted
 speed of a race over this machine's AR is then
 
     speedup = (tokens kept / steps) / mean over steps of (1 + (1 + e)(T(rows)/T(1) − 1) + c_lane)
