@@ -79,13 +79,17 @@ class Pair:
                 + (f"+{DYNAMIC}:{self.nodes_for(method)}" if self.nodes_for(method) else ""))
 
     def tuned(self, choice) -> "Pair":
-        """This pair with the race chosen on this machine (a tuning.Choice) as its default, and prompt lookup's γ and
-        each tree drafter's γ and branches at its fastest race here (what a user who picks that method gets); EAGLE
-        where the grid has none of its races: its γ, without branches."""
+        """This pair with the race chosen on this machine (a tuning.Choice) as its default (its method runs that race
+        whenever picked), and prompt lookup's γ and EAGLE's γ and branches at their fastest races here (what a user
+        who picks either gets). DFlash, unless chosen, keeps its race of the whole block (CPU_TREES): what a user who
+        picks it comes to see is the block drafted in one forward, even where its fastest race here drafts fewer
+        (the start line names that one: Choice.best_races)."""
         from specviz.tuning import TREE, parse_nodes, parse_race
 
-        shapes = {TREE: ((self.gamma_for(TREE), 0, 0), 0)}
-        shapes.update({d: (parse_race(race), parse_nodes(race)) for d, race, _ in choice.best_races})
+        shapes = {TREE: (parse_race(choice.best_tree), parse_nodes(choice.best_tree)) if choice.best_tree
+                  else ((self.gamma_for(TREE), 0, 0), 0)}
+        if parse_race(choice.race)[0]:  # a tree drafter's race is the default
+            shapes[choice.method] = (parse_race(choice.race), choice.nodes)
         gammas, lookups = dict(self.gammas), dict(self.lookups)
         retrieves, trees = dict(self.retrieves), dict(self.trees)
         for d, ((g, lookup, retrieve), nodes) in shapes.items():

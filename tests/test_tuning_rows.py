@@ -189,6 +189,10 @@ def test_dflash_races_its_measured_dynamic_tree_and_keeps_it_when_the_machine_is
     assert (name, int(gamma), grafts["tree"], int(grafts["tree_nodes"])) == ("dflash", 7, "dynamic", 8)
     tuned = EMBEDDED_PAIR.tuned(tuning.choose(GRID, ZEN4, COSTS))
     assert tuned.race("dflash") == EMBEDDED_PAIR.race("dflash") and tuned.tree_for("eagle")[0] == "static"
+    # priced too (its calibration lane), and not chosen: a user who picks DFlash still sees its whole block
+    priced = tuning.choose(GRID, ZEN4, tuning.StepCosts({**COSTS.lanes, "dflash": 0.35}, row_excess=0.3))
+    assert "dflash" in dict((d, n) for d, n, _ in priced.best_races) and priced.method != "dflash"
+    assert EMBEDDED_PAIR.tuned(priced).race("dflash") == EMBEDDED_PAIR.race("dflash")
 
 
 def test_dflash_is_in_the_grid_and_priced_by_its_one_forward():
