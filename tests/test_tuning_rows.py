@@ -228,3 +228,20 @@ def test_a_cheap_block_races_dflash_and_the_pair_takes_each_drafters_fastest_rac
     # the same machine with DFlash's forward as dear as measured here keeps EAGLE's race
     today = tuning.choose(GRID, ZEN4, tuning.StepCosts({**COSTS.lanes, "dflash": 0.35}, row_excess=0.3))
     assert today.method != "dflash" and "best DFlash tree dflash:" in today.line(), today.line()
+
+
+def test_bench_names_the_dynamic_tree_it_races(monkeypatch):
+    """`bench --method dflash` races DFlash's whole block as a dynamic tree (hardware.CPU_TREES): its label says so,
+    γ and nodes written in beside the branches, where EAGLE's stored tree names only its branches."""
+    import argparse
+
+    from specviz import hardware
+    from specviz.cli import bench
+
+    monkeypatch.setattr(hardware, "default_pair", lambda device=None: hardware.EMBEDDED_PAIR)
+    args = argparse.Namespace(device=None, lookup=None, retrieve=None, tree=None, tree_nodes=None, tree_depth=3,
+                              tree_topk=4, gamma=None, temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=16, seed=0)
+    assert bench._in_full("dflash", args) == "dflash:7+pld:4+ret:2+dyn:8"
+    assert bench._in_full("dflash:5@D", args) == "dflash:5+pld:4+ret:2+dyn:8@D"
+    assert bench._in_full("dflash:3+dyn:16", args) == "dflash:3+dyn:16+pld:4+ret:2"  # its own tree, as given
+    assert bench._in_full("eagle", args) == "eagle+pld:4+ret:4" and bench._in_full("pld", args) == "pld"

@@ -14,7 +14,7 @@ from specviz import methods as registry
 from specviz.cli.common import InputError, config_of, draft_for, load_target, tune
 from specviz.config import DecodeConfig, parse_gamma
 from specviz.errors import ConfigError
-from specviz.hardware import DEFAULT_RACE, method_spec
+from specviz.hardware import DEFAULT_RACE, DYNAMIC, method_spec
 
 
 def _bench_methods(specs: list[str], args) -> dict[str, tuple[str, str | None, dict, str | None]]:
@@ -38,13 +38,18 @@ def _bench_methods(specs: list[str], args) -> dict[str, tuple[str, str | None, d
 
 def _in_full(spec: str, args) -> str:
     """A bench entry with the branches it leaves out written in: a tree drafter's entry without +pld or +ret grafts
-    the branch --lookup / --retrieve give, else this machine's default race's (config_of), and its label names it."""
-    name, _, grafts, _, _ = method_spec(spec)
+    the branch --lookup / --retrieve give, else this machine's default race's (config_of), and its label names it;
+    where that race grows a dynamic tree (DFlash's whole block: hardware.CPU_TREES) the label names its γ and nodes
+    too (dflash → dflash:7+pld:4+ret:2+dyn:8)."""
+    name, gamma, grafts, _, _ = method_spec(spec)
     head, at, drafter = spec.partition("@")
     branches = config_of(args, name)
     for kind, key in (("pld", "lookup"), ("ret", "retrieve")):
         if key in registry.spec(name).grafts and key not in grafts and getattr(branches, key):
             head += f"+{kind}:{getattr(branches, key)}"
+    if branches.tree == "dynamic" and "tree" not in grafts and "lookup" in registry.spec(name).grafts:
+        first, *rest = head.split("+")
+        head = "+".join([first if gamma else f"{first}:{branches.gamma}", *rest, f"{DYNAMIC}:{branches.tree_nodes}"])
     return head + at + drafter
 
 
