@@ -35,15 +35,14 @@ from specviz.paths import PROFILES
 
 GRID_FILE = "race-grid-{target}.json"
 # a near tie: the predictions run 5-26% above Spec-Bench's measured speedups, prompt lookup's the most, and repeated
-# runs differ by ~5% (experiments/LOG.md), so a drafter's tree predicted within 10% of the best chain is not known to
-# be slower;
-# it is chosen, as its gain does not hang on the text repeating itself (first draft right on new text: EAGLE 0.37,
-# prompt lookup 0.24). Paired on Spec-Bench 48: AVX512-BF16 eagle:1+pld:4+ret:2 1.50x against pld:6 1.32x (predicted
-# 1.45x and 1.54x at start-up); AVX2 eagle:1+pld:2 1.23x against pld:4 1.20x (predicted 1.39x and 1.48x)
+# runs differ by ~5% (experiments/LOG.md), so a drafter's tree predicted within 10% of the best chain is not known to be
+# slower; it is chosen, as its gain does not hang on the text repeating itself (first draft right on new text: EAGLE
+# 0.37, prompt lookup 0.24). Paired on Spec-Bench 48: AVX512-BF16 eagle:1+pld:4+ret:2 1.50x against pld:6 1.32x
+# (predicted 1.45x and 1.54x at start-up); AVX2 eagle:1+pld:2 1.23x against pld:4 1.20x (predicted 1.39x and 1.48x)
 TIE = 0.10
 DYNAMIC = "dyn"  # a race's +dyn:N (hardware.DYNAMIC): EAGLE-2's dynamic tree of N nodes
 CHAIN = "pld"   # the race where nothing pays: the chain cheapest to verify and to draft
-TREE = "eagle"  # the tree drafter whose races are the rule's first family (EAGLE's defaults: Choice.best_tree)
+TREE = "eagle"  # the tree drafter whose fastest race is Choice.best_tree (EAGLE's defaults when a user picks it)
 COST_TOKENS = 16  # tokens of each calibration run (after a 4-token warm-up not billed)
 COST_ROUNDS = 3   # runs of each lane, interleaved
 # the calibration runs' prompt: a passage and a question, so that rows are priced at a context of a few hundred
@@ -243,16 +242,24 @@ class Choice:
     tau: float
     rows: float                   # verified a step, on average
     pays: bool                    # predicted faster than AR
-    best_tree: str = ""           # the fastest EAGLE race: EAGLE's defaults when a user picks it
-    best_tree_predicted: float = 0.0
     best_chain: str = ""          # the fastest prompt lookup race: prompt lookup's γ when a user picks it
     ratios: tuple[float, ...] = ()  # T(k)/T(1) for k = 2, 4, 8 on this machine
     nodes: int = 0                # the race's dynamic tree's nodes (0: the drafter's stored tree, or a chain)
     prefill: float = 0.0          # a prompt token's prefill in AR steps here (StepCosts.prefill_steps)
     sampling: tuple[float, float] = (0.0, 1.0)  # the (temperature, top-p) its τ was replayed at: 0 = greedy
     sampled: Optional["Choice"] = None  # the race chosen for sampling (temperature > 0), from the sampled grid
-    # (drafter, its fastest race, predicted) for each tree drafter in the grid: its defaults when a user picks it
+    # (drafter, its fastest race, predicted) for each tree drafter in the grid (the start line names them; EAGLE's is
+    # what a user who picks EAGLE gets: hardware.Pair.tuned)
     best_races: tuple[tuple[str, str, float], ...] = ()
+
+    @property
+    def best_tree(self) -> str:
+        """The fastest EAGLE race ("" where the grid priced none)."""
+        return next((n for d, n, _ in self.best_races if d == TREE), "")
+
+    @property
+    def best_tree_predicted(self) -> float:
+        return next((x for d, _, x in self.best_races if d == TREE), 0.0)
 
     def run_speedup(self, new_tokens: int = 128, prompt_tokens: int = PROMPT_TOKENS) -> float:
         """The predicted speedup of a whole run: new_tokens after a prompt of prompt_tokens (its prefill)."""
@@ -299,9 +306,8 @@ def priced(grid: dict[str, GridRace], profile, costs: StepCosts) -> dict[str, fl
 
 def choose(grid: dict[str, GridRace], profile, costs: StepCosts) -> Choice:
     """The grid's race with the highest predicted speed, the best drafter's tree (EAGLE's, DFlash's) where it is
-    predicted within TIE of it;
-    where none is predicted faster than AR, the best chain. A Grid with a sampled replay also chooses the race for
-    sampling from it (Choice.sampled)."""
+    predicted within TIE of it; where none is predicted faster than AR, the best chain. A Grid with a sampled replay
+    also chooses the race for sampling from it (Choice.sampled)."""
     sampled = getattr(grid, "sampled", None)
     inner = _choose(sampled, profile, costs, getattr(grid, "sampling", (0.0, 1.0))) if sampled else None
     return replace(_choose(grid, profile, costs, (0.0, 1.0)), sampled=inner)
@@ -313,7 +319,6 @@ def _choose(grid: dict[str, GridRace], profile, costs: StepCosts, sampling: tupl
     fastest: dict[str, str] = {}  # each tree drafter's fastest race
     for name in sorted((n for n in speed if grid[n].shape[0]), key=speed.get):
         fastest[grid[name].drafter] = name
-    best_tree = fastest.get(TREE, "")
     tree = max(fastest.values(), key=speed.get) if fastest else ""
     best_chain = max((n for n in speed if not grid[n].shape[0]), key=speed.get)
     if tree and speed[tree] > 1.0 and speed[tree] >= (1.0 - TIE) * speed[best]:
@@ -324,7 +329,7 @@ def _choose(grid: dict[str, GridRace], profile, costs: StepCosts, sampling: tupl
     g, lookup, retrieve = grid[best].shape
     ratios = tuple(round(profile.ratio(k), 2) for k in (2, 4, 8))
     return Choice(best, grid[best].drafter, g or lookup, lookup if g else 0, retrieve, speed[best], grid[best].tau,
-                  grid[best].mean_rows, pays, best_tree, speed.get(best_tree, 0.0), best_chain, ratios,
+                  grid[best].mean_rows, pays, best_chain, ratios,
                   grid[best].nodes, costs.prefill_steps(profile, PROMPT_TOKENS) / PROMPT_TOKENS, sampling,
                   best_races=tuple((d, n, speed[n]) for d, n in sorted(fastest.items())))
 
@@ -353,8 +358,8 @@ def measure_costs(target, profile, tokens: int = COST_TOKENS, rounds: int = COST
     for family, (method, _) in list(lanes.items()):
         try:
             built[family] = engines.build(method, target)
-        except ConfigError:  # a drafter this target has none of: its races stay unpriced
-            if family in SLOPE_FAMILIES + ("ar", DYN_FAMILY):
+        except ConfigError:  # a block drafter this target has none of: its races stay unpriced
+            if not drafts_block(method):
                 raise
             del lanes[family]
     for family, (_, cfg) in lanes.items():  # first-call allocations are not billed
