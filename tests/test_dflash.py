@@ -350,3 +350,48 @@ def test_a_block_drafter_runs_on_the_packed_matmul_beside_a_bf16_cpu_target(targ
         ours = packed.logits(out[0, 1:]).float().argmax(-1)
         theirs = (ref[0, 1:] @ packed.head_weight.float().T).argmax(-1)
     assert int((ours == theirs).sum()) >= cfg.block_size - 2, (ours, theirs)
+
+
+def test_the_c_block_drafts_what_the_module_drafts(target_bf16, tmp_path):
+    """Beside a bf16 CPU target a DFlash drafter's step is two C calls (fused.FusedDFlash: the context's new rows, then
+    the block with its norm and packed head): its logits are the torch module's on the same packed matmul to within
+    the last bits (attend.c's attention, not torch's), step after step as the context grows and rolls back, and a
+    greedy race through it is plain decoding's, token for token."""
+    from specviz.engines.dflash import DFlashSession
+    from specviz.models import fused, kernels
+
+    if not kernels.available():
+        pytest.skip("no C compiler or no AVX2/FMA here: the drafters stay in fp32")
+    t = target_bf16
+    d = random_drafter(t, "dflash", torch.arange(4096), feature_layers=dflash_layers(t.model.config.num_hidden_layers),
+                       block_size=8, num_hidden_layers=2, mask_token_id=mask_token(t.tokenizer, t.vocab_size))
+    for p in d.module.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    for name, p in d.module.named_parameters():  # norms of a trained drafter's scale, not one
+        if name.endswith("norm.weight"):
+            torch.nn.init.uniform_(p, 0.5, 1.5)
+    folder = tmp_path / f"{t.name}-dflash"
+    drafters.save(folder, d.module.float(), d.cfg, d.vocab_ids.cpu(), "# a random DFlash drafter (test_dflash.py)\n")
+    packed = drafters.load(folder, t)
+    assert isinstance(packed.fused, fused.FusedDFlash)
+    ids = list(t.encode_prompt("Explain why the sky is blue in two sentences."))
+    feats = torch.randn(len(ids) + 4, packed.feature_size, generator=torch.Generator().manual_seed(0)).bfloat16()
+    c, ref = (DFlashSession(packed, t.vocab_size, frozenset()) for _ in range(2))
+    ref.fused = None  # the torch module's forward over its own (keys, values)
+    assert c.fused is not None
+    agree = slots = 0
+    for n_valid, new in ((0, len(ids)), (len(ids), 3), (len(ids) + 1, 2)):  # a step that kept 3, a rollback, 2 more
+        for s in (c, ref):
+            s.rollback(n_valid)
+            s.observe(feats[n_valid:n_valid + new])
+        tokens = (ids + [5, 6, 7, 8])[:n_valid + new + 1]
+        ours, theirs = c.block_logits(tokens), ref.block_logits(tokens)
+        assert ours.shape == theirs.shape == (7, 4096)
+        assert (ours - theirs).abs().max() <= 0.02 * theirs.abs().max(), (ours - theirs).abs().max()
+        agree += int((ours.argmax(-1) == theirs.argmax(-1)).sum())
+        slots += 7
+    assert agree >= slots - 2, (agree, slots)
+    eng = build(t, packed)
+    cfg = DecodeConfig(method="dflash", max_new_tokens=24, gamma=7, tree="dynamic", tree_nodes=8)
+    run = engines.generate(eng, ids, cfg)
+    assert run.token_ids == engines.generate(engines.build("ar", t), ids, cfg).token_ids

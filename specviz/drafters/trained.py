@@ -24,8 +24,12 @@ from torch import nn
 
 from specviz import methods
 from specviz.drafters.config import KINDS, DrafterConfig, DrafterError, read_config
+from specviz.drafters.dflash import DFlash
 from specviz.drafters.modules import Eagle, Eagle3, load_into, rotary
 from specviz.models import fused, kernels
+
+
+FUSED = {Eagle3: fused.FusedEagle3, DFlash: fused.FusedDFlash}  # modules with a C step: the step's class
 
 
 class Drafter:
@@ -54,11 +58,13 @@ class Drafter:
         self.row_kernel = on_kernel and self.head_weight.dtype == torch.bfloat16 and self.head_weight.is_contiguous()
         # there, the head's weight packed once for the packed matmul (fused.PackedLinear's, as the module's Linears)
         self.head_packed = fused.pack(self.head_weight) if self.row_kernel else None
-        # there, an EAGLE-3 module's step (fc and its layer) in one C call (fused.FusedEagle3; SPECVIZ_FUSED=0: torch)
+        # there, an EAGLE-3 module's step (fc and its layer) in one C call (fused.FusedEagle3), a DFlash module's
+        # context rows and block in one each (fused.FusedDFlash); SPECVIZ_FUSED=0: torch
         tables = functools.partial(rotary, hd=cfg.hidden_size // cfg.num_attention_heads, theta=cfg.rope_theta,
                                    dtype=torch.bfloat16)
-        self.fused = (fused.FusedEagle3(module, tables) if self.row_kernel and isinstance(module, Eagle3)
-                      and self.dtype == torch.bfloat16 and os.environ.get("SPECVIZ_FUSED") != "0" else None)
+        kind = FUSED.get(type(module))
+        self.fused = (kind(module, tables) if kind is not None and self.row_kernel and self.dtype == torch.bfloat16
+                      and os.environ.get("SPECVIZ_FUSED") != "0" else None)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The target's embeddings of ids, in the module's dtype."""

@@ -54,23 +54,35 @@ class DFlashDrafter:
 
 class DFlashSession(FeatureHistory):
     """One run's state: the target's hidden states of the committed positions (FeatureHistory) and every drafter
-    layer's context (keys, values) over the first kv_len of them."""
+    layer's context (keys, values) over the first kv_len of them: the torch module's, or where the drafter has its C
+    step (models.fused.FusedDFlash: its bf16 module on the packed matmul, a packed head, the target's bf16
+    embeddings) the first kv_len slots of `buffer`, whose next ones each block writes over."""
 
     def __init__(self, drafter: Drafter, vocab_size: int, eos_ids: frozenset[int]):
         super().__init__(drafter, vocab_size, eos_ids)
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.kv_len = 0
+        table = drafter.target_embed.weight
+        self.fused = (drafter.fused if drafter.fused is not None and drafter.head_packed is not None
+                      and table.dtype == torch.bfloat16 and table.is_contiguous() else None)
+        self.buffer = self.fused.new_cache() if self.fused is not None else None
 
     def rollback(self, n_valid: int) -> None:
         super().rollback(n_valid)
-        if self.kv is not None and self.kv_len > n_valid:
-            self.kv = [(k[:, :, :n_valid], v[:, :, :n_valid]) for k, v in self.kv]
+        if self.kv_len > n_valid:
+            if self.kv is not None:
+                self.kv = [(k[:, :, :n_valid], v[:, :, :n_valid]) for k, v in self.kv]
             self.kv_len = n_valid
 
-    def context(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def context(self) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """Every layer's context over positions 0..n-1 (n: the positions with target states), projecting the rows
-        not yet cached."""
+        not yet cached (in the C step's buffer: None)."""
         m, device = self._n, self.d.head_weight.device
+        if self.fused is not None:
+            if m > self.kv_len:
+                self.fused.context(self.buffer, self._rows[self.kv_len:m], self.kv_len)
+                self.kv_len = m
+            return None
         if m > self.kv_len:
             new = self.d.module.context_kv(self.d.inputs(self._rows[self.kv_len:m][None]),
                                            torch.arange(self.kv_len, m, device=device))
@@ -87,6 +99,11 @@ class DFlashSession(FeatureHistory):
         if m == 0 or m != len(tokens) - 1:  # the block starts at the last committed token, whose state is not in
             return None
         cfg, device = self.d.cfg, self.d.head_weight.device
+        if self.fused is not None:
+            self.context()
+            return self.fused.block(self.buffer, self.d.target_embed.weight,
+                                    [tokens[-1]] + [cfg.mask_token_id] * (cfg.block_size - 1), m, self.d.head_packed,
+                                    self.d.head_weight.shape[0])
         ids = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.long, device=device)
         ids[0] = tokens[-1]
         out = self.d.module(self.d.embed(ids)[None], torch.arange(m, m + cfg.block_size, device=device),

@@ -47,8 +47,12 @@ def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
                                 + [long] * 5 + [ctypes.c_float, ctypes.c_float, ctypes.c_int])
     lib.eagle3_context.argtypes = ([ptr, long, ptr, ptr, ptr, long, long, ptr, ptr, ptr, ptr, ptr, long] + [long] * 5
                                    + [ctypes.c_float, ctypes.c_float, ptr, ptr, long, ptr, ctypes.c_int])
+    lib.dflash_context.argtypes = ([ptr, long, long, long, ptr, ptr, ptr, ptr, long, long, long, long, long]
+                                   + [ctypes.c_float, ctypes.c_int])
+    lib.dflash_block.argtypes = ([ptr, ptr, long, long, ptr, ptr, ptr, ptr, long, long, ptr] + [long] * 5
+                                 + [ctypes.c_float, ctypes.c_float, ptr, ptr, long, ptr, ctypes.c_int])
     for f in (lib.pack_bf16, lib.linear_packed, lib.rmsnorm_rows, lib.llama_layers, lib.eagle3_step,
-              lib.eagle3_context):
+              lib.eagle3_context, lib.dflash_context, lib.dflash_block):
         f.restype = None
     return lib
 
@@ -399,6 +403,77 @@ class FusedEagle3:
                               self.kv_heads, self.ffn, self.eps, self.scale, self.final_norm.data_ptr(),
                               head.data_ptr(), n_head, logits.data_ptr(), kernels.threads())
         return out, logits
+
+
+class FusedDFlash:
+    """A DFlash drafter (drafters.dflash.DFlash) in two C calls a step (llama.c): its context's new rows (fc,
+    hidden_norm, each layer's keys and values: dflash_context) and the block (its layers over the committed token and
+    the masks, its norm and the packed draft head: dflash_block), over a KVBuffer of its layers whose first slots
+    hold the context and whose next ones the block, its weights packed once. What the torch module computes, with
+    its rounding points on the packed matmul and attend.c's attention (not torch's: the logits differ in their last
+    bits, tests/test_dflash.py). Drafts only propose: verification stays exact."""
+
+    def __init__(self, module: torch.nn.Module, rotary):
+        first = module.layers[0].self_attn
+        self.d, self.head_dim, self.heads, self.kv_heads = module.fc.out_features, first.hd, first.h, first.kv
+        self.nf, self.ffn = module.fc.in_features, module.layers[0].mlp.gate_proj.out_features
+        self.n_layers, self.eps, self.scale = len(module.layers), float(module.norm.eps), first.hd ** -0.5
+        self.rotary = rotary  # positions (T,) -> the module's (cos, sin) tables (T, hd), bf16
+        bf16 = lambda t: t.detach().to(torch.bfloat16).contiguous()  # noqa: E731
+        self._keep = [pack(module.fc.weight), bf16(module.hidden_norm.weight)]
+        context, block = list(self._keep), []
+        for layer in module.layers:
+            a, m = layer.self_attn, layer.mlp
+            context += [pack(torch.cat([a.k_proj.weight, a.v_proj.weight])), bf16(a.k_norm.weight)]
+            block += [bf16(layer.input_layernorm.weight), pack(torch.cat([a.q_proj.weight, a.k_proj.weight,
+                                                                           a.v_proj.weight])),
+                      pack(a.o_proj.weight), bf16(layer.post_attention_layernorm.weight),
+                      pack(torch.cat([m.gate_proj.weight, m.up_proj.weight])), pack(m.down_proj.weight),
+                      bf16(a.q_norm.weight), bf16(a.k_norm.weight)]
+        self._keep += context + block
+        self.context_weights = torch.tensor([t.data_ptr() for t in context], dtype=torch.int64)
+        self.block_weights = torch.tensor([t.data_ptr() for t in block], dtype=torch.int64)
+        self.final_norm = bf16(module.norm.weight)
+        self.rope = (torch.empty(0, self.head_dim, dtype=torch.bfloat16),) * 2
+
+    def readout(self, rows: torch.Tensor) -> torch.Tensor:
+        return rows  # the module's outputs are already normed (DFlash.readout)
+
+    def new_cache(self) -> KVBuffer:
+        return KVBuffer(self.n_layers, self.kv_heads, self.head_dim)
+
+    _rope_upto = FusedEagle3._rope_upto
+
+    @torch.inference_mode()
+    def context(self, cache: KVBuffer, feats: torch.Tensor, start: int) -> None:
+        """The target's fused states feats (n, nf) at positions start .. start + n - 1 into every layer's context
+        (cache slots start ..)."""
+        n = feats.shape[0]
+        cache.ensure(start + n)
+        cos, sin = self._rope_upto(start + n)
+        feats = feats.to(torch.bfloat16).contiguous()
+        _lib().dflash_context(feats.data_ptr(), self.nf, n, start, cos.data_ptr(), sin.data_ptr(),
+                              self.context_weights.data_ptr(), cache.table.data_ptr(), cache.capacity, self.n_layers,
+                              self.d, self.head_dim, self.kv_heads, self.eps, kernels.threads())
+
+    @torch.inference_mode()
+    def block(self, cache: KVBuffer, table: torch.Tensor, ids: list[int], start: int, head: torch.Tensor,
+              n_head: int) -> torch.Tensor:
+        """The block of `ids` (the committed token, then the masks; embeddings: rows of `table`, the target's bf16
+        embeddings) at positions and cache slots start .., over the context in slots 0 .. start - 1: the draft
+        logits (len(ids) - 1, n_head) float32 of the slots after the first, through the packed head `head`."""
+        n = len(ids)
+        cache.ensure(start + n)
+        cos, sin = self._rope_upto(start + n)
+        hidden = torch.empty(n, self.d, dtype=torch.bfloat16)
+        logits = torch.empty(n - 1, n_head, dtype=torch.float32)
+        idx = (ctypes.c_int64 * n)(*ids)
+        _lib().dflash_block(table.data_ptr(), ctypes.addressof(idx), n, start, cos.data_ptr(), sin.data_ptr(),
+                            self.block_weights.data_ptr(), cache.table.data_ptr(), cache.capacity, self.n_layers,
+                            hidden.data_ptr(), self.d, self.head_dim, self.heads, self.kv_heads, self.ffn, self.eps,
+                            self.scale, self.final_norm.data_ptr(), head.data_ptr(), n_head, logits.data_ptr(),
+                            kernels.threads())
+        return logits
 
 
 def build(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> FusedLlama | None:

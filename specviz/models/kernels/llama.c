@@ -150,11 +150,15 @@ static const int32_t *row_spans(long n, const int64_t *pos, long slot0, const in
     return out;
 }
 
-/* one row's q|k|v (qkvd wide) at position `at`: rope on q and k, k and v into cache slot `slot` (caches (KVH, hs)),
+/* one row's q|k|v (qkvd wide) at position `at`: (qk_norm: the q and k head norms' weights, hd each, or NULL) each
+   head normed, rope on q and k, k and v into cache slot `slot` (caches (KVH, hs)),
    q to fp32 for attention */
 static void rope_store_row(uint16_t *row, long at, long slot, const uint16_t *cos, const uint16_t *sin, uint16_t *kc,
-                           uint16_t *vc, long hs, long H, long KVH, long hd, float *q32) {
+                           uint16_t *vc, long hs, long H, long KVH, long hd, float *q32, const uint16_t *const *qk_norm,
+                           float eps) {
     long qd = H * hd;
+    if (qk_norm)  /* DFlash's layers: each query and key head RMS-normed (q_norm, k_norm) before rope */
+        for (long h = 0; h < H + KVH; ++h) rmsnorm_row(row + h * hd, qk_norm[h >= H], row + h * hd, hd, eps, 0);
     rope_heads(row, H + KVH, hd, cos + at * hd, sin + at * hd);
     for (long j = 0; j < KVH; ++j) {
         __builtin_memcpy(kc + j * hs + slot * hd, row + qd + j * hd, hd * 2);
@@ -205,14 +209,14 @@ static void layer_free(layer_t *L) {
     __builtin_free(L->made); __builtin_free(L->scores);
 }
 
-/* A layer after its q|k|v matmul, as llama_layers and eagle3_step run it (7 phases from ph, inside the caller's
-   parallel region): rope and the cache, attention, h += o(.), the post-attention norm, h += down(silu(gate) * up).
+/* A layer after its q|k|v matmul, as llama_layers, eagle3_step and dflash_block run it (7 phases from ph, inside the
+   caller's parallel region): (qk_norm: DFlash's q and k head norms, else NULL) rope and the cache, attention, h += o(.), the post-attention norm, h += down(silu(gate) * up).
    w: the o, post-attention norm, gate|up and down addresses; kc, vc: this layer's cache. */
 static void layer_rest(const layer_t *L, phase_t *ph, uint16_t *h, const int64_t *w, uint16_t *kc, uint16_t *vc,
-                       const uint16_t *cos, const uint16_t *sin) {
+                       const uint16_t *cos, const uint16_t *sin, const uint16_t *const *qk_norm) {
     long n = L->n, d = L->d, hd = L->hd, KVH = L->KVH, F = L->F, qd = L->qd, g = L->g, hs = L->hs;
     TIMED(2, RUN_PHASE(ph + 0, n, r, rope_store_row(L->qkv + r * L->qkvd, L->at[r], L->slot0 + r, cos, sin, kc, vc,
-                                                    hs, L->H, KVH, hd, L->q32 + r * qd)));
+                                                    hs, L->H, KVH, hd, L->q32 + r * qd, qk_norm, L->eps)));
     TIMED(3, RUN_PHASE(ph + 1, n * KVH, t, {  /* one (row, key/value head) a task, its query heads together */
         long r = t / KVH, j = t % KVH, o = r * qd + j * g * hd;
         attend_task(L->q32 + r * qd, kc + j * hs, vc + j * hs, L->o32 + r * qd, L->idx + L->span[2 * r],
@@ -246,7 +250,7 @@ void llama_layers(uint16_t *h, long n, const int64_t *pos, long slot0, const uin
         phase_t *ph = phases + (l - l0) * PHASES;
         TIMED(0, RUN_PHASE(ph + 0, n, r, rmsnorm_row(h + r * d, (const uint16_t *)wl[0], L.xn + r * d, d, eps, 1)));
         TIMED(1, RUN_PHASE(ph + 1, chunks(L.qkvd), c, matmul_chunk(c, L.xn, wl[1], n, d, L.qkvd, L.qkv, STORE_BF16)));
-        layer_rest(&L, ph + 2, h, wl + 2, (uint16_t *)caches[2 * l], (uint16_t *)caches[2 * l + 1], cos, sin);
+        layer_rest(&L, ph + 2, h, wl + 2, (uint16_t *)caches[2 * l], (uint16_t *)caches[2 * l + 1], cos, sin, 0);
         if (states)
             RUN_PHASE(ph + 9, n, r, __builtin_memcpy(states + ((l - l0) * n + r) * d, h + r * d, d * 2));
     }
@@ -296,7 +300,7 @@ void eagle3_step(const uint16_t *feats, long nf, uint16_t *hidden, const uint16_
             rmsnorm_row(hidden + r * d, (const uint16_t *)weights[3], L.xn + r * d2 + d, d, eps, 1);
         });
         RUN_PHASE(ph + 4, chunks(L.qkvd), c, matmul_chunk(c, L.xn, weights[4], n, d2, L.qkvd, L.qkv, STORE_BF16));
-        layer_rest(&L, ph + 5, hidden, weights + 5, kc, vc, cos, sin);
+        layer_rest(&L, ph + 5, hidden, weights + 5, kc, vc, cos, sin, 0);
     }
     __builtin_free(fx);
     layer_free(&L);
@@ -318,4 +322,77 @@ void eagle3_context(const uint16_t *feats, long nf, uint16_t *hidden, const uint
     rmsnorm_row(hidden + (n - 1) * d, norm, x, d, eps, 0);
     linear_packed(x, head, logits, 1, d, N, STORE_F32, threads);
     __builtin_free(emb);
+}
+
+/* DFlash's context rows in one call (drafters/dflash.py: DFlash.context_kv): the target's fused states feats (n, nf)
+   bf16 at positions slot0 .. slot0 + n - 1, through fc (packed, d rows of nf) and hidden_norm, then each layer's keys
+   (its k_proj, k_norm per head, rope) and values (v_proj) into its cache slots slot0 ... weights: fc packed, hidden_norm
+   (d), then 2 a layer: k|v packed (2 KVH hd rows of d), k_norm (hd). caches: 2 addresses a layer, (KVH, cap, hd) bf16
+   each. The torch module's rounding points on the packed matmul. */
+void dflash_context(const uint16_t *feats, long nf, long n, long slot0, const uint16_t *cos, const uint16_t *sin,
+                    const int64_t *weights, const int64_t *caches, long cap, long layers, long d, long hd, long KVH,
+                    float eps, int threads) {
+    long kvd = 2 * KVH * hd, hs = cap * hd;
+    xin_t *fx = (xin_t *)__builtin_malloc((n * nf + n * d) * sizeof(xin_t)), *cx = fx + n * nf;
+    uint16_t *ctx = (uint16_t *)__builtin_malloc((n * d + n * kvd) * 2), *kv = ctx + n * d;
+    phase_t *ph = (phase_t *)__builtin_calloc(3 + 2 * layers, sizeof(phase_t));
+    #pragma omp parallel num_threads(threads)
+    {
+        RUN_PHASE(ph + 0, n, r, to_x_row(feats + r * nf, fx + r * nf, nf));
+        RUN_PHASE(ph + 1, chunks(d), c, matmul_chunk(c, fx, weights[0], n, nf, d, ctx, STORE_BF16));
+        RUN_PHASE(ph + 2, n, r, rmsnorm_row(ctx + r * d, (const uint16_t *)weights[1], cx + r * d, d, eps, 1));
+        for (long l = 0; l < layers; ++l) {
+            const int64_t *wl = weights + 2 + 2 * l;
+            uint16_t *kc = (uint16_t *)caches[2 * l], *vc = (uint16_t *)caches[2 * l + 1];
+            RUN_PHASE(ph + 3 + 2 * l, chunks(kvd), c, matmul_chunk(c, cx, wl[0], n, d, kvd, kv, STORE_BF16));
+            RUN_PHASE(ph + 4 + 2 * l, n, r, {
+                uint16_t *row = kv + r * kvd;
+                for (long j = 0; j < KVH; ++j) {
+                    rmsnorm_row(row + j * hd, (const uint16_t *)wl[1], row + j * hd, hd, eps, 0);
+                    rope_heads(row + j * hd, 1, hd, cos + (slot0 + r) * hd, sin + (slot0 + r) * hd);
+                    __builtin_memcpy(kc + j * hs + (slot0 + r) * hd, row + j * hd, hd * 2);
+                    __builtin_memcpy(vc + j * hs + (slot0 + r) * hd, row + (KVH + j) * hd, hd * 2);
+                }
+            });
+        }
+    }
+    __builtin_free(ph);
+    __builtin_free(ctx);
+    __builtin_free(fx);
+}
+
+/* DFlash's block in one call (drafters/dflash.py: DFlash.forward, then the target's LM head on the slots after the
+   first): n rows, the embeddings (rows ids[r] of `table`, the target's, bf16) of the committed token and the mask
+   tokens after it, at positions and cache slots slot0 .. slot0 + n - 1, each row seeing every slot 0 .. slot0 + n - 1
+   (the context dflash_context wrote, then the whole block: bidirectional). Each layer is a Llama layer whose query and
+   key heads are RMS-normed (q_norm, k_norm) before rope. weights: 8 a layer: llama_layers' 6, q_norm (hd), k_norm
+   (hd). Then the module's norm (d) of rows 1 .. n - 1 and the draft head (packed, N rows) into logits ((n - 1), N)
+   float32, each the bf16 rounding of its sum. hidden (n, d) bf16: the rows' outputs before the norm. */
+void dflash_block(const uint16_t *table, const int64_t *ids, long n, long slot0, const uint16_t *cos,
+                  const uint16_t *sin, const int64_t *weights, const int64_t *caches, long cap, long layers,
+                  uint16_t *hidden, long d, long hd, long H, long KVH, long F, float eps, float scale,
+                  const uint16_t *norm, const uint16_t *head, long N, float *logits, int threads) {
+    int64_t *lead = (int64_t *)__builtin_malloc((2 * n + 1) * sizeof(int64_t)), *off = lead + n;
+    for (long r = 0; r < n; ++r) lead[r] = slot0 + n, off[r] = 0;
+    off[n] = 0;
+    for (long r = 0; r < n; ++r) __builtin_memcpy(hidden + r * d, table + ids[r] * d, d * 2);
+    layer_t L = layer_alloc(n, d, d, hd, H, KVH, F, cap, slot0, 0, 0, off, lead, 0, eps, scale, threads);
+    phase_t *phases = (phase_t *)__builtin_calloc(layers * PHASES, sizeof(phase_t));
+    #pragma omp parallel num_threads(threads)
+    for (long l = 0; l < layers; ++l) {
+        const int64_t *wl = weights + 8 * l;
+        const uint16_t *qk_norm[2] = {(const uint16_t *)wl[6], (const uint16_t *)wl[7]};
+        phase_t *ph = phases + l * PHASES;
+        RUN_PHASE(ph + 0, n, r, rmsnorm_row(hidden + r * d, (const uint16_t *)wl[0], L.xn + r * d, d, eps, 1));
+        RUN_PHASE(ph + 1, chunks(L.qkvd), c, matmul_chunk(c, L.xn, wl[1], n, d, L.qkvd, L.qkv, STORE_BF16));
+        layer_rest(&L, ph + 2, hidden, wl + 2, (uint16_t *)caches[2 * l], (uint16_t *)caches[2 * l + 1], cos, sin,
+                   qk_norm);
+    }
+    uint16_t *x = (uint16_t *)__builtin_malloc(n * d * 2);
+    for (long r = 1; r < n; ++r) rmsnorm_row(hidden + r * d, norm, x + (r - 1) * d, d, eps, 0);
+    linear_packed(x, head, logits, n - 1, d, N, STORE_F32, threads);
+    __builtin_free(x);
+    __builtin_free(phases);
+    layer_free(&L);
+    __builtin_free(lead);
 }
