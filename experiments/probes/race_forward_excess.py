@@ -28,7 +28,7 @@ from specviz.models.loader import load  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--context", type=int, default=200)
-ap.add_argument("--work", type=float, default=1.5, help="ms of Python work before each forward in the *after work* rows")
+ap.add_argument("--work", type=float, default=1.5, help="ms of Python work before a forward (the *after work* rows)")
 ap.add_argument("--reps", type=int, default=15)
 ap.add_argument("--rows", default="1,3,5,8,13")
 args = ap.parse_args()
@@ -82,7 +82,8 @@ for rep in range(args.reps + 1):
             if rep:
                 times[w, k].append(t)
 med = {key: statistics.median(v) * 1000 for key, v in times.items()}
-print(f"# python experiments/probes/race_forward_excess.py --context {args.context} --work {args.work} --reps {args.reps}")
+print(f"# python experiments/probes/race_forward_excess.py --context {args.context} --work {args.work} "
+      f"--reps {args.reps}")
 print(f"# {cpu_name()}; {kernels.describe()}; {kernels.threads()} kernel threads; median ms (÷ the profile's k=1)")
 print("| rows | " + " | ".join(ways) + " |")
 print("|---|" + "---|" * len(ways))

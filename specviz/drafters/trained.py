@@ -28,7 +28,6 @@ from specviz.drafters.dflash import DFlash
 from specviz.drafters.modules import Eagle, Eagle3, load_into, rotary
 from specviz.models import fused, kernels
 
-
 FUSED = {Eagle3: fused.FusedEagle3, DFlash: fused.FusedDFlash}  # modules with a C step: the step's class
 
 
