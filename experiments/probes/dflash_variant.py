@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from pathlib import Path
 
-from specviz.cli.main import main
-from specviz.drafters import dflash as dflash_module
-from specviz.train import dflash as dflash_train
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
+
+from specviz.cli.main import main  # noqa: E402
+from specviz.drafters import dflash as dflash_module  # noqa: E402
+from specviz.train import dflash as dflash_train  # noqa: E402
 
 
 def started_from(layers: list[int]):
@@ -39,7 +43,8 @@ if __name__ == "__main__":
     p.add_argument("rest", nargs=argparse.REMAINDER)
     a = p.parse_args()
     if a.start_layers:
-        dflash_module.DFlash.from_target = started_from([int(x) for x in a.start_layers.split(",")])
+        # build_module starts a module from the target where its class has from_target (as DraftLM has)
+        setattr(dflash_module.DFlash, "from_target", started_from([int(x) for x in a.start_layers.split(",")]))
     if a.decay is not None:
         dflash_train.decay = (lambda bs: math.inf) if a.decay == 0 else (lambda bs: a.decay)
         print(f"slot weighting: decay {a.decay or 'none (uniform)'}", flush=True)
