@@ -6,7 +6,6 @@ from __future__ import annotations
 from specviz.ui.logic import DEFAULT_PROMPT
 from tests.browser_kit import ASSETS, set_number
 
-
 # windows of the watch that saw drafts, read from the acceptance panel as drawn
 DRAWN_WINDOWS = """() => (document.querySelector('#watch-plot-acceptance .js-plotly-plot')?.data?.[0]?.y ?? [])
   .filter(y => y !== null).length"""
