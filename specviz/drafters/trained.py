@@ -65,6 +65,15 @@ class Drafter:
         self.fused = (kind(module, tables) if kind is not None and self.row_kernel and self.dtype == torch.bfloat16
                       and os.environ.get("SPECVIZ_FUSED") != "0" else None)
 
+    @property
+    def c_table(self) -> torch.Tensor | None:
+        """The target's embeddings where a C step reads them itself (its own step, a packed head, bf16 contiguous
+        rows: EAGLE-3's context call, DFlash's block), else None."""
+        table = self.target_embed.weight
+        ok = (self.fused is not None and self.head_packed is not None and table.dtype == torch.bfloat16
+              and table.is_contiguous())
+        return table if ok else None
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The target's embeddings of ids, in the module's dtype."""
         return self.target_embed(ids).to(self.dtype)

@@ -62,9 +62,7 @@ class DFlashSession(FeatureHistory):
         super().__init__(drafter, vocab_size, eos_ids)
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.kv_len = 0
-        table = drafter.target_embed.weight
-        self.fused = (drafter.fused if drafter.fused is not None and drafter.head_packed is not None
-                      and table.dtype == torch.bfloat16 and table.is_contiguous() else None)
+        self.fused = drafter.fused if drafter.c_table is not None else None
         self.buffer = self.fused.new_cache() if self.fused is not None else None
 
     def rollback(self, n_valid: int) -> None:
@@ -101,7 +99,7 @@ class DFlashSession(FeatureHistory):
         cfg, device = self.d.cfg, self.d.head_weight.device
         if self.fused is not None:
             self.context()
-            return self.fused.block(self.buffer, self.d.target_embed.weight,
+            return self.fused.block(self.buffer, self.d.c_table,
                                     [tokens[-1]] + [cfg.mask_token_id] * (cfg.block_size - 1), m, self.d.head_packed,
                                     self.d.head_weight.shape[0])
         ids = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.long, device=device)

@@ -59,9 +59,7 @@ class EagleSession(FeatureHistory):
         self.kv = 0 if self.fused is not None else None
         self.kv_len = 0
         # the target's embeddings, where context() runs as one C call: the fused step, a packed head, bf16 rows
-        table = drafter.target_embed.weight
-        self._table = (table if self.fused is not None and drafter.head_packed is not None
-                       and table.dtype == torch.bfloat16 and table.is_contiguous() else None)
+        self._table = drafter.c_table
 
     def rollback(self, n_valid: int) -> None:
         super().rollback(n_valid)

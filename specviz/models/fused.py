@@ -420,8 +420,7 @@ class FusedDFlash:
         self.n_layers, self.eps, self.scale = len(module.layers), float(module.norm.eps), first.hd ** -0.5
         self.rotary = rotary  # positions (T,) -> the module's (cos, sin) tables (T, hd), bf16
         bf16 = lambda t: t.detach().to(torch.bfloat16).contiguous()  # noqa: E731
-        self._keep = [pack(module.fc.weight), bf16(module.hidden_norm.weight)]
-        context, block = list(self._keep), []
+        context, block = [pack(module.fc.weight), bf16(module.hidden_norm.weight)], []
         for layer in module.layers:
             a, m = layer.self_attn, layer.mlp
             context += [pack(torch.cat([a.k_proj.weight, a.v_proj.weight])), bf16(a.k_norm.weight)]
@@ -430,7 +429,7 @@ class FusedDFlash:
                       pack(a.o_proj.weight), bf16(layer.post_attention_layernorm.weight),
                       pack(torch.cat([m.gate_proj.weight, m.up_proj.weight])), pack(m.down_proj.weight),
                       bf16(a.q_norm.weight), bf16(a.k_norm.weight)]
-        self._keep += context + block
+        self._keep = context + block  # the tensors the addresses below point into
         self.context_weights = torch.tensor([t.data_ptr() for t in context], dtype=torch.int64)
         self.block_weights = torch.tensor([t.data_ptr() for t in block], dtype=torch.int64)
         self.final_norm = bf16(module.norm.weight)

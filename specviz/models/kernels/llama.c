@@ -210,8 +210,9 @@ static void layer_free(layer_t *L) {
 }
 
 /* A layer after its q|k|v matmul, as llama_layers, eagle3_step and dflash_block run it (7 phases from ph, inside the
-   caller's parallel region): (qk_norm: DFlash's q and k head norms, else NULL) rope and the cache, attention, h += o(.), the post-attention norm, h += down(silu(gate) * up).
-   w: the o, post-attention norm, gate|up and down addresses; kc, vc: this layer's cache. */
+   caller's parallel region): (qk_norm: DFlash's q and k head norms, else NULL) rope and the cache, attention,
+   h += o(.), the post-attention norm, h += down(silu(gate) * up). w: the o, post-attention norm, gate|up and down
+   addresses; kc, vc: this layer's cache. */
 static void layer_rest(const layer_t *L, phase_t *ph, uint16_t *h, const int64_t *w, uint16_t *kc, uint16_t *vc,
                        const uint16_t *cos, const uint16_t *sin, const uint16_t *const *qk_norm) {
     long n = L->n, d = L->d, hd = L->hd, KVH = L->KVH, F = L->F, qd = L->qd, g = L->g, hs = L->hs;
