@@ -1,8 +1,13 @@
 /* Row-wise attention over a bf16 KV cache (attend_bf16): one fixed sequence of operations per (row, head), in
-   8-lane registers, or 16-lane ones where the build has AVX-512 (the same bits). */
+   8-lane registers, or 16-lane ones where the build has AVX-512 (the same bits). Under AVX512-BF16 the rows of one
+   llama.c call take the scores of the keys they all see (a tree's context) from key tiles, a key a lane, laid out
+   once for all rows: the same operations per key, so the same bits, without a sum across lanes. */
 #include "common.h"
 
 #define UNROLL_ALL _Pragma("GCC unroll 4")  /* loops over heads and registers: their accumulators stay in registers */
+#ifndef TILE_ROWS
+#define TILE_ROWS 2  /* key tiles from this many rows a call (a -D flag: experiments/probes/kernel_ab.py) */
+#endif
 
 /* exp of each lane (x <= 0 here: scores minus their max), Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r,
    times 2^n; within 2 ulp of expf, and the same bits for the same input whatever the other lanes or the width.
@@ -147,8 +152,85 @@ static inline __m256 high256(__m512 v) {
 
 EXP(exp16, __m512, __m512i, _mm512, _mm512_roundscale_ps, _mm512_castsi512_ps)
 
+#if defined(__AVX512BF16__)
+/* Key tiles: a key a lane, for the rows of one call that share their first keys (a tree's context, a chain's
+   prefix). key_tiles writes keys ix[16 g .. 16 g + 15] of one key/value head (kh: D bf16 a key) as tile g: D / 2
+   registers of 16 words, register p holding word p (values 2p and 2p + 1) of the 16 keys; D % 32 == 0. */
+void key_tiles(const uint16_t *kh, const int32_t *ix, long g, long D, uint32_t *tiles) {
+    uint32_t *tile = tiles + g * 8 * D;
+    for (long half = 0; half < D / 32; ++half) {  /* a 16 x 16 transpose of words 16 half .. 16 half + 15 */
+        __m512i r[16], t[16], u[16];
+        for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(kh + (long)ix[16 * g + i] * D + 32 * half);
+        for (int i = 0; i < 16; i += 2) {
+            t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+            t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+        }
+        for (int i = 0; i < 16; i += 4) {  /* u[i + c]: rows i .. i + 3, words c, c + 4, c + 8, c + 12 a 128-bit lane */
+            u[i + 0] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+            u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+            u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+            u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+        }
+        for (int c = 0; c < 4; ++c) {
+            __m512i a = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88), b = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xdd);
+            __m512i e = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88), f = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xdd);
+            uint32_t *w = tile + 16 * (16 * half + c);
+            _mm512_storeu_si512(w + 16 * 0, _mm512_shuffle_i32x4(a, e, 0x88));  /* word c */
+            _mm512_storeu_si512(w + 16 * 4, _mm512_shuffle_i32x4(b, f, 0x88));  /* word c + 4 */
+            _mm512_storeu_si512(w + 16 * 8, _mm512_shuffle_i32x4(a, e, 0xdd));  /* word c + 8 */
+            _mm512_storeu_si512(w + 16 * 12, _mm512_shuffle_i32x4(b, f, 0xdd)); /* word c + 12 */
+        }
+    }
+}
+
+/* The scores of keys 0 .. shared - 1 (shared % 16 == 0) from their tiles, for G heads whose query values are all
+   bf16: s[hh * room + j], and their max into mx. A lane is a key, so no sums across lanes; each key gets the
+   operations the row-wise loop below gives it: partial l (l < 8) adds pair l of block b (values 16 b + 2 l, + 1) by
+   vdpbf16ps for b = 0, 1, ..., then ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)) (sums4's order), times scale.
+   Each tile register, read once, serves the G heads. */
+static inline __attribute__((always_inline)) void tile_scores(const int G, const float *q, const uint32_t *tiles,
+        long shared, long D, float scale, float *s, long room, __m128 *mx) {
+    long nb = D / 16;
+    uint32_t qw[3][128];  /* the queries' pairs as bf16 words (exact: every value is a bf16) */
+    for (int hh = 0; hh < G; ++hh)
+        for (long p = 0; p < D / 2; ++p) {
+            uint32_t lo, hi;
+            __builtin_memcpy(&lo, q + hh * D + 2 * p, 4);
+            __builtin_memcpy(&hi, q + hh * D + 2 * p + 1, 4);
+            qw[hh][p] = (lo >> 16) | (hi & 0xffff0000u);
+        }
+    __m512 top[3];
+    for (int hh = 0; hh < G; ++hh) top[hh] = _mm512_set1_ps(-__builtin_inff());
+    for (long t = 0; t < shared; t += 16) {
+        const uint32_t *tile = tiles + t * D / 2;
+        __m512 a[3][8];
+        UNROLL_ALL for (int hh = 0; hh < G; ++hh)
+            for (int l = 0; l < 8; ++l) a[hh][l] = _mm512_setzero_ps();
+        for (long b = 0; b < nb; ++b)
+            for (int l = 0; l < 8; ++l) {
+                __m512bh k = (__m512bh)_mm512_loadu_si512(tile + 16 * (8 * b + l));
+                UNROLL_ALL for (int hh = 0; hh < G; ++hh)
+                    a[hh][l] = _mm512_dpbf16_ps(a[hh][l], k, (__m512bh)_mm512_set1_epi32((int)qw[hh][8 * b + l]));
+            }
+        UNROLL_ALL for (int hh = 0; hh < G; ++hh) {
+            __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[hh][0], a[hh][1]), _mm512_add_ps(a[hh][2], a[hh][3])),
+                                       _mm512_add_ps(_mm512_add_ps(a[hh][4], a[hh][5]), _mm512_add_ps(a[hh][6], a[hh][7])));
+            sum = _mm512_mul_ps(sum, _mm512_set1_ps(scale));
+            _mm512_storeu_ps(s + hh * room + t, sum);
+            top[hh] = _mm512_max_ps(top[hh], sum);
+        }
+    }
+    for (int hh = 0; hh < G; ++hh) {  /* the max of a set: its order does not matter */
+        __m512 m = _mm512_max_ps(top[hh], _mm512_shuffle_f32x4(top[hh], top[hh], 0x4e));
+        m = _mm512_max_ps(m, _mm512_shuffle_f32x4(m, m, 0xb1));
+        mx[hh] = _mm_max_ps(mx[hh], _mm512_castps512_ps128(m));
+    }
+}
+#endif
+
 static inline __attribute__((always_inline)) void attend_heads512(const int G, const float *q, const uint16_t *kh,
-        const uint16_t *vh, const int32_t *ix, long n, long D, float scale, float *s, long room, float *out) {
+        const uint16_t *vh, const int32_t *ix, long n, long D, float scale, float *s, long room, float *out,
+        const uint32_t *tiles, long shared) {
     const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
     long nb = D / 16;
     __m512 qe[3][16], qo[3][16];  /* block b's even / odd query values, in both halves */
@@ -175,7 +257,16 @@ static inline __attribute__((always_inline)) void attend_heads512(const int G, c
 #endif
     __m128 mx[3];
     for (int hh = 0; hh < G; ++hh) mx[hh] = _mm_set1_ps(-__builtin_inff());
-    for (long j0 = 0; j0 < n; j0 += 4) {
+    long j0 = 0;
+#if !defined(__AVX512BF16__)
+    (void)tiles; (void)shared;  /* no tiles in this build */
+#else
+    if (pairs && tiles) {  /* the first `shared` keys from their tiles, a key a lane: the same bits (tile_scores) */
+        tile_scores(G, q, tiles, shared, D, scale, s, room, mx);
+        j0 = shared;
+    }
+#endif
+    for (; j0 < n; j0 += 4) {
         const uint16_t *kr[4];
         for (int i = 0; i < 4; ++i) kr[i] = kh + (long)ix[j0 + i < n ? j0 + i : n - 1] * D;
         __m512 a[3][2];
@@ -258,21 +349,34 @@ static inline __attribute__((always_inline)) void attend_heads512(const int G, c
 }
 #define ATTEND_HEADS attend_heads512
 #else
-#define ATTEND_HEADS attend_heads
+#define ATTEND_HEADS(G, q, kh, vh, ix, n, D, scale, s, room, out, tiles, shared) \
+    ((void)(tiles), (void)(shared), attend_heads(G, q, kh, vh, ix, n, D, scale, s, room, out))  /* none here */
 #endif
+
+/* How many of the first keys the rows of a call share that key_tiles should lay out (a multiple of 16): 0 where
+   this build has no tiles (AVX2, AVX-512F without BF16), the head size is not a multiple of 32, or rows are few
+   (one row reads each key once either way). common: the length of the prefix all rows' visible slots share. */
+long key_tiles_for(long rows, long common, long D) {
+#if defined(__AVX512BF16__)
+    if (rows >= TILE_ROWS && D % 32 == 0 && D <= 256) return common / 16 * 16;
+#endif
+    (void)rows; (void)common; (void)D;
+    return 0;
+}
 
 /* One task of attend_bf16: query heads h0 .. h1-1 of one row (q, out: the row's (H, D)), which read one key/value
    head (kh, vh), over the row's n visible positions ix; three at a time through attend_heads, so each cache read
-   serves them all. s: 3 * room floats of scratch, room >= n + 16 (score stores run up to 15 past n). */
+   serves them all. tiles: the head's key tiles of ix's first `shared` keys (key_tiles), or NULL. s: 3 * room floats
+   of scratch, room >= n + 16 (score stores run up to 15 past n). */
 void attend_task(const float *q, const uint16_t *kh, const uint16_t *vh, float *out, const int32_t *ix, long n,
-                 long h0, long h1, long D, float scale, float *s, long room) {
+                 long h0, long h1, long D, float scale, float *s, long room, const uint32_t *tiles, long shared) {
     for (long h = h0; h < h1; h += 3) {
         const float *qh = q + h * D;
         float *oh = out + h * D;
         switch (h1 - h < 3 ? h1 - h : 3) {
-            case 1: ATTEND_HEADS(1, qh, kh, vh, ix, n, D, scale, s, room, oh); break;
-            case 2: ATTEND_HEADS(2, qh, kh, vh, ix, n, D, scale, s, room, oh); break;
-            default: ATTEND_HEADS(3, qh, kh, vh, ix, n, D, scale, s, room, oh); break;
+            case 1: ATTEND_HEADS(1, qh, kh, vh, ix, n, D, scale, s, room, oh, tiles, shared); break;
+            case 2: ATTEND_HEADS(2, qh, kh, vh, ix, n, D, scale, s, room, oh, tiles, shared); break;
+            default: ATTEND_HEADS(3, qh, kh, vh, ix, n, D, scale, s, room, oh, tiles, shared); break;
         }
     }
 }
@@ -294,7 +398,7 @@ void attend_bf16(const float *q, const uint16_t *k, const uint16_t *v, float *ou
         for (long t = 0; t < R * KVH; ++t) {
             long r = t / KVH, j = t % KVH;
             attend_task(q + r * H * D, k + j * hs, v + j * hs, out + r * H * D, idx + off[r], off[r + 1] - off[r],
-                        j * g, (j + 1) * g, D, scale, s, room);
+                        j * g, (j + 1) * g, D, scale, s, room, 0, 0);
         }
         __builtin_free(s);
     }

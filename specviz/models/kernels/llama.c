@@ -16,7 +16,8 @@ static void phase_waited(double ns);
 #endif
 #include "packed.h"
 
-#define PHASES 10  /* a layer's phases (RUN_PHASE) */
+#define PHASES 11  /* a layer's phases (RUN_PHASE) */
+#define TIMERS 10  /* the phases -DPHASE_TIMES times (TIMED's first argument; the key tiles count as attention) */
 #ifndef LAYER_CHUNK
 #define LAYER_CHUNK 4  /* matmul column groups (32 outputs each) a claim (a -D flag: experiments/probes/kernel_ab.py);
                           4 rather than 2 lets 3 of 4 groups prefetch the next (packed_linear.c: NEXT_GROUP) */
@@ -27,7 +28,7 @@ static void phase_waited(double ns);
    phases, and of those the ones it spends waiting for the others, to phase_ns; llama_phase_times reads and clears
    them. Off by default: the phases then run as written. */
 #ifdef PHASE_TIMES
-static double phase_ns[PHASES][2][2];  /* phase, thread (0, 1), {in the phase, waiting} */
+static double phase_ns[TIMERS][2][2];  /* phase, thread (0, 1), {in the phase, waiting} */
 static __thread int phase_now;
 #define TIMED(i, ...) do {                                                                          \
         int t_ = omp_get_thread_num() & 1;                                                        \
@@ -179,6 +180,8 @@ typedef struct {
     float *q32, *o32;                  /* attention's fp32 queries and outputs */
     float *scores;                     /* attention's scratch: 3 x room floats a thread */
     long room;
+    long shared;                       /* the first keys every row sees, laid out as key tiles (attend.c), or 0 */
+    uint32_t *tiles;                   /* their tiles: shared * hd / 2 words a key/value head */
 } layer_t;
 
 /* the shape and buffers for n rows of width d (xn: xn_width a row) at the positions and spans llama_layers takes */
@@ -186,7 +189,7 @@ static layer_t layer_alloc(long n, long d, long xn_width, long hd, long H, long 
                            const int64_t *pos, const int32_t *idx, const int64_t *off, const int64_t *lead, long base,
                            float eps, float scale, int threads) {
     layer_t L = {n, d, hd, H, KVH, F, H * hd, (H + 2 * KVH) * hd, H / KVH, cap * hd, slot0, eps, scale,
-                 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+                 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     L.qkv = (uint16_t *)__builtin_malloc(n * L.qkvd * 2);
     L.gu = (uint16_t *)__builtin_malloc(n * 2 * F * 2);
     L.xn = (xin_t *)__builtin_malloc(n * xn_width * sizeof(xin_t));
@@ -200,17 +203,27 @@ static layer_t layer_alloc(long n, long d, long xn_width, long hd, long H, long 
     for (long r = 0; r < n; ++r)
         if (L.span[2 * r + 1] - L.span[2 * r] + 16 > L.room) L.room = L.span[2 * r + 1] - L.span[2 * r] + 16;
     L.scores = (float *)__builtin_malloc(threads * 3 * L.room * sizeof(float));
+    long common = n ? L.span[1] - L.span[0] : 0;  /* the longest prefix of visible slots all rows share */
+    for (long r = 1; r < n && common; ++r) {
+        long len = L.span[2 * r + 1] - L.span[2 * r], i = 0;
+        const int32_t *a = L.idx + L.span[0], *b = L.idx + L.span[2 * r];
+        while (i < common && i < len && a[i] == b[i]) ++i;
+        common = i;
+    }
+    L.shared = key_tiles_for(n, common, hd);
+    L.tiles = L.shared ? (uint32_t *)__builtin_malloc(KVH * L.shared * hd / 2 * 4) : 0;
     return L;
 }
 
 static void layer_free(layer_t *L) {
     __builtin_free(L->qkv); __builtin_free(L->gu); __builtin_free(L->xn); __builtin_free(L->att);
     __builtin_free(L->act); __builtin_free(L->q32); __builtin_free(L->o32); __builtin_free(L->at);
-    __builtin_free(L->made); __builtin_free(L->scores);
+    __builtin_free(L->made); __builtin_free(L->scores); __builtin_free(L->tiles);
 }
 
-/* A layer after its q|k|v matmul, as llama_layers, eagle3_step and dflash_block run it (7 phases from ph, inside the
-   caller's parallel region): (qk_norm: DFlash's q and k head norms, else NULL) rope and the cache, attention,
+/* A layer after its q|k|v matmul, as llama_layers, eagle3_step and dflash_block run it (8 phases from ph, inside the
+   caller's parallel region): (qk_norm: DFlash's q and k head norms, else NULL) rope and the cache, the shared keys'
+   tiles (where the rows share L->shared keys; the attention's bits are the same without them), attention,
    h += o(.), the post-attention norm, h += down(silu(gate) * up). w: the o, post-attention norm, gate|up and down
    addresses; kc, vc: this layer's cache. */
 static void layer_rest(const layer_t *L, phase_t *ph, uint16_t *h, const int64_t *w, uint16_t *kc, uint16_t *vc,
@@ -218,18 +231,27 @@ static void layer_rest(const layer_t *L, phase_t *ph, uint16_t *h, const int64_t
     long n = L->n, d = L->d, hd = L->hd, KVH = L->KVH, F = L->F, qd = L->qd, g = L->g, hs = L->hs;
     TIMED(2, RUN_PHASE(ph + 0, n, r, rope_store_row(L->qkv + r * L->qkvd, L->at[r], L->slot0 + r, cos, sin, kc, vc,
                                                     hs, L->H, KVH, hd, L->q32 + r * qd, qk_norm, L->eps)));
-    TIMED(3, RUN_PHASE(ph + 1, n * KVH, t, {  /* one (row, key/value head) a task, its query heads together */
-        long r = t / KVH, j = t % KVH, o = r * qd + j * g * hd;
-        attend_task(L->q32 + r * qd, kc + j * hs, vc + j * hs, L->o32 + r * qd, L->idx + L->span[2 * r],
-                    L->span[2 * r + 1] - L->span[2 * r], j * g, (j + 1) * g, hd, L->scale,
-                    L->scores + omp_get_thread_num() * 3 * L->room, L->room);
-        for (long i = 0; i < g * hd; ++i) L->att[o + i] = x_of_bf16(float_to_bf16(L->o32[o + i]));
-    }));
-    TIMED(4, RUN_PHASE(ph + 2, chunks(d), c, matmul_chunk(c, L->att, w[0], n, qd, d, h, ADD_BF16)));
-    TIMED(5, RUN_PHASE(ph + 3, n, r, rmsnorm_row(h + r * d, (const uint16_t *)w[1], L->xn + r * d, d, L->eps, 1)));
-    TIMED(6, RUN_PHASE(ph + 4, chunks(2 * F), c, matmul_chunk(c, L->xn, w[2], n, d, 2 * F, L->gu, STORE_BF16)));
-    TIMED(7, RUN_PHASE(ph + 5, n, r, silu_mul_row(L->gu + r * 2 * F, L->gu + r * 2 * F + F, L->act + r * F, F)));
-    TIMED(8, RUN_PHASE(ph + 6, chunks(d), c, matmul_chunk(c, L->act, w[3], n, F, d, h, ADD_BF16)));
+    long words = L->shared * hd / 2;  /* a key/value head's tiles */
+    TIMED(3, {
+#ifdef HAVE_KEY_TILES
+        if (L->shared)  /* 16 keys of one key/value head a task */
+            RUN_PHASE(ph + 1, KVH * (L->shared / 16), t, key_tiles(kc + (t % KVH) * hs, L->idx + L->span[0], t / KVH,
+                                                                   hd, L->tiles + (t % KVH) * words));
+#endif
+        RUN_PHASE(ph + 2, n * KVH, t, {  /* one (row, key/value head) a task, its query heads together */
+            long r = t / KVH, j = t % KVH, o = r * qd + j * g * hd;
+            attend_task(L->q32 + r * qd, kc + j * hs, vc + j * hs, L->o32 + r * qd, L->idx + L->span[2 * r],
+                        L->span[2 * r + 1] - L->span[2 * r], j * g, (j + 1) * g, hd, L->scale,
+                        L->scores + omp_get_thread_num() * 3 * L->room, L->room,
+                        L->shared ? L->tiles + j * words : 0, L->shared);
+            for (long i = 0; i < g * hd; ++i) L->att[o + i] = x_of_bf16(float_to_bf16(L->o32[o + i]));
+        });
+    });
+    TIMED(4, RUN_PHASE(ph + 3, chunks(d), c, matmul_chunk(c, L->att, w[0], n, qd, d, h, ADD_BF16)));
+    TIMED(5, RUN_PHASE(ph + 4, n, r, rmsnorm_row(h + r * d, (const uint16_t *)w[1], L->xn + r * d, d, L->eps, 1)));
+    TIMED(6, RUN_PHASE(ph + 5, chunks(2 * F), c, matmul_chunk(c, L->xn, w[2], n, d, 2 * F, L->gu, STORE_BF16)));
+    TIMED(7, RUN_PHASE(ph + 6, n, r, silu_mul_row(L->gu + r * 2 * F, L->gu + r * 2 * F + F, L->act + r * F, F)));
+    TIMED(8, RUN_PHASE(ph + 7, chunks(d), c, matmul_chunk(c, L->act, w[3], n, F, d, h, ADD_BF16)));
 }
 
 /* Layers l0 .. l1-1 over h (n, d) bf16, in place. Row r sits at position pos[r] (rope) and cache slot slot0 + r, and
@@ -253,7 +275,7 @@ void llama_layers(uint16_t *h, long n, const int64_t *pos, long slot0, const uin
         TIMED(1, RUN_PHASE(ph + 1, chunks(L.qkvd), c, matmul_chunk(c, L.xn, wl[1], n, d, L.qkvd, L.qkv, STORE_BF16)));
         layer_rest(&L, ph + 2, h, wl + 2, (uint16_t *)caches[2 * l], (uint16_t *)caches[2 * l + 1], cos, sin, 0);
         if (states)
-            RUN_PHASE(ph + 9, n, r, __builtin_memcpy(states + ((l - l0) * n + r) * d, h + r * d, d * 2));
+            RUN_PHASE(ph + 10, n, r, __builtin_memcpy(states + ((l - l0) * n + r) * d, h + r * d, d * 2));
     }
     __builtin_free(phases);
     layer_free(&L);
@@ -288,7 +310,7 @@ void eagle3_step(const uint16_t *feats, long nf, uint16_t *hidden, const uint16_
     layer_t L = layer_alloc(n, d, d2, hd, H, KVH, F, cap, slot0, pos, idx, off, 0, 0, eps, scale, threads);
     xin_t *fx = feats ? (xin_t *)__builtin_malloc(n * nf * sizeof(xin_t)) : 0;
     const uint16_t *fc_bias = (const uint16_t *)weights[1];
-    phase_t ph[12] = {{0}};
+    phase_t ph[13] = {{0}};
     #pragma omp parallel num_threads(threads)
     {
         if (feats) {

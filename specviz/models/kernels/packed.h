@@ -64,7 +64,12 @@ static inline double now_ns(void) {
 void attend_bf16(const float *q, const uint16_t *k, const uint16_t *v, float *out, const int32_t *idx,
                  const int64_t *off, long R, long H, long KVH, long D, long hs, float scale, int threads);
 void attend_task(const float *q, const uint16_t *kh, const uint16_t *vh, float *out, const int32_t *ix, long n,
-                 long h0, long h1, long D, float scale, float *s, long room);
+                 long h0, long h1, long D, float scale, float *s, long room, const uint32_t *tiles, long shared);
+long key_tiles_for(long rows, long common, long D);
+#if defined(__AVX512BF16__)
+#define HAVE_KEY_TILES  /* attend.c lays keys out a key a lane (key_tiles) */
+#endif
+void key_tiles(const uint16_t *kh, const int32_t *ix, long g, long D, uint32_t *tiles);
 
 static inline float bf16_to_float(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
