@@ -161,7 +161,7 @@ def test_a_left_out_tree_is_the_chosen_dynamic_tree_in_generate_and_the_app(monk
     assert (best["tree"], best["tree_nodes"]) == ("dynamic", nodes)
     assert presets.race(pair, "eagle", branches=False)["tree"] == "static"  # EAGLE alone: its stored tree
     fields = race.method_changed("eagle")
-    assert fields["tree"].value == "dynamic" and fields["tree_nodes"].value == str(nodes)
+    assert fields["tree"]["value"] == "dynamic" and fields["tree_nodes"]["value"] == str(nodes)
 
 
 def test_a_race_never_costs_less_than_its_drafting_however_the_fit_falls():

@@ -156,16 +156,18 @@ def method_defaults(method) -> tuple[str, str, str]:
 def method_changed(method):
     """The race form follows the method: its γ and branches (method_defaults), and only the fields it takes
     (controls.race_fields: the draft model for a draft-model method, the branches for a tree), with a line saying why
-    the others are hidden."""
+    the others are hidden. Updates are gr.update's: a component built with a value but no choices warns that the
+    value is not among them, four lines in the server's log a pick."""
     gamma, lookup, retrieve = method_defaults(method)
     tree, nodes = hardware.default_pair().tree_for(str(method))
     fields = controls.race_fields(str(method))
-    return {"draft": gr.Dropdown(visible=fields.draft),
-            "gamma": gr.Dropdown(value=gamma, visible=fields.gamma, label=GAMMA_LABEL, info=gamma_info(fields)),
-            "lookup": gr.Dropdown(value=lookup, visible=fields.lookup),
-            "retrieve": gr.Dropdown(value=retrieve, visible=fields.retrieve),
-            "method_note": fields.note_html(why=default_why(method)), "tree": gr.Radio(value=tree, visible=fields.tree),
-            "tree_nodes": gr.Dropdown(value=str(nodes), visible=fields.tree)}
+    return {"draft": gr.update(visible=fields.draft),
+            "gamma": gr.update(value=gamma, visible=fields.gamma, label=GAMMA_LABEL, info=gamma_info(fields)),
+            "lookup": gr.update(value=lookup, visible=fields.lookup),
+            "retrieve": gr.update(value=retrieve, visible=fields.retrieve),
+            "method_note": fields.note_html(why=default_why(method)),
+            "tree": gr.update(value=tree, visible=fields.tree),
+            "tree_nodes": gr.update(value=str(nodes), visible=fields.tree)}
 
 
 def default_why(method) -> str:
@@ -186,20 +188,20 @@ def preset_chosen(name):
     except ValueError as exc:  # a tampered value: keep serving
         raise gr.Error(str(exc), print_exception=False) from None
     fields = controls.race_fields(s["method"])
-    return {"method": gr.Dropdown(value=s["method"]), "draft": gr.Dropdown(value=s["draft"], visible=fields.draft),
-            "gamma": gr.Dropdown(value=str(s["gamma"]), visible=fields.gamma, label=GAMMA_LABEL,
+    return {"method": gr.update(value=s["method"]), "draft": gr.update(value=s["draft"], visible=fields.draft),
+            "gamma": gr.update(value=str(s["gamma"]), visible=fields.gamma, label=GAMMA_LABEL,
                                  info=gamma_info(fields)),
-            "lookup": gr.Dropdown(value=str(s["lookup"]), visible=fields.lookup),
-            "retrieve": gr.Dropdown(value=str(s["retrieve"]), visible=fields.retrieve),
+            "lookup": gr.update(value=str(s["lookup"]), visible=fields.lookup),
+            "retrieve": gr.update(value=str(s["retrieve"]), visible=fields.retrieve),
             "method_note": fields.note_html(why=default_why(s["method"])),
-            "tree": gr.Radio(value=s["tree"], visible=fields.tree),
-            "tree_nodes": gr.Dropdown(value=str(s["tree_nodes"]), visible=fields.tree),
+            "tree": gr.update(value=s["tree"], visible=fields.tree),
+            "tree_nodes": gr.update(value=str(s["tree_nodes"]), visible=fields.tree),
             "temperature": s["temperature"], "top_p": s["top_p"]}
 
 
 def edited_by_hand():
     """A field a preset fills was edited by hand: the selector says Custom (picking a preset again refills them)."""
-    return gr.Dropdown(value=presets.CUSTOM)
+    return gr.update(value=presets.CUSTOM)
 
 
 def pick_step(events, evt: gr.EventData):

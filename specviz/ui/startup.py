@@ -157,7 +157,7 @@ def progress(form, shipped: hardware.Pair, follow: Callable, state: Startup = ST
             str(shipped.retrieve_for(shipped.method)))
         if not as_shipped or pair.race() == shipped.race():
             return {"line": line_html(state), "timer": gr.Timer(active=False)}
-        return {"line": line_html(state), "timer": gr.Timer(active=False), "method": gr.Dropdown(value=pair.method),
+        return {"line": line_html(state), "timer": gr.Timer(active=False), "method": gr.update(value=pair.method),
                 **follow(pair.method)}
 
     handler, outputs = by_name(tick, {"line": line, "timer": timer, "method": form.method,
