@@ -314,6 +314,40 @@ def test_training_smoke(tmp_path):
     assert len(train.train(opts, log=lambda *_: None, target=target).losses) == 2
 
 
+def test_a_run_from_init_scores_the_init_first_and_its_snapshot_keeps_the_init_vocabulary(tmp_path):
+    """--init: the held-out curve starts at step 0 with the init's own score (the weights kept as the best so far, so
+    a run that only loses returns them), and dflash_snapshot --init rebuilds the folder in the init's layout and draft
+    vocabulary, which the run kept, not a vocabulary re-chosen from the new data."""
+    import json
+
+    from specviz.train.dflash_snapshot import snapshot
+
+    target = tiny_model(0)
+    data = tmp_path / "prompts.txt"
+    data.write_text("\n".join(" ".join(str((i * 7 + j) % 60 + 1) for j in range(6)) for i in range(24)))
+    opts = train.TrainOptions(kind="dflash", out=tmp_path / "first", target="tiny", data=str(data), steps=6,
+                              batch_tokens=512, lr=3e-3, draft_vocab=32, max_new_tokens=8, eval_prompts=1,
+                              checkpoint_every=6, block_size=4, hidden_layers=1)
+    first = train.train(opts, log=lambda *_: None, target=target).folder
+    other = tmp_path / "other.txt"  # other tokens: a vocabulary chosen from them differs from the init's
+    other.write_text("\n".join(" ".join(str((i * 5 + j) % 30 + 31) for j in range(6)) for i in range(24)))
+    lines: list[str] = []
+    warm = replace(opts, out=tmp_path / "warm", data=str(other), init=first, steps=2, draft_vocab=None, lr=0.0)
+    train.train(warm, log=lambda *a: lines.append(" ".join(map(str, a))), target=target)
+    assert any(line.startswith("step 0: held-out top1_1") for line in lines), lines
+    ckpt = torch.load(tmp_path / "warm" / "checkpoint.pt", weights_only=False)
+    assert ckpt["best"][1] is not None  # at lr 0 the weights never move: step 0's score is the best, kept
+    rows = tmp_path / "other.jsonl"
+    rows.write_text("".join(json.dumps({"prompt_ids": [1, 2], "answer_ids": [(i * 5 + j) % 30 + 31 for j in range(6)]})
+                            + "\n" for i in range(24)))
+    dest = snapshot(tmp_path / "warm", [str(rows)], tmp_path / "snap", target, 4, 32, log=lambda *_: None, init=first)
+    _, init_state = drafters.read_layout(first, target)
+    cfg, state = drafters.read_layout(dest, target)
+    assert torch.equal(state["vocab_ids"].long(), init_state["vocab_ids"].long())
+    assert (cfg.block_size, cfg.num_hidden_layers) == (4, 1) and json.loads((dest / "config.json").read_text())[
+        "training"]["init"] == str(first)
+
+
 def test_a_block_drafter_runs_on_the_packed_matmul_beside_a_bf16_cpu_target(target_bf16, tmp_path):
     """DFlash is one of the small drafters (a block of rows through small matmuls): loaded beside a bf16 CPU target,
     every Linear of its module and its draft head run on specviz's packed matmul, and a block's drafts are the fp32

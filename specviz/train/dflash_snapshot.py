@@ -1,8 +1,9 @@
 """A DFlash drafter folder from a training run still under way: its checkpoint's best held-out weights, with the
-config and draft vocabulary the run built (train/loop.py's build_drafter, recomputed from the same data), so the
-drafter can be measured while training goes on.
+config and draft vocabulary the run built (train/loop.py's build_drafter, recomputed from the same data; for a run
+started with --init, that drafter's own layout and vocabulary, which the run kept), so the drafter can be measured
+while training goes on.
 
-    python -m specviz.train.dflash_snapshot OUT DEST --data FILE... [--block-size 8]
+    python -m specviz.train.dflash_snapshot OUT DEST --data FILE... [--block-size 8] [--init FOLDER]
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from specviz.train.checkpoint import read_checkpoint
 
 
 def snapshot(out: Path, data: list[str], dest: Path, target, block_size: int, draft_vocab: int = 8192,
-             log=print) -> Path:
+             log=print, init: Path | None = None) -> Path:
     ckpt = read_checkpoint(out / "checkpoint.pt")
     score, best = ckpt["best"]
     state = best if best is not None else ckpt["module"]
@@ -27,16 +28,22 @@ def snapshot(out: Path, data: list[str], dest: Path, target, block_size: int, dr
         examples += distill.read_chunks(f) if Path(f).is_dir() else distill.read_examples(f)
     train_ex, held_out = distill.split(examples)
     seqs = list(distill.sequences(train_ex))
-    vocab_ids = drafters.frequent_vocab(seqs, target.vocab_size, draft_vocab) if draft_vocab else None
-    mc = target.model.config
-    layers = len({k.split(".")[1] for k in state if k.startswith("layers.")})
-    cfg = DrafterConfig.for_target("dflash", target.name, mc, draft_vocab,
-                                   feature_layers=dflash_layers(mc.num_hidden_layers), block_size=block_size,
-                                   num_hidden_layers=layers,
-                                   mask_token_id=mask_token(target.tokenizer, target.vocab_size))
+    if init is not None:  # the run went on in the init's layout and over its vocabulary (loop.build_drafter)
+        cfg, kept = drafters.read_layout(init, target)
+        vocab_ids = kept.get("vocab_ids")
+        vocab_ids = None if vocab_ids is None else vocab_ids.long()
+    else:
+        vocab_ids = drafters.frequent_vocab(seqs, target.vocab_size, draft_vocab) if draft_vocab else None
+        mc = target.model.config
+        layers = len({k.split(".")[1] for k in state if k.startswith("layers.")})
+        cfg = DrafterConfig.for_target("dflash", target.name, mc, draft_vocab,
+                                       feature_layers=dflash_layers(mc.num_hidden_layers), block_size=block_size,
+                                       num_hidden_layers=layers,
+                                       mask_token_id=mask_token(target.tokenizer, target.vocab_size))
     module = DFlash(cfg)
     load_into(module, state, str(out / "checkpoint.pt"))
-    cfg.training = {"data": "self-distillation: " + " + ".join(data) + f", {len(train_ex)} sequences, "
+    cfg.training = {**({"init": str(init)} if init is not None else {}),
+                    "data": "self-distillation: " + " + ".join(data) + f", {len(train_ex)} sequences, "
                     f"{sum(map(len, seqs))} tokens", "snapshot_of": str(out / "checkpoint.pt"),
                     "steps_at_snapshot": ckpt["step"], "train_seconds": round(ckpt["seconds"]),
                     "held_out_score_best": round(float(score), 3) if best is not None else None}
@@ -63,9 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-size", type=int, default=8)
     p.add_argument("--draft-vocab", type=int, default=8192)
     p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--init", type=Path, help="the drafter the run started from (train's --init): its layout and "
+                   "vocabulary")
     a = p.parse_args(argv)
     target = models.get(a.target, torch.device("cpu"), torch.float32)
-    snapshot(Path(a.out), a.data, Path(a.dest), target, a.block_size, a.draft_vocab)
+    snapshot(Path(a.out), a.data, Path(a.dest), target, a.block_size, a.draft_vocab, init=a.init)
     return 0
 
 

@@ -162,6 +162,8 @@ def train(opts: TrainOptions, log=print, target=None, custom_loss=None) -> Train
     # scored in one padded batch every checkpoint, so a fixed, bounded cost: HELD_SCORED sequences of at most
     # HELD_LENGTH tokens (scoring every held-out sequence padded to the longest cost as much as many training steps)
     held = HeldOut(held_out, held_feats, held_seqs, scored_batch(held_out, held_seqs, held_feats, HELD_SCORED))
+    if init and run.step == 0:  # the curve starts at the init's own score, and a run that only loses keeps its weights
+        log(run.score_held(held.batch))
     losses = optimize(run, opts, held, ckpt_path)
     if run.best[1] is not None:
         module.load_state_dict(run.best[1])
@@ -298,6 +300,13 @@ class Run:
         self.seconds += dt
         return float(loss.detach()), stats, int(valid.sum()) / dt
 
+    def score_held(self, held_batch: tuple) -> str:
+        """The held-out score now, the weights kept in self.best where it is the best yet; the line that says it."""
+        score, stats = self.held_score(held_batch)
+        if score > self.best[0]:  # keep the weights that do best on held-out data
+            self.best = (score, {k: v.detach().clone() for k, v in self.module.state_dict().items()})
+        return f"step {self.step}: held-out " + ", ".join(f"{k} {v:.3f}" for k, v in stats.items())
+
     def held_score(self, held_batch: tuple) -> tuple[float, dict]:
         """Teacher-forced top-1 agreement with the target on the held-out split (summed over draft positions)."""
         self.module.eval()
@@ -350,10 +359,7 @@ def optimize(run: Run, opts: TrainOptions, held: HeldOut, ckpt_path: Path) -> li
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:.0f}", **{k: f"{v:.2f}" for k, v in stats.items()})
         if run.step % opts.checkpoint_every == 0 or run.step == opts.steps:
-            score, held_stats = run.held_score(held.batch)
-            if score > run.best[0]:  # keep the weights that do best on held-out data
-                run.best = (score, {k: v.detach().clone() for k, v in run.module.state_dict().items()})
-            bar.write(f"step {run.step}: held-out " + ", ".join(f"{k} {v:.3f}" for k, v in held_stats.items()))
+            bar.write(run.score_held(held.batch))
             run.save(ckpt_path)
     bar.close()
     return losses
