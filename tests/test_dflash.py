@@ -297,14 +297,19 @@ def test_registry_entry_save_load_and_check(tmp_path, tiny_target):
     assert isinstance(drafter, DFlashDrafter) and draft is None
 
 
+def tiny_run(tmp_path, out: str, steps: int, max_new_tokens: int) -> train.TrainOptions:
+    """A DFlash run on the tiny target: 24 prompts of 6 tokens, blocks of 4, one layer."""
+    data = tmp_path / "prompts.txt"
+    data.write_text("\n".join(" ".join(str((i * 7 + j) % 60 + 1) for j in range(6)) for i in range(24)))
+    return train.TrainOptions(kind="dflash", out=tmp_path / out, target="tiny", data=str(data), steps=steps,
+                              batch_tokens=512, lr=3e-3, draft_vocab=32, max_new_tokens=max_new_tokens,
+                              eval_prompts=1, checkpoint_every=6, block_size=4, hidden_layers=1)
+
+
 def test_training_smoke(tmp_path):
     """A few steps on tiny data: features cached, the loss falls, the drafter saved, measured and exact; resumed."""
     target = tiny_model(0)
-    data = tmp_path / "prompts.txt"
-    data.write_text("\n".join(" ".join(str((i * 7 + j) % 60 + 1) for j in range(6)) for i in range(24)))
-    opts = train.TrainOptions(kind="dflash", out=tmp_path / "run", target="tiny", data=str(data), steps=12,
-                              batch_tokens=512, lr=3e-3, draft_vocab=32, max_new_tokens=16, eval_prompts=1,
-                              checkpoint_every=6, block_size=4, hidden_layers=1)
+    opts = tiny_run(tmp_path, "run", 12, 16)
     result = train.train(opts, log=lambda *_: None, target=target)
     assert sum(result.losses[-3:]) < sum(result.losses[:3])
     assert result.held_out["identical"] == "1/1"
@@ -323,11 +328,7 @@ def test_a_run_from_init_scores_the_init_first_and_its_snapshot_keeps_the_init_v
     from specviz.train.dflash_snapshot import snapshot
 
     target = tiny_model(0)
-    data = tmp_path / "prompts.txt"
-    data.write_text("\n".join(" ".join(str((i * 7 + j) % 60 + 1) for j in range(6)) for i in range(24)))
-    opts = train.TrainOptions(kind="dflash", out=tmp_path / "first", target="tiny", data=str(data), steps=6,
-                              batch_tokens=512, lr=3e-3, draft_vocab=32, max_new_tokens=8, eval_prompts=1,
-                              checkpoint_every=6, block_size=4, hidden_layers=1)
+    opts = tiny_run(tmp_path, "first", 6, 8)
     first = train.train(opts, log=lambda *_: None, target=target).folder
     other = tmp_path / "other.txt"  # other tokens: a vocabulary chosen from them differs from the init's
     other.write_text("\n".join(" ".join(str((i * 5 + j) % 30 + 31) for j in range(6)) for i in range(24)))
