@@ -193,6 +193,11 @@ def test_a_lane_whose_drafter_is_not_shipped_is_one_line(monkeypatch, tmp_path):
     (tmp_path / "smollm2-135m-eagle").mkdir()
     lanes = many.parse_lanes("dflash, eagle, default", DecodeConfig(), hardware.default_pair())
     assert [cfg.method for cfg, _ in lanes.values()][:2] == ["dflash", "eagle"]
+    # a bare dflash races its whole block as bench does (a dynamic tree); a race written as the start line names
+    # DFlash's fastest one is that race: its first slot as a chain, with both branches
+    assert (lanes["dflash"][0].tree, lanes["dflash"][0].tree_nodes) == ("dynamic", hardware.CPU_TREES[0][1])
+    cfg = many.parse_lanes("dflash:1+pld:4+ret:2", DecodeConfig(), hardware.default_pair())["dflash:1+pld:4+ret:2"][0]
+    assert (cfg.gamma, cfg.tree, cfg.lookup, cfg.retrieve) == (1, "static", 4, 2)
 
 
 def test_the_step_through_says_the_block_came_from_one_forward():

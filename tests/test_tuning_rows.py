@@ -232,7 +232,9 @@ def test_a_cheap_block_races_dflash_and_the_pair_takes_each_drafters_fastest_rac
 
 def test_bench_names_the_dynamic_tree_it_races(monkeypatch):
     """`bench --method dflash` races DFlash's whole block as a dynamic tree (hardware.CPU_TREES): its label says so,
-    γ and nodes written in beside the branches, where EAGLE's stored tree names only its branches."""
+    γ and nodes written in beside the branches, where EAGLE's stored tree names only its branches. An entry that
+    writes its γ is a race as the start line names one (tuning.race_name): without +dyn, the stored tree (DFlash's
+    first γ slots as a chain), so the race the start line calls DFlash's fastest is the race bench runs."""
     import argparse
 
     from specviz import hardware
@@ -240,8 +242,17 @@ def test_bench_names_the_dynamic_tree_it_races(monkeypatch):
 
     monkeypatch.setattr(hardware, "default_pair", lambda device=None: hardware.EMBEDDED_PAIR)
     args = argparse.Namespace(device=None, lookup=None, retrieve=None, tree=None, tree_nodes=None, tree_depth=3,
-                              tree_topk=4, gamma=None, temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=16, seed=0)
+                              tree_topk=4, gamma=None, temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=16, seed=0,
+                              drafter=None, draft=None)
     assert bench._in_full("dflash", args) == "dflash:7+pld:4+ret:2+dyn:8"
-    assert bench._in_full("dflash:5@D", args) == "dflash:5+pld:4+ret:2+dyn:8@D"
+    assert bench._in_full("dflash:5@D", args) == "dflash:5+pld:4+ret:2@D"
+    best = tuning.race_name(1, 4, 2, drafter="dflash")  # no +dyn: the chain of its first slot, with both branches
+    assert bench._in_full(best, args) == best
+    configs = bench._bench_configs(bench._bench_methods([best, "dflash", "dflash:5+dyn:12"], args), args)
+    assert [(c.gamma, c.tree, c.tree_nodes) for c in configs.values()] == [(1, "static", 8), (7, "dynamic", 8),
+                                                                           (5, "dynamic", 12)]
+    args.tree = "dynamic"  # --tree says otherwise
+    assert bench._in_full("dflash:5", args) == "dflash:5+pld:4+ret:2+dyn:8"
+    args.tree = None
     assert bench._in_full("dflash:3+dyn:16", args) == "dflash:3+dyn:16+pld:4+ret:2"  # its own tree, as given
     assert bench._in_full("eagle", args) == "eagle+pld:4+ret:4" and bench._in_full("pld", args) == "pld"

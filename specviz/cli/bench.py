@@ -32,8 +32,17 @@ def _bench_methods(specs: list[str], args) -> dict[str, tuple[str, str | None, d
         if at and (not registry.spec(name).has_weights or not what):
             raise ConfigError(f"method={spec!r}: @ names a drafter folder (eagle, medusa, layerskip, draft) or a draft "
                               "model (vanilla), e.g. eagle@out/train/eagle/drafter; pld drafts from the prompt")
-        out[spec] = (name, gamma or None, grafts, what or draft_for(args, name))
+        out[spec] = (name, gamma or None, _stored_tree(name, gamma, grafts, args), what or draft_for(args, name))
     return out
+
+
+def _stored_tree(name: str, gamma: str, grafts: dict, args) -> dict:
+    """A tree drafter's entry that writes its γ and no +dyn races the drafter's stored tree cut to that depth (DFlash:
+    its block's first γ slots as a chain), as tuning.race_name writes a race and the start line names one, unless
+    --tree says otherwise; a bare entry races the method's tree here (config_of)."""
+    if gamma and "tree" not in grafts and args.tree is None and registry.spec(name).tree:
+        return {**grafts, "tree": "static"}
+    return grafts
 
 
 def _in_full(spec: str, args) -> str:
@@ -42,6 +51,7 @@ def _in_full(spec: str, args) -> str:
     where that race grows a dynamic tree (DFlash's whole block: hardware.CPU_TREES) the label names its γ and nodes
     too (dflash → dflash:7+pld:4+ret:2+dyn:8)."""
     name, gamma, grafts, _, _ = method_spec(spec)
+    grafts = _stored_tree(name, gamma, grafts, args)
     head, at, drafter = spec.partition("@")
     branches = config_of(args, name)
     for kind, key in (("pld", "lookup"), ("ret", "retrieve")):
