@@ -67,8 +67,9 @@ def parse_lanes(text: str, cfg: DecodeConfig, pair: hardware.Pair) -> dict[str, 
             raise ConfigError(f"lane {name!r}: {method!r} is not a speculative method: use {', '.join(SPEC_METHODS)}, "
                               f"optionally with :gamma, +pld and +ret, or {DEFAULT_RACE!r}")
         tree = {k: grafts[k] for k in ("tree", "tree_nodes") if k in grafts}
-        if not tree and not gamma and pair.tree_for(method)[0] == "dynamic":  # a bare name: the method's tree here, as
-            tree = dict(zip(("tree", "tree_nodes"), pair.tree_for(method)))  # bench races it (DFlash's whole block)
+        shape, nodes = pair.tree_for(method)
+        if not tree and not gamma and shape == "dynamic":  # a bare name: the method's tree here, as bench races it
+            tree = {"tree": shape, "tree_nodes": nodes}
         lane_cfg = make_config(method, gamma or str(pair.gamma_for(method)), cfg.temperature, cfg.top_p,
                                cfg.max_new_tokens, cfg.seed, grafts.get("lookup", 0), grafts.get("retrieve", 0))
         target, draft = pair.run_args(method, "")
