@@ -4,6 +4,7 @@ own /metrics read: within 2 s no race is counted as running and the token counte
 speculative lane, stops growing. (The next race's time against a solo one: experiments/probes/cancel_probe.py.)"""
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 from test_app_logic import snapshot
 from test_render import AR, FULL, NO_DRAFT, PARTIAL
 
+from specviz.config import DecodeConfig
 from specviz.core import race
 from specviz.ui import logic, race_views
 from specviz.ui import replay as replays
@@ -70,6 +72,75 @@ def test_a_race_stopped_midway_says_where_in_its_status_and_panes():
     assert f"■ stopped at {ar} tokens" in view.pane_ar and f"■ stopped at {spec} tokens" in view.pane_spec
     assert 'data-state="stopped"' in view.pane_ar and "running" not in view.pane_spec
     assert logic.stopped(copy) is None and logic.stopped(snapshot(AR, [PARTIAL])) is None  # ended already
+
+
+def fake_race(steps: list):
+    """race_stream's shape without models: a loading snapshot, then ticks folded in (each counted in `steps`) until
+    the lanes run out (30 steps) or Stop ends it."""
+    def stream(prompt, cfg, draft, target):
+        snap = logic.RaceSnapshot(cfg, draft)
+        yield snap
+        snap.phase = "running"
+
+        def ticks():
+            for i in range(30):
+                steps.append(i)
+                name = "ar" if i % 2 else "spec"
+                yield race.Tick(name, AR[0] if name == "ar" else FULL, 0.01 * (i + 1))
+        yield from logic.fold_ticks(snap, ticks(), "fake")
+        snap.phase = "done"
+        yield snap
+    return stream
+
+
+def test_stop_ends_a_running_race_by_itself_and_its_last_word_shows_it_stopped(monkeypatch):
+    """Stop's cancels= on a running stream left Gradio's "Error" badge on the status about one Stop in three; so Stop
+    tells the race to end (logic.stopped) and the handler ends by itself: no step after it, and its last output says
+    where it stopped (the same words stop_run showed at once)."""
+    from specviz.ui import race as race_tab
+
+    steps = []
+    monkeypatch.setattr(race_tab, "race_stream", fake_race(steps))
+    monkeypatch.setattr(race_tab, "live_views", functools.partial(race_views.live_views, interval=0.0,
+                                                                 plot_interval=0.0))  # every step shown
+    run = race_tab.run_race("a prompt", "pld", "", "2", 0.0, 1.0, 64, 0)
+    live = next(run)["live"]
+    while len(live.lanes["spec"].events) < 3:
+        next(run)
+    shown = race_tab.stop_run(live, None)
+    assert "■ stopped at" in shown["status"] and shown["live"].phase == "stopped"
+    ran = len(steps)
+    rest = list(run)  # ends by itself
+    assert len(steps) == ran, "a step ran after Stop"
+    assert len(rest) == 1 and "■ stopped at" in rest[0]["status"] and rest[0]["live"].phase == "stopped"
+    assert rest[0]["recording"].lanes["spec"].n_tokens == live.lanes["spec"].n_tokens
+    assert logic.stopped(rest[0]["live"]) is None  # a second Stop finds nothing running
+
+
+def test_stop_ends_a_race_of_several_lanes_by_itself(monkeypatch):
+    from specviz.ui import many
+
+    steps = []
+    one = fake_race(steps)
+
+    def lanes_stream(prompt, lanes, target):
+        snap = many.LanesSnapshot({"pld": DecodeConfig(method="pld")})
+        for s in one(prompt, DecodeConfig(method="pld"), "", target):  # its lanes and phase, mirrored
+            snap.phase, snap.lanes = s.phase, {"ar": s.lanes["ar"], "pld": s.lanes["spec"]}
+            s.stop = snap.stop
+            yield snap
+
+    monkeypatch.setattr(many, "lanes_stream", lanes_stream)
+    monkeypatch.setattr(many, "_lanes", lambda *a: ({"pld": (DecodeConfig(method="pld"), "")}, "target"))
+    monkeypatch.setattr(many, "throttle", lambda stream, key=None: stream)  # every step shown
+    run = many.run_many("a prompt", "pld", 0.0, 64)
+    live = next(run)["live"]
+    while len(live.lanes["pld"].events) < 3:
+        next(run)
+    assert "■ stopped at" in many.stop_many(live)["status"]
+    ran = len(steps)
+    rest = list(run)
+    assert len(steps) == ran and len(rest) == 1 and "■ stopped at" in rest[0]["status"]
 
 
 def test_a_replay_of_a_stopped_race_ends_where_it_stopped():
@@ -187,7 +258,9 @@ def test_stop_mid_race_says_stopped_and_replay_replays_it(app_url, browser):
         page.wait_for_selector(f"{pane} .sv-pane-box[data-state=stopped]", timeout=10_000)
     print(f"stopped shown {time.perf_counter() - start:.2f} s after Stop")
     page.wait_for_timeout(1500)  # a late update of the cancelled race would land by now
-    ar, spec = (int(n) for n in STOPPED.search(page.locator("#status").inner_text()).groups())
+    status = page.locator("#status").inner_text()
+    assert "Error" not in status  # Gradio's badge on a cancelled stream (about one Stop in three before the race
+    ar, spec = (int(n) for n in STOPPED.search(status).groups())  # ended itself)
     assert 0 < spec < N
     assert page.evaluate(BADGE) == [f"■ stopped at {ar} tokens", f"■ stopped at {spec} tokens"]
     assert page.locator("#replay").is_enabled()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Optional
@@ -130,6 +131,7 @@ class RaceSnapshot:
     hardware: str = ""          # hardware.describe(): the device and dtype the lanes ran on
     profiled: bool = False      # the prediction used the target's measured verify profile (specviz/core/profile.py)
     what_if: Optional[whatif.RaceClock] = None  # the finished race, ready to be re-timed (the what-if panel)
+    stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)  # set by `stopped`
 
     def title(self, lane: str) -> str:
         return LANE_TITLES[lane].format(method=method_label(self.cfg.method, self.cfg.lookup, self.cfg.retrieve))
@@ -222,9 +224,11 @@ def prepared_or_fail(prepare: Callable, what: str):
 
 def fold_ticks(snap, ticks: Iterator, what: str) -> Iterator:
     """Each race tick into its lane of `snap` (its events, clock and whether it is done), yielding `snap` after each.
-    ConfigError (the deployment's run-time cap) passes; any other engine failure is logged (naming `what`) and
-    raised as RunFailed."""
+    Stop pressed (`snap.stop`, set by `stopped`) raises Cancelled before the next step. ConfigError (the deployment's
+    run-time cap) passes; any other engine failure is logged (naming `what`) and raised as RunFailed."""
     while True:
+        if snap.stop.is_set():
+            raise Cancelled("the race was stopped: Stop was pressed")
         try:
             tick = next(ticks, None)
         except (ConfigError, Cancelled):
@@ -272,11 +276,14 @@ def race_result(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT, targ
 
 
 def stopped(snap):
-    """Stop was pressed: a copy of the run's last snapshot (a race's or a race of several lanes'), its phase
-    "stopped", its lanes as they are now (the run's thread may still fold one step into the original); None when the
-    run had already ended."""
+    """Stop was pressed: the run (a race or a race of several lanes) is told to end before its next step (its
+    snapshot's `stop`: fold_ticks raises Cancelled, and its handler ends by showing it stopped), and a copy of its
+    last snapshot is returned, its phase "stopped", its lanes as they are now (the run's thread may still fold one
+    step into the original); None when the run had already ended. The handler ends by itself, so Gradio sees a run
+    that completed: a cancels= on a running stream left an "Error" badge on the status about one Stop in three."""
     if snap is None or snap.phase not in ("loading", "running"):
         return None
+    snap.stop.set()
     lanes = {name: replace(lane, events=list(lane.events)) for name, lane in snap.lanes.items()}
     copy = replace(snap, phase="stopped")
     copy.lanes = lanes

@@ -8,6 +8,7 @@ A lane is named as `bench --method` names a race (methods.method_spec): `pld:2`,
 from __future__ import annotations
 
 import html
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
@@ -96,6 +97,7 @@ class LanesSnapshot:
     decode: Optional[Callable[[list[int]], str]] = None
     hardware: str = ""
     started: float = field(default_factory=time.perf_counter)
+    stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)  # logic.stopped sets it
 
     def __post_init__(self):
         self.lanes = {"ar": Lane(), **{name: Lane() for name in self.cfgs}}
@@ -223,12 +225,15 @@ def _lanes(lanes_text, temperature, max_new_tokens, seed=DEFAULTS.seed, top_p=DE
 def run_many(prompt, lanes_text, temperature, max_new_tokens):
     """The streaming handler: status, leaderboard and the panes at most ~4 times a second, and the final state. Any
     error ends the run with a one-line message in the status line; the app keeps serving."""
+    snap = None
     try:
         lanes, target = _lanes(lanes_text, temperature, max_new_tokens)
         names = list(lanes)
         for i, snap in enumerate(throttle(lanes_stream(prompt, lanes, target), key=lambda s: s.phase)):
             # the snapshot, kept live for Stop (updated in place after the first)
             yield shown(snap, names) if i else {**shown(snap, names), "live": snap}
+    except Cancelled:  # Stop (stop_many) told it to end before its next step: its last word shows it stopped
+        yield stop_many(snap)
     except Exception as exc:
         message = user_message(exc, Policy.from_env().public)
         gr.Warning(message)
@@ -236,9 +241,9 @@ def run_many(prompt, lanes_text, temperature, max_new_tokens):
 
 
 def stop_many(live: Optional[LanesSnapshot]):
-    """Stop was pressed. Its cancels= end the run, whose generator can no longer yield, so this renders its last
-    snapshot (`live`, kept by run_many) as stopped: the status and each unfinished pane say where. The stopped copy
-    becomes `live`: a second Stop finds nothing running."""
+    """Stop was pressed: the run ends before its next step (logic.stopped) and yields this too as its last word;
+    this renders its last snapshot (`live`, kept by run_many) as stopped at once: the status and each unfinished
+    pane say where. The stopped copy becomes `live`: a second Stop finds nothing running."""
     snap = stopped(live)
     if snap is None:  # nothing was running
         return {}
@@ -304,10 +309,9 @@ def many_tab(concurrency_id: str = DEVICE_QUEUE) -> None:
         named = {"status": status, "board": board, "positions": positions,
                  **{f"pane_{i}": out for i, out in enumerate(outs)}, "live": live}
         race, outputs = by_name(zerogpu.gpu(run_many, run_seconds), named)
-        event = run.click(race, inputs=[prompt, lanes, temperature, max_new_tokens], outputs=outputs,
+        run.click(race, inputs=[prompt, lanes, temperature, max_new_tokens], outputs=outputs,
                           concurrency_limit=1, concurrency_id=concurrency_id, api_visibility="private",
                           show_progress="full", show_progress_on=[status])
-        stop.click(None, cancels=[event])
         stop_handler, stop_outputs = by_name(stop_many, named)
         stop.click(stop_handler, inputs=[live], outputs=stop_outputs, concurrency_limit=None, concurrency_id="stop",
                    api_visibility="private", show_progress="hidden")

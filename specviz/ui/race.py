@@ -37,7 +37,9 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
     """The streaming handler: yields the outputs that change, by name ({"status": …}: wire_race wires the names), at
     most ~4 times a second, and always the final state.
     Any error ends the run with a one-line message in the status bar (no traceback, no server path); the
-    app keeps serving. A Stop closes this generator (GeneratorExit is not caught)."""
+    app keeps serving. Stop ends it before the race's next step (stop_run); a client's cancel closes it (GeneratorExit
+    is not caught)."""
+    snap = None
     try:
         cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed, lookup, retrieve)
         cfg = cfg.with_(**controls.tree_settings(method, tree, tree_nodes))  # the tree drafters' shape
@@ -45,6 +47,7 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
         first = True
         note = startup.default_note(cfg)  # the shipped default, while this machine is measured: said so
         for view in startup.noted(live_views(metered(race_stream(prompt, cfg, draft, target))), note):
+            snap = view.snapshot
             out = view.shown()
             if first:  # a new race: forget the last one (the tree slider's steps, the replay); keep it live for Stop
                 first = False
@@ -54,6 +57,8 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
             if view.final is not None:  # the race Replay replays
                 out.update(recording=view.final, replay=gr.Button(interactive=True))
             yield out  # later snapshots update the live one in place
+    except Cancelled:  # Stop (stop_run) told the race to end before its next step: its last word shows it stopped
+        yield stopped_race(stopped(snap))
     except Exception as exc:
         message = user_message(exc, Policy.from_env().public)
         gr.Warning(message)
@@ -67,21 +72,31 @@ def tree_slider(events) -> gr.Slider:
 
 
 def stop_run(live, recording):
-    """Stop was pressed. Its cancels= end the race or the replay, whose generator can no longer yield, so this
-    renders their last snapshot (`live`, kept by run_race and run_replay) as stopped: the status and each unfinished
-    pane say where; a race stopped mid-run becomes the one Replay replays (a replay is running when this session has
-    a recording, which a race clears when it starts), its steps in the tree panel. The stopped copy becomes `live`:
-    a second Stop finds nothing running."""
+    """Stop was pressed. A race ends before its next step (logic.stopped) and shows itself stopped as its last word
+    (run_race); a replay is ended by Stop's cancels= (it has no progress badge to leave in error). This renders the
+    last snapshot (`live`, kept by run_race and run_replay) as stopped at once: the status and each unfinished pane
+    say where; a race stopped mid-run becomes the one Replay replays (a replay is running when this session has a
+    recording, which a race clears when it starts), its steps in the tree panel. The stopped copy becomes `live`: a
+    second Stop finds nothing running."""
     snap = stopped(live)
     if snap is None:  # nothing was running
         return {}
-    out = view_of(snap, with_plots=False).shown()  # the plots stay as last drawn
-    events = snap.lanes["spec"].events
     if recording is not None and live is not recording:  # a replay: the recording stays as it was
+        out = view_of(snap, with_plots=False).shown()
         out.update(status=status_html(f"■ replay stopped at {snap.lanes['ar'].n_tokens} plain / "
                                       f"{snap.lanes['spec'].n_tokens} speculative tokens"),
                    replay=gr.Button(interactive=True), live=snap)
         return out
+    return stopped_race(snap)
+
+
+def stopped_race(snap) -> dict:
+    """A race stopped mid-run (logic.stopped's copy) as shown: where each lane stopped (the plots stay as last
+    drawn), the part raced the one Replay replays, its steps in the tree panel; `live` now this copy."""
+    if snap is None:
+        return {}
+    out = view_of(snap, with_plots=False).shown()
+    events = snap.lanes["spec"].events
     out.update(spec_events=events, recording=snap, replay=gr.Button(interactive=bool(events)), live=snap)
     if events:
         out["tree_step"] = tree_slider(events)
@@ -270,7 +285,7 @@ def wire_race(form: RaceForm, panels: RacePanels, concurrency_id: str) -> None:
         replay_handler, inputs=[panels.recording, form.pace],  # no model runs: its own queue, beside the device's
         outputs=replay_outputs, concurrency_limit=4, concurrency_id="replay", api_visibility="private",
         show_progress="hidden")
-    form.stop.click(None, cancels=[run_event, replay_event])
+    form.stop.click(None, cancels=[replay_event])  # a race ends itself (stop_run)
     stop, stop_outputs = by_name(stop_run, panels.race_outputs(form.replay, live))
     form.stop.click(stop, inputs=[live, panels.recording],  # what the cancelled run can no longer yield
                     outputs=stop_outputs, concurrency_limit=None, concurrency_id="stop", api_visibility="private",
