@@ -39,7 +39,8 @@ class RunSummary:
     tok_per_s: float
     alpha: Optional[float]          # None when nothing was drafted
     tau: float
-    alpha_by_position: list[Optional[float]] = field(default_factory=list)
+    alpha_by_position: list[Optional[float]] = field(default_factory=list)  # α_i, i from 0 (DESIGN.md)
+    reached_by_position: list[int] = field(default_factory=list)  # the steps α_i counts: a draft judged at i
     finish_reason: Optional[str] = None
     proposed: int = 0               # every drafted token, judged or not (PROPOSED_ACCEPTANCE: accepted / proposed)
     kept_from: dict[str, int] = field(default_factory=dict)  # accepted drafted tokens by source_of (0: it proposed
@@ -83,18 +84,18 @@ def summarize(method: str, events: Iterable[StepEvent]) -> RunSummary:
     seconds = sum(e.seconds for e in events)
     drafted = sum(e.n_judged for e in events)
     accepted = sum(e.n_accepted for e in events)
-    # per-position acceptance α_i = P(position i accepted | positions before it accepted)
+    # per-position acceptance α_i = P(position i accepted | positions before it accepted), counted by step so that a
+    # chain and a tree compare: a step reached position i when the target judged a draft there (so it kept every
+    # position before it), and kept i when its verified path is longer than i (a tree keeps at most one node a depth)
     reached: list[int] = []
     kept: list[int] = []
     for e in events:
-        for d in e.drafts:
-            if d.verdict not in (Verdict.ACCEPTED, Verdict.REJECTED):
-                continue
-            while len(reached) <= d.depth:
+        for depth in {d.depth for d in e.drafts if d.verdict in (Verdict.ACCEPTED, Verdict.REJECTED)}:
+            while len(reached) <= depth:
                 reached.append(0)
                 kept.append(0)
-            reached[d.depth] += 1
-            kept[d.depth] += d.verdict is Verdict.ACCEPTED
+            reached[depth] += 1
+            kept[depth] += e.n_accepted > depth
     return RunSummary(
         method=method,
         new_tokens=new_tokens,
@@ -109,6 +110,7 @@ def summarize(method: str, events: Iterable[StepEvent]) -> RunSummary:
         alpha=_ratio(accepted, drafted),
         tau=_ratio(new_tokens, len(events)) or 0.0,
         alpha_by_position=[_ratio(k, r) for k, r in zip(kept, reached)],
+        reached_by_position=reached,
         finish_reason=events[-1].finish_reason if events else None,
         proposed=sum(len(e.drafts) for e in events),
         kept_from=kept_from,

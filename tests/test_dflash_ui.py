@@ -180,6 +180,8 @@ def test_per_position_acceptance_sets_lanes_side_by_side():
     assert list(dflash.y) == pytest.approx([2 / 3, 1.0, 1.0, 0.5])
     # a tree counts by step, as a chain does: depth 0 kept (by its second candidate), depth 1 refused
     assert list(eagle.y) == [1.0, 0.0] and list(eagle.customdata) == [1, 1]
+    # the race tab's "share kept at i" counts the same way (it counted each judged node, siblings too: 0.5 here)
+    assert list(plots.accept_figure([PREFILL, EAGLE_TREE]).data[1].y) == list(eagle.y)
     assert dflash.name.startswith("dflash (τ ") and dflash.marker.pattern.shape != eagle.marker.pattern.shape
     empty = lane_plots.positions_figure({})
     assert not empty.data and "appears when" in empty.layout.annotations[-1].text

@@ -2,7 +2,7 @@
 acceptance, e.g. DFlash's block against EAGLE-3's guesses. Pure functions, no torch; the shared look is plots.py's."""
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
 
@@ -14,35 +14,14 @@ LANE_PALETTE = ("#CC79A7", "#0072B2", "#E69F00", "#009E73")  # Okabe-Ito, one pe
 LANE_PATTERNS = ("", "/", ".", "x")                              # the second cue: each lane's bar fill pattern
 
 
-def position_acceptance(events: Sequence[StepEvent]) -> tuple[list[Optional[float]], list[int]]:
-    """Per-position acceptance α_i = P(position i kept | positions before it kept), counted by step so that a chain
-    and a tree compare: a step reached position i when it drafted there and kept every position before it, and kept
-    it when its verified path is longer than i (a tree keeps at most one node a depth). For a chain this is
-    metrics.summarize's alpha_by_position. Returns (α_i, how many steps reached i), i from 0."""
-    reached: list[int] = []
-    kept: list[int] = []
-    for e in events:
-        depths = {d.depth for d in e.drafts}
-        path = e.n_accepted
-        for i in range(max(depths, default=-1) + 1):
-            if i > path or i not in depths:
-                break
-            if i == len(reached):
-                reached.append(0)
-                kept.append(0)
-            reached[i] += 1
-            kept[i] += path > i
-    return [k / r if r else None for k, r in zip(kept, reached)], reached
-
-
 def positions_figure(lanes: Mapping[str, Sequence[StepEvent]]) -> go.Figure:
     """Per-position acceptance α_i of several lanes on one prompt, side by side (grouped bars, one trace per lane,
     each its colour and fill pattern): how far into its guesses each drafter stays right, e.g. DFlash's block
     against EAGLE-3's chain or tree. The legend gives each lane's τ."""
     data = []
     for n, (name, events) in enumerate(lanes.items()):
-        alpha_i, reached = position_acceptance(events)
-        tau = summarize(name, events).tau if events else None
+        summary = summarize(name, events)  # α_i as the race tab's plot and check count it (by step)
+        alpha_i, reached, tau = summary.alpha_by_position, summary.reached_by_position, summary.tau if events else None
         data.append({"type": "bar", "name": f"{name}" + (f" (τ {tau:.2f})" if tau else ""),
                      "x": list(range(1, len(alpha_i) + 1)), "y": alpha_i, "customdata": reached,
                      "text": ["" if a is None else f"{a:.2f}" for a in alpha_i], "textposition": "outside",
