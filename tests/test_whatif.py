@@ -43,6 +43,13 @@ def test_this_machine_reproduces_the_measured_speedup():
     row = whatif.table(rec, here, whatif.Target(2, 1), devices=[])[0]
     assert row.speedup == pytest.approx(rec.measured_speedup, rel=0.01)  # T(4) + c + bookkeeping = the step
     assert row.ar_tok_s == pytest.approx(100) and row.crossover == 4
+    # steps of uneven cost, and a profile dearer than they were (T(k) moved since the calibration): the row stays
+    # the measurement (a median bookkeeping read 1.43x and 1.25x here against the 1.06x measured)
+    uneven = [PREFILL] + [event(i, 3, 2, 0.014 if i % 3 else 0.030, 0.002, 1) for i in range(1, 21)]
+    rec = whatif.Recorded.of(uneven, AR)
+    for dear in ([1.0, 1.05, 1.1, 1.3, 1.8], [1.0, 1.2, 1.4, 1.8, 2.4]):
+        row = whatif.table(rec, profile(dear), whatif.Target(2, 1), devices=[])[0]
+        assert row.speedup == pytest.approx(rec.measured_speedup, rel=1e-9)
 
 
 def test_cheaper_rows_and_drafts_predict_more():

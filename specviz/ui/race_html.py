@@ -124,9 +124,9 @@ WHATIF_EMPTY = "The what-if table appears when a race has finished."
 
 
 def what_if_html(snap: Optional[RaceSnapshot], profiles: Iterable[str] = (), error: str = "") -> str:
-    """The what-if panel: this race's exact drafts re-timed on this machine (its measured verify profile: it
-    reproduces the measured speedup), on each loaded profile, and on each device's roofline bound; `error` (one line)
-    above the table, which stays."""
+    """The what-if panel: this race's exact drafts re-timed on this machine (its measured verify profile: its row is
+    the measured speedup of the decode steps), on each loaded profile, and on each device's roofline bound; `error`
+    (one line) above the table, which stays."""
     err = f'<div class="sv-status sv-status-error" id="whatif-error">⚠ {html.escape(error)}</div>' if error else ""
     clock = snap.what_if if snap is not None else None
     if clock is None:
@@ -141,10 +141,12 @@ def what_if_html(snap: Optional[RaceSnapshot], profiles: Iterable[str] = (), err
     head = "".join(f"<th>{h}</th>" for h in ("hardware", "clock", "AR tok/s", "race tok/s", "speedup",
                                                  "verification free up to k rows", "drafter c"))
     body = "".join(_what_if_row(r, sources.get(r.name, "")) for r in rows)
-    intro = (f"This race's exact drafts ({len(rec.steps)} steps, {sum(s.tokens for s in rec.steps)} tokens) re-timed: "
-             "each step costs T(rows)/T(1) AR steps to verify plus its drafter forwards at c, on this machine's "
-             f"measured verify profile, a profile you load, or a device's spec sheet. Measured here: "
-             f"{num(measured, prefix='×')} (the summary; decode steps alone {num(rec.measured_speedup, prefix='×')}).")
+    intro = (f"This race's exact drafts re-timed over its {len(rec.steps)} decode steps and "
+             f"{sum(s.tokens for s in rec.steps)} tokens (the prompt's prefill and the token it gave left out, as are "
+             "they from AR's tok/s here): each step costs T(rows)/T(1) AR steps to verify plus its drafter forwards "
+             "at c, on this machine's measured verify profile, a profile you load, or a device's spec sheet. This "
+             f"machine's row is what the decode steps measured, {num(rec.measured_speedup, prefix='×')}; the summary's "
+             f"{num(measured, prefix='×')} counts the prefill too.")
     return (f'<style>{TABS_CSS}</style><div class="sv-whatif">{err}<p class="sv-rule">{html.escape(intro)}</p>'
             f'<table class="sv-table" id="whatif-table"><tr>{head}</tr>{body}</table>'
             f'<p class="sv-rule">Roofline rows: T(k) = max(weights / bandwidth, k × 2 × multiply-adds / peak), '

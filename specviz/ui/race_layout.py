@@ -56,7 +56,7 @@ A cheap *drafter* guesses the next γ tokens; the target then checks all γ gues
   its parent, over the step's rows at this machine's verify cost T(rows)/T(1), its drafting and bookkeeping. The
   summary shows it beside the measured one and says which formula it used.
 - **What if:** the panel under the summary re-times this race's exact drafts on other hardware: this machine's
-  measured verify profile (it reproduces the measured speedup), a profile measured elsewhere that you load
+  measured verify profile (its row is the speedup the decode steps measured), a profile measured elsewhere that you load
   (`python -m specviz profile --json FILE`), and the roofline bound of named devices from their spec sheets, with
   the k up to which verifying k rows costs about one step on each.
 - **Identity:** with temperature 0 (greedy) the speculative text must be *identical* to plain decoding — the badge
