@@ -17,7 +17,8 @@ def test_step_through_in_browser(app_url, browser):
     assert "Seed 3" in page.locator("#step-status").inner_text()
     for k in (1, 2):
         page.locator("#step-next").click()
-        page.wait_for_function(f"() => document.querySelector('#step-status')?.innerText.includes('{k} steps so far')",
+        so_far = f"{k} step{'s' * (k != 1)} so far"
+        page.wait_for_function(f"() => document.querySelector('#step-status')?.innerText.includes('{so_far}')",
                                timeout=60_000)
     page.wait_for_selector("#step-table tr[data-verdict]")
     page.wait_for_timeout(600)  # let Plotly draw
@@ -48,7 +49,8 @@ def test_step_through_medusa_in_browser(app_url, browser):
                            timeout=120_000)
     for k in (1, 2):  # step 1 is the target's prefill; step 2 drafts from the heads
         page.locator("#step-next").click()
-        page.wait_for_function(f"() => document.querySelector('#step-status')?.innerText.includes('{k} steps so far')",
+        so_far = f"{k} step{'s' * (k != 1)} so far"
+        page.wait_for_function(f"() => document.querySelector('#step-status')?.innerText.includes('{so_far}')",
                                timeout=60_000)
     page.wait_for_selector("#step-table tr[data-verdict]")
     page.wait_for_timeout(600)  # let Plotly draw

@@ -39,10 +39,16 @@ TABS_CSS = """
 """
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 token', '2 tokens': a count and its noun (a regular plural)."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def finish_words(reason: Optional[str], tokens: int) -> str:
     """Why a run ended, in words: it reached its token limit, or the model ended its answer (events' finish_reason:
     "length" or "eos")."""
-    return {"length": f"reached {tokens} tokens", "eos": "the model ended its answer"}.get(reason or "", "finished")
+    return {"length": f"reached {counted(tokens, 'token')}", "eos": "the model ended its answer"}.get(reason or "",
+                                                                                                       "finished")
 
 
 def tab_intro(text: str) -> str:

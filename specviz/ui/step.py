@@ -22,6 +22,7 @@ from specviz.ui.common import (
     GAMMAS,
     at_hand,
     choices_with_default,
+    counted,
     finish_words,
     num,
     status_html,
@@ -154,9 +155,9 @@ def step_status(session) -> str:
     who = (f"{cfg.method}, draft {session.draft}" if entry.uses_draft_model else
            f"{cfg.method} (trained drafter, drafting a {'tree' if entry.tree else 'chain'})" if entry.trained
            else f"{cfg.method} ({entry.label})")
-    where = (f"done: {finish_words(session.run.finish_reason, m['tokens'])} after {m['steps']} steps"
-             if session.finished else
-             f"{m['steps']} steps so far" if m["steps"] else "ready: press Next step")
+    where = (f"done: {finish_words(session.run.finish_reason, m['tokens'])} after {counted(m['steps'], 'step')} "
+             "(Reset starts a new run)" if session.finished else
+             f"{counted(m['steps'], 'step')} so far" if m["steps"] else "ready: press Next step")
     alpha = (f" · acceptance so far (α) {num(m['alpha'])} ({m['accepted']}/{m['drafted']}) · tokens per target "
              f"pass (τ) {num(m['tau'])}"
              if m["steps"] else "")
