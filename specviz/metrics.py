@@ -376,10 +376,19 @@ def gap_line(c: Comparison) -> str:
     return line
 
 
+def cost_line(c: Comparison) -> str:
+    """When one draft forward cost at least a plain step (c >= 1), in words: no acceptance makes such a drafter pay
+    ("" otherwise)."""
+    if c.cost_ratio is None or c.cost_ratio < 1:
+        return ""
+    return (f"each draft forward cost {c.cost_ratio:.1f}× a plain step here (c ≥ 1): a drafter as dear as the target "
+            "cannot pay, however often it is right")
+
+
 def why_line(c: Comparison) -> str:
-    """One plain line, words first: where the kept guesses came from and, when measured and predicted differ by more
-    than GAP, why."""
-    line = ". ".join(x for x in (kept_line(c.spec, c.spec.method), gap_line(c)) if x) + "."
+    """One plain line, words first: where the kept guesses came from, when a draft forward cost a plain step or more
+    (cost_line), and, when measured and predicted differ by more than GAP, why."""
+    line = ". ".join(x for x in (kept_line(c.spec, c.spec.method), cost_line(c), gap_line(c)) if x) + "."
     return line[:1].upper() + line[1:]
 
 

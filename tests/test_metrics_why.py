@@ -91,6 +91,11 @@ def test_gap_line_names_the_largest_cause_and_is_empty_when_close():
     assert abs(even.speedup / even.predicted_speedup - 1) <= metrics.GAP
     assert metrics.gap_line(even) == ""
     assert metrics.why_line(even).endswith(".") and "\n" not in metrics.why_line(slow_prefill)
+    assert even.cost_ratio == pytest.approx(0.2) and "a plain step here" not in metrics.why_line(even)
+    # a draft forward dearer than a plain step (an int8 copy on a CPU without VNNI): said, whatever the acceptance
+    dear = [step(i, [node(A, depth=0), node(A, depth=1)], seconds=4.2, draft_s=3.0) for i in range(1, 5)]
+    line = metrics.why_line(metrics.compare(ar, [step(0)] + dear, "vanilla", greedy=True))
+    assert "each draft forward cost 3.0× a plain step here (c ≥ 1)" in line, line  # 3 s a forward, 1 s a step
 
 
 def test_a_block_drafter_pays_one_forward_a_step_in_every_prediction():
