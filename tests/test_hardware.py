@@ -69,6 +69,23 @@ def test_hub_probe_is_quick_and_never_raises(monkeypatch):
     assert hardware.hub_reachable(("specviz-test/not-cached",)) is True
 
 
+def test_a_hub_id_the_hub_does_not_answer_for_is_one_line_before_transformers_tries(monkeypatch):
+    """An unknown Hub id offline took 48 s (transformers' five retries) before its one line; now the short probe
+    answers first, and transformers is never asked."""
+    import transformers
+
+    from specviz.models import loader
+
+    asked = []
+    monkeypatch.setattr(hardware, "hub_reachable", lambda repos: asked.append(list(repos)) or False)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda *a, **k: pytest.fail("transformers was asked for a repo the Hub did not answer for"))
+    with pytest.raises(loader.ModelError, match=r"could not load model 'not/a-model': 'not/a-model' is not in this "
+                                                r"machine's Hugging Face cache and the Hub did not answer"):
+        loader.load("not/a-model", torch.device("cpu"), torch.float32)
+    assert asked == [["not/a-model"]]
+
+
 def test_describe(monkeypatch):
     text = hardware.describe(torch.device("cpu"), torch.float32)
     assert text.startswith("CPU (") and text.endswith("cores), fp32")
