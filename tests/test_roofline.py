@@ -46,6 +46,7 @@ def test_roofline_arithmetic(tiny_target):
     assert {"bandwidth_gb_s", "bytes_per_step", "achieved_gb_s", "floor_ms", "roofline_tok_s", "ar_share"} <= set(d)
     text = roofline.format_roofline(r)
     assert "| k | MB a forward | floor ms | achieved GB/s |" in text and text.count("\n") == 2 + 3
+    assert roofline.probe_note(r) == "" and r.probe_gb_s == pytest.approx(1.0)  # the probe out-read AR: its bound
 
 
 def test_read_bandwidth_is_a_plausible_rate():
@@ -69,6 +70,10 @@ def test_the_panel_figure_and_lesson(tiny_target):
     assert bars["y"] == pytest.approx([10.0, 10.5, 11.0, 13.0])  # T(k) in ms, back from bytes / achieved GB/s
     text = roofline_html(r)
     assert "T(4)/T(1) = 1.05" in text and "T(16)/T(1) = 1.30" in text and f"{r.ar_share:.0%}" in text
+    # AR read faster than the probe did (a busy machine read 13.1 GB/s where AR streamed 115% of it): AR's own rate
+    # is the ceiling, never a share above 100%, and the lesson says why
+    assert r.ar_share == pytest.approx(1.0) and r.bandwidth_gb_s == pytest.approx(r.achieved_gb_s[0])
+    assert "read only 0.0 GB/s, so AR&#x27;s own step sets the bound" in text and "100% of that ceiling" in text
 
 
 def test_the_panel_refuses_a_bad_target_in_one_line():

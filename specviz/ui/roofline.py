@@ -9,6 +9,7 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from specviz.config import DEFAULT_TARGET
+from specviz.core import roofline
 from specviz.core.roofline import Roofline
 from specviz.ui.plots import CUMULATIVE, ROLLING, figure
 
@@ -43,7 +44,8 @@ def roofline_html(r: Roofline) -> str:
                        for k, b, g in zip(r.tokens, r.bytes_per_step, r.achieved_gb_s) if k in (4, 8, 16))
     return ("<p class='sv-intro'>Each step of plain decoding reads every weight once: "
             f"<b>{r.weight_bytes / 1e6:.0f} MB</b> here, from memory that reads <b>{r.bandwidth_gb_s:.1f} GB/s</b> "
-            f"on this machine, so no step can take less than <b>{r.floor_ms[0]:.1f} ms</b> ({r.roofline_tok_s:.0f} "
+            "on this machine" + (f" ({html.escape(roofline.probe_note(r))})" if roofline.probe_note(r) else "")
+            + f", so no step can take less than <b>{r.floor_ms[0]:.1f} ms</b> ({r.roofline_tok_s:.0f} "
             f"tok/s). specviz's AR runs at <b>{r.ar_tok_s:.0f} tok/s</b>, "
             f"{r.ar_share:.0%} of that ceiling. A forward of k tokens reads the same weights once for all k rows, "
             f"so verifying k drafts costs far less than k steps ({html.escape(ratios)}): that is the room "
