@@ -269,17 +269,26 @@ def method_spec(spec: str) -> tuple[str, str, dict, str, str]:
         spec = default_pair().race()
     head, at, what = spec.partition("@")
     head, *extras = head.split("+")
-    name, _, gamma = head.partition(":")
-    grafts = {}
+    name, colon, gamma = head.partition(":")
+    if colon and not gamma:
+        raise ConfigError(f"method={spec!r}: {name}: names no γ: write {name}:N (N drafted tokens a step), or {name} "
+                          "for the default")
+    grafts, seen = {}, set()
     for extra in extras:
-        kind, _, n = extra.partition(":")
-        if kind == DYNAMIC:
-            grafts.update({"tree": "dynamic", **({"tree_nodes": n} if n else {})})
-            continue
-        if kind not in GRAFTS:
+        kind, colon, n = extra.partition(":")
+        if kind != DYNAMIC and kind not in GRAFTS:
             raise ConfigError(f"method={spec!r}: + adds a branch to a tree drafter's tree: +pld (prompt lookup) or "
                               "+ret (the datastore), each optionally :N tokens, or grows it each step: +dyn, "
                               "optionally :N nodes; e.g. eagle+pld:6+ret:6+dyn")
+        if colon and not n:
+            raise ConfigError(f"method={spec!r}: +{kind}: names no size: write +{kind}:N, or +{kind} for the "
+                              "default")
+        if kind in seen:
+            raise ConfigError(f"method={spec!r} names +{kind} twice: give each branch once")
+        seen.add(kind)
+        if kind == DYNAMIC:
+            grafts.update({"tree": "dynamic", **({"tree_nodes": n} if n else {})})
+            continue
         # without :N, the length fastest on this machine
         grafts[GRAFTS[kind]] = (n or getattr(default_pair(), f"{GRAFTS[kind]}_for")(name)
                                 or CPU_GRAFTS[GRAFTS[kind]])

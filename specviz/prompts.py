@@ -28,10 +28,23 @@ def _text(obj, fields: tuple[str, ...]) -> str | None:
     return None
 
 
+def _category(value, where: str) -> str:
+    """A JSON line's category as text: a string as it is, a number as its text (5 -> "5"), none -> "-"; anything
+    else (a list, an object, true/false) is one line naming the line and the value."""
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise PromptFileError(f"{where} has category={value!r}: a category is a string (or a number, read as its text)")
+
+
 def read(path: str | Path, jsonl_only: bool = False, fields: tuple[str, ...] = TEXT_FIELDS) -> list[dict]:
     """The prompts of a file, in file order, as {"id", "category", "prompt"}. A JSON line's id is its `id` or
-    `question_id` (else its line number) and its category its `category` (else "-"); a plain-text line's id is its
-    line number. jsonl_only: every line must be a JSON object; fields: the keys that may hold a JSON line's text."""
+    `question_id` (else its line number) and its category its `category` as text (a number its text; else "-"); a
+    plain-text line's id is its line number. jsonl_only: every line must be a JSON object; fields: the keys that may
+    hold a JSON line's text."""
     file = Path(path)
     if not file.is_file():
         raise PromptFileError(f"prompt file {str(path)!r} does not exist")
@@ -55,8 +68,8 @@ def read(path: str | Path, jsonl_only: bool = False, fields: tuple[str, ...] = T
                     if text is None:
                         raise PromptFileError(f"{path}:{n} has no {fields[0]!r} text"
                                               + (f" (nor {' or '.join(map(repr, fields[1:]))})" if fields[1:] else ""))
-                    rows.append({"id": obj.get("id", obj.get("question_id", n)), "category": obj.get("category", "-"),
-                                 "prompt": text})
+                    rows.append({"id": obj.get("id", obj.get("question_id", n)),
+                                 "category": _category(obj.get("category"), f"{path}:{n}"), "prompt": text})
                 else:
                     rows.append({"id": n, "category": "-", "prompt": line.strip()})
     except (OSError, UnicodeDecodeError, EOFError) as exc:

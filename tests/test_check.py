@@ -314,6 +314,32 @@ def test_check_cli_bad_input_is_one_line(capsys):
     assert "does not apply to pld" in capsys.readouterr().err
 
 
+
+def test_check_limit_takes_the_built_in_prompts(monkeypatch, capsys):
+    """--limit without --prompts ran all six built-in prompts, and --limit 0 ran them all too: now it picks from the
+    built-in set as from a file (round-robin across categories), and a value below 1 is one line. No model loads."""
+    from specviz.cli import main as cli
+
+    class Reached(Exception):
+        pass
+
+    seen = {}
+
+    def run_check(target, drafter, prompts=None, **kwargs):
+        seen["prompts"] = prompts
+        raise Reached
+
+    monkeypatch.setattr(cli, "load_target", lambda args: None)
+    monkeypatch.setattr(check, "drafter_for", lambda *args: (None, None))
+    monkeypatch.setattr(check, "run_check", run_check)
+    assert main(["check", "--method", "pld", "--limit", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "limit=0 is out of range: use a positive integer" in err and err.count("\n") == 1, err
+    with pytest.raises(Reached):
+        main(["check", "--method", "pld", "--limit", "2"])
+    assert [r["id"] for r in seen["prompts"]] == [r["id"] for r in check.DEFAULT_PROMPTS[:2]]
+
+
 def test_a_near_certain_first_token_passes():
     """One bin whose probability sums a hair above 1 in float (a near-deterministic first token): the TV bound
     must stay a number, not NaN, so an exact sampler passes."""

@@ -148,6 +148,24 @@ def test_profile_command(target, tmp_path, capsys):
     assert "sizes=0 is out of range" in capsys.readouterr().err
 
 
+def test_profile_always_measures_size_1(tiny_target, tmp_path, monkeypatch, capsys):
+    """`profile --sizes 4,2` printed ratios over the smallest size measured under a T(k)/T(1) column (and wrote them
+    as the JSON's ratios): size 1 is always measured now, so T(k)/T(1) is what it says. `--sizes ""` fell back to the
+    defaults silently: one line."""
+    from specviz.cli import profile as cli_profile
+
+    monkeypatch.setattr(cli_profile, "load_target", lambda args: tiny_target)  # the tiny target: nothing downloads
+    out = tmp_path / "profile.json"
+    code = main(["profile", "--target", "smollm2-135m", "--sizes", "4,2", "--reps", "1", "--context", "8",
+                 "--no-drafters", "--device", "cpu", "--json", str(out)])
+    text = capsys.readouterr().out
+    d = json.loads(out.read_text())
+    assert code == 0 and d["profile"]["tokens"] == [1, 2, 4] and list(d["ratios"]) == ["1", "2", "4"]
+    assert d["ratios"]["1"] == 1.0 and "| 1 | " in text
+    assert main(["profile", "--sizes", ""]) == 2
+    err = capsys.readouterr().err
+    assert "sizes='' is empty: give tokens per forward, 1..256" in err and err.count("\n") == 1, err
+
 def test_bench_what_if_names_a_bad_value_before_any_model_loads(tmp_path, capsys):
     txt = tmp_path / "p.txt"
     txt.write_text("Name a colour.\n")
@@ -157,6 +175,19 @@ def test_bench_what_if_names_a_bad_value_before_any_model_loads(tmp_path, capsys
     assert code == 2 and "\n" not in err and "'tpu-v9' is neither a profile file nor a known device" in err
     assert "'NVIDIA H100 SXM'" in err
 
+
+def test_bench_help_what_if_example_names_known_devices():
+    """bench --help's --what-if example named `h100`, which the command refuses: each device it names is known."""
+    import argparse
+    import shlex
+
+    from specviz import whatif
+    from specviz.cli.main import parser
+
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
+    text = next(a.help for a in sub._actions if a.dest == "what_if")
+    devices = [v for v in shlex.split(text.split("e.g. --what-if ")[1]) if not v.endswith(".json")]
+    assert devices and [whatif.device(v).name for v in devices] == ["NVIDIA T4", "NVIDIA H100 SXM"]
 
 def test_bench_what_if_retimes_the_run_on_real_target(target, tmp_path, capsys):
     from specviz import whatif

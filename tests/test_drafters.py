@@ -632,6 +632,44 @@ def test_tree_command_rechooses_tree(tmp_path, monkeypatch, capsys, kind):
     assert "not a drafter trained here" in capsys.readouterr().err
 
 
+
+def test_tree_write_replaces_only_its_line_of_the_model_card(tmp_path, monkeypatch, capsys):
+    """`tree --write` rewrites the card's one "Tree re-chosen without retraining" line and keeps every other line: it
+    cut everything after that line (a copy of the shipped EAGLE card went from 105 lines to 57). A tree that comes out
+    as it was is called unchanged, not "3 nodes instead of 3"."""
+    from specviz import metrics
+    from specviz.models import loader as models
+    from specviz.paths import DRAFTERS
+    from specviz.train.retree import CARD_LINE
+
+    target = tiny_model(0)
+    data = tmp_path / "prompts.txt"
+    data.write_text("\n".join(" ".join(str((i * 7 + j) % 60 + 1) for j in range(6)) for i in range(48)))
+    opts = train.TrainOptions(kind="eagle", out=tmp_path / "run", target="tiny", data=str(data), steps=6,
+                              batch_tokens=512, lr=3e-3, draft_vocab=32, max_new_tokens=16, eval_prompts=1,
+                              checkpoint_every=6, tree_size=6)
+    folder = train.train(opts, log=lambda *_: None, target=target).folder
+    flat = metrics.CostProfile("cpu", "float32", "sdpa", 8, 1, [1, 32], [1.0, 1.0], [1.0, 1.0])
+    profile = tmp_path / "flat.json"
+    profile.write_text(json.dumps({"target": "tiny", "profile": dataclasses.asdict(flat),
+                                   "costs": [{"method": "eagle", "c": 0.0}]}))
+    monkeypatch.setattr(models, "get", lambda *a, **k: target)
+    card = (DRAFTERS / "smollm2-135m-eagle" / "README.md").read_text().splitlines()  # read only: a copy is written
+    at = next(i for i, line in enumerate(card) if line.startswith(CARD_LINE))
+    assert at < len(card) - 10  # sections follow the line
+    (folder / "README.md").write_text("\n".join(card) + "\n")
+    argv = ["tree", str(folder), "--data", str(tmp_path / "run" / "data.jsonl"), "--held-out", "4", "--write",
+            "--profile", str(profile)]
+    for _ in range(2):
+        capsys.readouterr()
+        assert main(argv) == 0
+        after = (folder / "README.md").read_text().splitlines()
+        assert len(after) == len(card) and after[:at] == card[:at] and after[at + 1:] == card[at + 1:]
+        assert after[at].startswith(CARD_LINE) and f"--profile {profile}" in after[at]
+    assert "unchanged (" in after[at] and "instead of" not in after[at], after[at]  # the second run: the same tree
+    assert "tree: unchanged (" in capsys.readouterr().out
+
+
 def test_graft_follows_the_tree_then_grows_a_branch():
     from specviz.core.trees import Tree
     from specviz.engines.tree import TreeProposal, graft

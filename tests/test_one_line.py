@@ -94,6 +94,44 @@ def test_a_missing_drafter_folder_is_refused_before_the_target_loads(tmp_path, c
     assert "does not exist" in line
 
 
+def test_a_drafter_of_another_kind_is_refused_wherever_a_drafter_is_named(tmp_path, capsys, no_model_loads):
+    """`generate --method eagle --drafter MEDUSA_FOLDER` and `bench --method eagle@MEDUSA_FOLDER` ran the Medusa
+    drafter labelled eagle, where `check` refused it: the same one line everywhere, before the target loads, and at
+    build time for a drafter whose kind is known only once loaded (a Hub id)."""
+    from specviz import engines
+
+    medusa = str(DRAFTERS / "smollm2-135m-medusa")
+    needle = f"drafter {medusa!r} is a medusa drafter, not eagle: pick method medusa"
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Name a colour.\n")
+    for argv in (["generate", "--prompt", "hi", "--method", "eagle", "--drafter", medusa],
+                 ["bench", "--prompts", str(prompts), "--json", str(tmp_path / "o.json"), "--method",
+                  f"eagle@{medusa}"],
+                 ["check", "--method", "eagle", "--draft", medusa]):
+        assert needle in one_line_exit_2(argv, capsys), argv
+    target = tiny_model(0)
+    d = random_drafter(target, "medusa", medusa_heads=2)
+    drafters.save(tmp_path / "m", d.module, d.cfg, None, "card")
+    with pytest.raises(DrafterError, match="is a medusa drafter, not eagle: pick method medusa"):
+        engines.build("eagle", target, str(tmp_path / "m"))
+    assert engines.build("medusa", target, str(tmp_path / "m")).method == "medusa"
+
+@pytest.mark.parametrize("entry, needle", [
+    ("eagle:", "method='eagle:': eagle: names no γ: write eagle:N"),
+    ("eagle+pld:", "method='eagle+pld:': +pld: names no size: write +pld:N"),
+    ("eagle:2+ret:", "+ret: names no size"),
+    ("eagle+pld:2+pld:3", "method='eagle+pld:2+pld:3' names +pld twice: give each branch once"),
+    ("medusa+dyn+dyn:4", "names +dyn twice"),
+])
+def test_a_malformed_bench_entry_is_one_line(entry, needle, tmp_path, capsys, no_model_loads):
+    """`eagle:` ran labelled `eagle:+pld:2`, `eagle+pld:` took a default silently and `eagle+pld:2+pld:3` raced
+    pld:3 under a label naming both: an empty `:` and a branch given twice are one line naming the entry."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Name a colour.\n")
+    line = one_line_exit_2(["bench", "--prompts", str(prompts), "--json", str(tmp_path / "o.json"), "--method", "pld",
+                            entry], capsys)
+    assert needle in line, line
+
 @pytest.mark.parametrize("device", ["tpu", "cuda:x", "CPU ", "mps"])
 def test_an_unknown_device_is_one_line(device, capsys, no_model_loads):
     line = one_line_exit_2(["generate", "--prompt", "hi", "--method", "ar", "--device", device], capsys)

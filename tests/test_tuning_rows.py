@@ -256,3 +256,24 @@ def test_bench_names_the_dynamic_tree_it_races(monkeypatch):
     args.tree = None
     assert bench._in_full("dflash:3+dyn:16", args) == "dflash:3+dyn:16+pld:4+ret:2"  # its own tree, as given
     assert bench._in_full("eagle", args) == "eagle+pld:4+ret:4" and bench._in_full("pld", args) == "pld"
+
+
+def test_bench_races_a_race_named_twice_once_and_says_so_in_text(monkeypatch, capsys):
+    """`bench --method default pld:4` where the default race is pld:4 printed `races ['pld:4', 'pld:4']` (a Python
+    list) and merged the two into one row without a word: the races are written as text, and a race named twice
+    (known only once `default` is resolved on this machine) runs once, in one row, with a line saying so."""
+    import argparse
+
+    from specviz import hardware
+    from specviz.cli import bench
+
+    monkeypatch.setattr(hardware, "default_pair", lambda device=None: hardware.EMBEDDED_PAIR)
+    args = argparse.Namespace(device=None, lookup=None, retrieve=None, tree=None, tree_nodes=None, tree_depth=3,
+                              tree_topk=4, gamma=None, temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=16, seed=0,
+                              drafter=None, draft=None)
+    race = hardware.EMBEDDED_PAIR.race()
+    assert bench._races(["default", race, "pld:4"], args) == [race, "pld:4"]
+    err = capsys.readouterr().err
+    assert f"bench --method default {race} pld:4 races {race} {race} pld:4\n" in err and "[" not in err, err
+    assert f"names {race} more than once: each race runs once, in one row" in err
+    assert bench._races(["pld:4", "vanilla:2"], args) == ["pld:4", "vanilla:2"] and not capsys.readouterr().err

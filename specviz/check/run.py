@@ -42,6 +42,7 @@ from specviz.check.measure import (
 from specviz.check.options import CheckOptions
 from specviz.config import DecodeConfig, check_prompt
 from specviz.drafters import trained as drafters
+from specviz.drafters.config import check_kind
 from specviz.engines.ar import AREngine
 from specviz.engines.pld import PromptLookupDrafter
 from specviz.engines.speculative import ChainDrafter, SpeculativeEngine
@@ -168,8 +169,7 @@ def drafter_for(method: str, target: LoadedModel,
 
         folder = engines.drafter_folder(method, target, draft_spec)
         d = drafters.load(folder, target)
-        if d.kind != method:
-            raise ConfigError(f"drafter {str(folder)!r} is a {d.kind} drafter, not {method}: pick method {d.kind}")
+        check_kind(d.kind, method, str(folder))
         return methods.load(entry.drafter)(d, str(folder)), None
     if not entry.uses_draft_model:  # prompt lookup: no weights
         return methods.load(entry.drafter)(), None

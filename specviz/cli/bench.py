@@ -63,16 +63,40 @@ def _in_full(spec: str, args) -> str:
     return head + at + drafter
 
 
+def _races(specs: list[str], args) -> list[str]:
+    """The --method entries as this machine races them, each saying so on stderr where it differs: `default` as the
+    race it is here, a tree entry's left-out branches written in (_in_full), and a race named twice (`default pld:4`
+    where the default is pld:4) raced once, in one row: the same race twice would time the same thing twice."""
+    given = specs
+    if DEFAULT_RACE in specs:  # named by the race it is here
+        specs = [hardware.default_pair().race() if m == DEFAULT_RACE else m for m in specs]
+        print(f"specviz: bench --method {' '.join(given)} races {' '.join(specs)}", file=sys.stderr)
+    named = [_in_full(m, args) for m in specs]
+    if named != specs:  # a tree entry without +pld/+ret races this machine's branches: its label says which
+        print(f"specviz: bench --method {' '.join(specs)} races {' '.join(named)} (the branches left out are this "
+              "machine's default race's; +pld:0+ret:0 races the tree alone)", file=sys.stderr)
+        specs = named
+    once = list(dict.fromkeys(specs))
+    if once != specs:
+        twice = [m for m in once if specs.count(m) > 1]
+        print(f"specviz: bench --method {' '.join(given)} names {' '.join(twice)} more than once: each race runs once, "
+              "in one row", file=sys.stderr)
+    return once
+
+
 def _bench_configs(methods: dict, args) -> dict[str, DecodeConfig]:
     """Each entry's decode settings: the command line's, its own γ and branches over them."""
     return {label: config_of(args, m, grafts).with_(**({"gamma": parse_gamma(g)} if g else {}))
             for label, (m, g, grafts, _) in methods.items()}
 
 
-def read_prompts(path: str, categories: list[str] | None, limit: int | None) -> list[dict]:
-    """specviz.prompts.read, then the categories and the round-robin --limit (a small sample still spans them)."""
+def read_prompts(path: str | None, categories: list[str] | None, limit: int | None,
+                 built_in: list[dict] | None = None) -> list[dict]:
+    """specviz.prompts.read (no path: the `built_in` rows), then the categories and the round-robin --limit (a small
+    sample still spans them); a bad file or value is one InputError line."""
     try:
-        rows = prompts.pick(prompts.read(path), categories, limit, source=path)
+        rows = prompts.pick((built_in or []) if path is None else prompts.read(path), categories, limit,
+                            source="the built-in prompts" if path is None else path)
     except prompts.PromptFileError as exc:
         raise InputError(str(exc)) from None
     if not rows:
@@ -115,15 +139,7 @@ def cmd_bench(args) -> int:
     # the start line prices a run of these prompts (their median length's prefill)
     args.prompt_tokens = int(statistics.median([len(target.encode_prompt(r["prompt"])) for r in prompts] or [0]))
     tune(args, target, [method_spec(m)[0] for m in specs] + specs)
-    if DEFAULT_RACE in specs:  # named by the race it is here
-        args.method = specs = [hardware.default_pair().race() if m == DEFAULT_RACE else m for m in specs]
-        print(f"specviz: bench --method {DEFAULT_RACE} races {specs[0] if len(specs) == 1 else specs}",
-              file=sys.stderr)
-    named = [_in_full(m, args) for m in specs]
-    if named != specs:  # a tree entry without +pld/+ret races this machine's branches: its label says which
-        print(f"specviz: bench --method {' '.join(specs)} races {' '.join(named)} (the branches left out are this "
-              "machine's default race's; +pld:0+ret:0 races the tree alone)", file=sys.stderr)
-        args.method = specs = named
+    args.method = specs = _races(specs, args)
     methods = _bench_methods(specs, args)
     cfgs = _bench_configs(methods, args)
     base = config_of(args, "ar", {"lookup": 0, "retrieve": 0, "tree": "static"})

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
+from pathlib import Path
 
 from specviz import methods as registry
 from specviz.config import DEFAULT_TARGET, GAMMA_MAX, TREE_NODES_MAX, TREE_TOPK_MAX, DecodeConfig
@@ -121,10 +124,62 @@ def load_target(args):
     return models.get(args.target, device, models.parse_dtype(args.dtype, device))
 
 
+OUTPUTS = {  # each command's output path flags (the argparse attribute) and whether each names a file or a folder
+    "generate": (("metrics_file", "file"),),
+    "bench": (("json", "file"), ("metrics_file", "file")),
+    "check": (("json", "file"), ("report", "file")),
+    "profile": (("json", "file"),),
+    "train": (("out", "folder"),),
+    "distill": (("out", "folder"),),
+    "export": (("out", "folder"),),
+    "watch": (("json", "file"),),
+    "probe": (("json", "file"), ("html", "file")),
+    "serve": (("log", "file"),),
+}
+
+
+def check_outputs(args) -> None:
+    """Every output path the command was given (OUTPUTS), checked before any long work (writable_path)."""
+    for attr, kind in OUTPUTS.get(args.command, ()):
+        value = getattr(args, attr, None)
+        if value:
+            writable_path(attr.replace("_", "-"), value, folder=kind == "folder")
+
+
+def writable_path(name: str, value, folder: bool = False) -> Path:
+    """`value`, an output file (or with folder=True, a folder) that the command will write at its end: not a folder
+    (a file), under the nearest existing folder on its path, where a file can be created (tried, and removed: as root
+    os.access says yes even to /proc). Creates and changes nothing; InputError, one line naming it, otherwise."""
+    path = Path(value).expanduser()
+    hint = "give a path in a writable folder"
+    try:
+        if folder and path.exists() and not path.is_dir():
+            raise InputError(f"{name}={str(value)!r} is a file, not a folder: give a new or existing folder")
+        if not folder and path.is_dir():
+            raise InputError(f"{name}={str(value)!r} is a folder: give the path of a file to write")
+        parent = path if folder and path.is_dir() else path.parent
+        while not parent.exists() and parent != parent.parent:  # what the command's mkdir(parents=True) would make
+            parent = parent.parent
+        if not parent.is_dir():
+            raise InputError(f"{name}={str(value)!r} cannot be written: {str(parent)!r} is a file, not a folder: "
+                             f"{hint}")
+        fd, probe = tempfile.mkstemp(prefix=".specviz-write-check-", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+        if path.is_file():
+            with open(path, "a"):  # appends nothing: the file is left as it is
+                pass
+    except OSError as exc:
+        raise InputError(f"{name}={str(value)!r} cannot be written ({exc.strerror or type(exc).__name__}): "
+                         f"{hint}") from None
+    return path
+
+
 def check_inputs(args) -> None:
-    """What a command names on disk or by value, checked before any model loads (the target takes ~30 s): the
-    device, the target spec, and each race's --draft / --drafter (a trained drafter's config.json is read and
-    validated here too). One line (ModelError / ConfigError) naming the value otherwise."""
+    """What a command names on disk or by value, checked before any model loads (the target takes ~30 s): its
+    output paths, the device, the target spec, and each race's --draft / --drafter (a trained drafter's config.json
+    is read and validated here too). One line (InputError / ModelError / ConfigError) naming the value otherwise."""
+    check_outputs(args)
     if getattr(args, "device", None):
         from specviz.models import loader as models
 
@@ -159,11 +214,10 @@ def races_of(args) -> list[tuple[str, str | None]]:
 
 def check_draft(method: str, draft: str | None) -> None:
     """A race's draft model spec (`int8` or one models.resolve takes) or trained drafter folder, checked without
-    loading it: a folder's config.json must parse and hold valid settings (drafters.config)."""
-    from pathlib import Path
-
+    loading it: a folder's config.json must parse, hold valid settings and name the method's kind
+    (drafters.config)."""
     from specviz.config import DEFAULT_DRAFT
-    from specviz.drafters.config import DrafterConfig, read_config
+    from specviz.drafters.config import DrafterConfig, check_kind, read_config
     from specviz.models import loader as models
 
     spec = registry.spec(method)
@@ -176,6 +230,7 @@ def check_draft(method: str, draft: str | None) -> None:
         raw = read_config(Path(draft).expanduser())
         if "kind" in raw:
             DrafterConfig.from_dict(raw, f"drafter {draft!r}")
+            check_kind(raw["kind"], method, draft)
     elif draft.startswith((".", "/", "~")) or draft.count("/") != 1:  # not a folder, not a Hub id ORG/NAME
         raise ConfigError(f"drafter folder {draft!r} does not exist: give a folder written by python -m specviz "
                           f"train {method}, or omit --drafter for the shipped one")

@@ -43,7 +43,7 @@ def cmd_check(args) -> int:
 
     given = {k: getattr(args, k) for k in ("gamma", "temperature", "samples", "max_new_tokens", "synthetic_samples")}
     options = CheckOptions(**{k: v for k, v in given.items() if v is not None})  # defaults live there
-    prompts = read_prompts(args.prompts, None, args.limit) if args.prompts else None
+    prompts = read_prompts(args.prompts, None, args.limit, check.DEFAULT_PROMPTS)  # --limit takes the built-in too
     method = args.method or "vanilla"
     if not registry.spec(method).has_weights and args.draft:
         raise InputError(f"--draft {args.draft!r} does not apply to {method} ({registry.spec(method).label} has no "
@@ -174,8 +174,8 @@ def bench_parser(sub) -> None:
     b.add_argument("--what-if", nargs="+", default=None, metavar="PROFILE_OR_DEVICE",
                    help="after the measured table, each method's steps (pooled over the prompts) re-timed on this "
                    "machine's verify profile and on each verify profile file (`python -m specviz profile --json "
-                   "FILE`) or device of assets/devices.json named here (its roofline bound), e.g. --what-if "
-                   "gpu.json 'NVIDIA T4' h100")
+                   "FILE`) or device of assets/devices.json named here (its roofline bound; its name or a unique "
+                   "start of it, any case), e.g. --what-if gpu.json 'NVIDIA T4' 'NVIDIA H100'")
     decode_args(b)
 
 
@@ -206,7 +206,7 @@ def profile_parser(sub) -> None:
     pr = sub.add_parser("profile", help="what verifying k tokens costs (T(k)) and each drafter's cost ratio c")
     pr.add_argument("--target", default=None, help=f"model spec (default {PAIR_HELP})")
     pr.add_argument("--draft", default=None, help="vanilla's draft: int8 (default) or a model spec")
-    pr.add_argument("--sizes", default=None, help="comma-separated tokens per forward (default "
+    pr.add_argument("--sizes", default=None, help="comma-separated tokens per forward, 1 always among them (default "
                                                   "1,2,3,4,5,6,8,12,16,24,32)")
     pr.add_argument("--reps", default="5", help="timed forwards per size, median (default %(default)s)")
     pr.add_argument("--context", default="128", help="tokens already in the KV cache (default %(default)s)")
@@ -341,13 +341,17 @@ def cmd_train(args) -> int:
         seed=int_arg("seed", args.seed, 0, 2**31),
         epochs=None if args.epochs is None else int_arg("epochs", args.epochs, 1, 1000),
         precision=args.precision)
-    train.train(opts)
+    try:
+        train.train(opts)
+    except train.distill.DistillError as exc:  # a --data file without prompts: before the target loads
+        raise InputError(str(exc)) from None
     return 0
 
 
 def cmd_tree(args) -> int:
     """A trained Medusa or EAGLE drafter's tree re-chosen from measurement (train/retree.py)."""
     from specviz.drafters.config import DrafterError
+    from specviz.train import distill
     from specviz.train.retree import retree
 
     held = int_arg("held-out", args.held_out, 1, 10**6)
@@ -355,10 +359,14 @@ def cmd_tree(args) -> int:
         if not Path(f).is_file() and not (Path(f) / "manifest.json").is_file():
             raise InputError(f"data file {f!r} does not exist: give a JSONL(.gz) of self-distillation ids or a "
                              "folder written by `distill`")
+        if Path(f).is_file() and not distill.is_example_file(f):  # before the target loads
+            raise InputError(f"data file {f!r} is not self-distillation ids: give a JSONL(.gz) of prompt_ids and "
+                             "answer_ids (as `distill` and `train` write them) or a folder written by `distill` "
+                             "(python -m specviz distill --prompts FILE answers a prompt file)")
     try:
         retree(Path(args.drafter), args.data, held, args.write, log=lambda line: print(line, flush=True),
                      profile=Path(args.profile) if args.profile else None)
-    except DrafterError as exc:
+    except (DrafterError, distill.DistillError) as exc:
         raise InputError(str(exc)) from None
     return 0
 

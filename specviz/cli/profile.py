@@ -15,10 +15,11 @@ def cmd_profile(args) -> int:
     from specviz.engines.costs import drafter_costs, format_costs
 
     sizes = profile.SIZES
-    if args.sizes:
+    if args.sizes is not None:  # size 1 is measured too (verify_profile): T(k)/T(1) is over it
         sizes = tuple(sorted({int_arg("sizes", v, 1, 256) for v in args.sizes.split(",") if v.strip()}))
         if not sizes:
-            raise InputError(f"sizes={args.sizes!r} is empty: give e.g. 1,2,4,8")
+            raise InputError(f"sizes={args.sizes!r} is empty: give tokens per forward, 1..256, comma-separated, "
+                             "e.g. 1,2,4,8")
     reps, context = int_arg("reps", args.reps, 1, 100), int_arg("context", args.context, 1, 4096)
     target = load_target(args)
     print(f"target {target.name} on {hardware.describe(target.device, target.dtype)}; verification: {target.guarantee} "

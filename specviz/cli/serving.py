@@ -150,6 +150,8 @@ def cmd_export(args) -> int:
 
     try:
         fmt = ee.check_format(args.format)
+        if args.out:
+            ee.check_out(Path(args.out))  # a folder of other files is never replaced
         folder = None if args.what == "target" else ee.drafter_folder(args.what)  # a bad name fails first
         if folder is None and fmt != ee.NATIVE:
             raise ee.ExportError(f"format={fmt!r} is a drafter's format: the target has one layout (leave --format "

@@ -28,7 +28,9 @@ def verify_profile(target: LoadedModel, sizes=SIZES, context: int = CONTEXT, rep
                    tick: Optional[Callable[[int], None]] = None) -> CostProfile:
     """Median seconds of a forward of k new tokens (and their logits) over `context` cached tokens. The sizes are
     timed in rounds, each round every size once, so a slow spell of a shared machine falls on all of them alike
-    rather than on the one size being timed (timed size after size, a slow spell can make T(2) cheaper than T(1))."""
+    rather than on the one size being timed (timed size after size, a slow spell can make T(2) cheaper than T(1)).
+    Size 1 is always measured, and the sizes in order: every ratio is over T(1) (CostProfile.ratio)."""
+    sizes = sorted({1, *sizes})
     lm = CachedLM.of(target)
     prefix = [(7 * i + 11) % target.vocab_size for i in range(context)]
     lm.logits(prefix)

@@ -15,6 +15,13 @@ class DrafterError(ModelError):
     """A drafter folder or checkpoint that cannot be used; the message is one line."""
 
 
+def check_kind(kind: str, method: str, name: str) -> None:
+    """A drafter runs only as the method of its kind (a Medusa folder never races labelled eagle): one line naming
+    the folder otherwise."""
+    if kind != method:
+        raise DrafterError(f"drafter {name!r} is a {kind} drafter, not {method}: pick method {kind}")
+
+
 @dataclass
 class DrafterConfig:
     kind: str                      # "eagle" | "medusa" | "layerskip" | "draft"

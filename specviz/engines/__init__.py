@@ -45,13 +45,16 @@ def _download(repo_id: str) -> Path:
                           "drafter") from None
 
 
-def build_trained(folder: str | Path, target: LoadedModel, chain: bool = False) -> Engine:
+def build_trained(folder: str | Path, target: LoadedModel, chain: bool = False, method: str | None = None) -> Engine:
     """A trained drafter's engine, built as its kind's registry entry says (methods.MethodSpec.engine): Medusa
     verifies trees and EAGLE drafts one when its config names one; with chain=True (the step-through view) both
-    draft a chain, as LayerSkip and the draft model always do."""
+    draft a chain, as LayerSkip and the draft model always do. With `method`, a drafter of another kind is refused."""
     from specviz.drafters import trained as drafters
+    from specviz.drafters.config import check_kind
 
     d = drafters.load(folder, target)
+    if method:
+        check_kind(d.kind, method, str(folder))
     engine = methods.load(methods.spec(d.kind).engine)(target, d, chain, str(folder))
     engine.draft_vocab_ids = d.vocab_ids  # the target ids it can draft (None: all), for the bench's coverage figure
     engine.block_size = d.cfg.block_size if methods.spec(d.kind).drafts_block else 0  # one forward drafts a block
@@ -64,5 +67,6 @@ def build(method: str, target: LoadedModel, draft: str | LoadedModel = DEFAULT_D
     DecodeConfig(method=method)  # validates the name with the shared message
     spec = methods.spec(method)
     if spec.trained:
-        return build_trained(drafter_folder(method, target, draft if isinstance(draft, str) else None), target, chain)
+        return build_trained(drafter_folder(method, target, draft if isinstance(draft, str) else None), target, chain,
+                             method)
     return methods.load(spec.engine)(target, draft, chain, "")

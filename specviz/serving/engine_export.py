@@ -101,6 +101,15 @@ def _finish(tmp: Path, out: Path, manifest: dict, readme: str) -> Path:
     return out
 
 
+def check_out(out: Path) -> None:
+    """An --out folder export may replace: new, empty, or an export (its export.json); ExportError otherwise, before
+    anything is exported (_finish removes the old folder)."""
+    out = Path(out)
+    if out.is_dir() and any(out.iterdir()) and not (out / "export.json").is_file():
+        raise ExportError(f"out={str(out)!r} holds files that are not an export (no export.json): an export replaces "
+                          "its whole folder, so give a new or empty folder")
+
+
 def _fresh(out: Path) -> Path:
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():

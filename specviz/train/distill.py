@@ -72,11 +72,27 @@ def is_example_file(path: str | Path) -> bool:
 
 def read_examples(path: str | Path) -> list[dict]:
     """Examples from a .jsonl or .jsonl.gz file of {"i", "prompt_ids", "answer_ids"}; where a row has no "i" (a
-    chunk file of `distill` read on its own), its line number in the file (what split() keys on)."""
+    chunk file of `distill` read on its own), its line number in the file (what split() keys on). DistillError, one
+    line naming the file (and line) and the format, for a file that cannot be read or a line that is not such a row."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    expected = ("give self-distillation ids (JSONL(.gz), one {\"prompt_ids\": [...], \"answer_ids\": [...]} a line, "
+                "as `distill` and `train` write them) or a folder written by `distill`")
+    rows = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    row = None
+                if not (isinstance(row, dict) and "prompt_ids" in row and "answer_ids" in row):
+                    raise DistillError(f"{path}:{n} is not a JSON object of prompt_ids and answer_ids: {expected}")
+                rows.append(row)
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
+        raise DistillError(f"{path} cannot be read ({type(exc).__name__}): {expected}") from None
     return [row if "i" in row else {"i": n, **row} for n, row in enumerate(rows)]
 
 

@@ -100,7 +100,8 @@ def examples_for(opts: TrainOptions, target, log) -> list[dict]:
         else:
             prompts += distill.read_prompt_file(f)
     if not prompts and not examples:
-        raise ValueError(f"data file {', '.join(files)!r} has no prompts: use JSONL with 'prompt' or one prompt a line")
+        raise distill.DistillError(f"data file {', '.join(files)!r} has no prompts: use JSONL with 'prompt' or one "
+                                   "prompt a line")
     if not prompts:
         return examples
     path = opts.out / "data.jsonl"
@@ -118,6 +119,14 @@ def examples_for(opts: TrainOptions, target, log) -> list[dict]:
     distill.generate_answers(target, prompts, path, opts.max_new_tokens, progress=progress)
     bar.close()
     return examples + distill.read_examples(path)
+
+
+def check_data(opts: TrainOptions) -> None:
+    """The --data prompt files read before the target loads: each must hold prompts (distill.DistillError, one line
+    naming the file, otherwise). Self-distillation ids and distill folders are read as they are, in examples_for."""
+    for f in data_files(opts):
+        if not Path(f).is_dir() and not distill.is_example_file(f):
+            distill.read_prompt_file(f)
 
 
 def data_files(opts: TrainOptions) -> list[str]:
@@ -138,6 +147,10 @@ def train(opts: TrainOptions, log=print, target=None, custom_loss=None) -> Train
     from specviz.models import loader as models
 
     torch.manual_seed(opts.seed)
+    check_data(opts)  # a data file without prompts is one line (DistillError) before the target loads
+    ckpt_path = opts.out / "checkpoint.pt"
+    if opts.resume and not ckpt_path.is_file():
+        log(f"resume: no checkpoint in {opts.out} ({ckpt_path.name}): starting fresh")
     opts.out.mkdir(parents=True, exist_ok=True)
     target = target or models.get(opts.target, torch.device("cpu"), torch.float32)
     spec = methods.spec(opts.kind)  # its layout: the DrafterConfig fields its options set (methods.MethodSpec.layout)
@@ -155,7 +168,6 @@ def train(opts: TrainOptions, log=print, target=None, custom_loss=None) -> Train
     run = new_run(opts, spec, module, vocab_ids, target, (feats, seqs), layers, bf16, custom_loss, starts)
     if opts.epochs:
         opts.steps = math.ceil(opts.epochs * len(feats) / opts.batch_tokens)
-    ckpt_path = opts.out / "checkpoint.pt"
     if opts.resume and ckpt_path.is_file():
         run.resume(ckpt_path, log)
     held_feats, held_seqs = stage_features(held_out, target, opts.out, "held_out_", log, layers, exit_layer, bf16)

@@ -19,6 +19,7 @@ from specviz.train.losses import eagle_depth_accuracy, head_accuracy
 from specviz.train.trees import choose_tree_for_cost, profile_for
 
 TREE_HELD_OUT = 60  # held-out answers `tree` measures by default
+CARD_LINE = "Tree re-chosen without retraining"  # how the model card's line about the last `tree --write` starts
 
 
 def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OUT, write: bool = False, log=print,
@@ -74,7 +75,8 @@ def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OU
     cfg.training[key] = [[round(float(a), 3) for a in row] for row in accuracy]
     choose_tree_for_cost(cfg, accuracy, cfg.target, kind, log,
                          max_size=max(len(old), TrainOptions.tree_size) if by_heads else 32, profile_path=profile)
-    log(f"tree: {len(old)} nodes before, {len(cfg.tree)} now: {cfg.tree}")
+    change = tree_change(old, cfg.tree)
+    log(f"tree: {change}: {cfg.tree}")
     if write:
         raw["tree"] = cfg.tree
         raw["training"] = {**raw.get("training", {}), key: cfg.training[key],
@@ -85,12 +87,30 @@ def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OU
         given = ((f" --data {' '.join(data)}" if data else "")
                  + (f" --held-out {held}" if held != TREE_HELD_OUT else "")
                  + (f" --profile {profile}" if profile else ""))
-        line = (f"\nTree re-chosen without retraining (`python -m specviz tree {folder}{given} --write`): "
-                f"{len(cfg.tree)} nodes instead of {len(old)}, from the {'heads' if by_heads else 'draft depths'}' "
+        line = (f"{CARD_LINE} (`python -m specviz tree {folder}{given} --write`): "
+                f"{change}, from the {'heads' if by_heads else 'draft depths'}' "
                 f"rank accuracy on {len(held_out)} held-out answers and the verify profile "
                 f"({choice.get('expected_tokens_per_step')} expected tokens per step, predicted "
-                f"{choice.get('predicted_speedup')}x AR).\n")
+                f"{choice.get('predicted_speedup')}x AR).")
         card_path = folder / "README.md"
-        text = card_path.read_text() if card_path.is_file() else ""
-        card_path.write_text(text.split("\nTree re-chosen without retraining")[0].rstrip("\n") + "\n" + line)
+        card_path.write_text(card_with(card_path.read_text() if card_path.is_file() else "", line))
     return {"old": old, "new": cfg.tree, "accuracy": cfg.training[key]}
+
+
+def tree_change(old: list, new: list) -> str:
+    """What re-choosing did to the tree, in words: "3 nodes instead of 2", or that it is unchanged."""
+    old, new = [list(p) for p in old], [list(p) for p in new]
+    if new == old:
+        return f"unchanged ({len(new)} nodes)"
+    return f"{len(new)} nodes instead of {len(old)}" if len(new) != len(old) else f"another tree of {len(new)} nodes"
+
+
+def card_with(text: str, line: str) -> str:
+    """The model card with its CARD_LINE line replaced by `line` (appended after a blank line when it has none);
+    every other line kept as it was."""
+    lines = text.splitlines()
+    at = next((i for i, old in enumerate(lines) if old.startswith(CARD_LINE)), None)
+    if at is None:
+        return (text.rstrip("\n") + "\n\n" if text.strip() else "") + line + "\n"
+    lines[at] = line
+    return "\n".join(lines) + "\n"
