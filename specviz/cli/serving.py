@@ -55,7 +55,8 @@ def engine_parsers(sub) -> None:
                         "llama.cpp), checked by loading it back; a README in each folder gives the serving command")
     ex.add_argument("what", help="target, eagle, medusa, draft (the shipped drafters) or a drafter folder trained here")
     ex.add_argument("--target", default="smollm2-135m", help="the target spec (default %(default)s)")
-    ex.add_argument("--out", default=None, help="the folder to write (default out/export/NAME)")
+    ex.add_argument("--out", default=None, help="the folder to write (default out/export/NAME); a drafter's export "
+                    "also needs the target's, which is written once and kept under out/export/TARGET")
     ex.add_argument("--force", action="store_true", help="export again even when out/ holds this export")
     ex.add_argument("--format", default="native", help="a drafter's format: native (each method's engine layout, "
                     "the default) or speculators (vLLM's: EAGLE-3, served by `vllm serve DRAFTER`)")
