@@ -81,6 +81,22 @@ def test_generate_race_on_real_target(target, capsys):
     assert "identical to plain decoding" in out and "speedup" in out and "τ=" in out
 
 
+def test_generate_race_prices_a_tree_as_the_app_does(target, capsys, monkeypatch):
+    """A tree drafter's prediction is the tree formula, priced with this machine's verify profile (the calibration's,
+    else measured), as the app's summary is: it printed 'Leviathan prediction 0.28x' for EAGLE at a measured
+    1.33x (every tree row priced as a full target step, no profile). The why-line follows."""
+    from specviz.core import profile as profiles
+
+    asked = []
+    monkeypatch.setattr(profiles, "profile_of", lambda t, measure=True: asked.append(measure))
+    code = main(["generate", "--prompt", "Name a colour.", "--max-new-tokens", "12", "--race", "--method", "eagle",
+                 "--device", "cpu", "--dtype", "float32"])
+    out = capsys.readouterr().out
+    assert code == 0 and asked == [True]
+    assert "(tree prediction, from each kind of node's acceptance: " in out and "Leviathan" not in out
+    assert "kept guesses were" in out or "Nothing was drafted" in out  # metrics.why_line
+
+
 def test_bench_json_on_real_target(target, tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": 1, "category": "qa", "prompt": "What is the boiling point of water?"}\n'

@@ -11,6 +11,7 @@ from specviz.cli.common import config_of, draft_for, load_target, tune
 def cmd_generate(args) -> int:
     from specviz import metrics
     from specviz.config import check_prompt
+    from specviz.core.profile import profile_of
     from specviz.engines import session
     from specviz.serving.export import Exporter
     from specviz.ui import render
@@ -49,12 +50,15 @@ def cmd_generate(args) -> int:
         line += f" · α={spec.alpha:.2f}"
     out.write(line + "\n")
     if lanes["ar"]:
-        cmp = metrics.compare(lanes["ar"], lanes["spec"], cfg.method, cfg.greedy)
+        # priced as the app prices a race: with this machine's verify profile (the calibration's where tune took one,
+        # else measured now: about a second)
+        cmp = metrics.compare(lanes["ar"], lanes["spec"], cfg.method, cfg.greedy, profile_of(target))
         out.write(f"AR: {cmp.ar.new_tokens} tokens = {cmp.ar.tok_per_s:.1f} tok/s · speedup {cmp.speedup:.2f}×")
         if cmp.predicted_speedup is not None:
-            out.write(f" (Leviathan prediction {cmp.predicted_speedup:.2f}× at α={cmp.spec.alpha:.2f}, "
-                      f"γ={cmp.mean_gamma:.1f}, c={cmp.cost_ratio:.2f})")
-        out.write("\n")
+            how = ("tree prediction, from each kind of node's acceptance" if cmp.prediction_formula ==
+                   metrics.TREE_FORMULA else f"Leviathan prediction at α={cmp.spec.alpha:.2f}, γ={cmp.mean_gamma:.1f}")
+            out.write(f" ({how}: {cmp.predicted_speedup:.2f}×, c={cmp.cost_ratio:.2f})")
+        out.write("\n" + metrics.why_line(cmp) + "\n")
         if cmp.identical is not None:
             out.write("identical to plain decoding\n" if cmp.identical else
                       f"differs from plain decoding at token {cmp.first_divergence}\n")
