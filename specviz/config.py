@@ -99,19 +99,24 @@ def parse_gamma(value) -> Gamma:
     return value
 
 
-def number(name: str, value, kind=float):
-    """value as a `kind` (float or int), or a one-line ConfigError naming `name`: booleans, NaN and a fractional
-    value for an integer are refused."""
+def number(name: str, value, kind=float, use: str = ""):
+    """value as a `kind` (float or int), or a one-line ConfigError naming `name` and, given `use`, what is accepted
+    ("use 1..2048"): booleans, NaN and a fractional value for an integer are refused."""
+    said = f": {use}" if use else ""
     if isinstance(value, bool):
-        raise ConfigError(f"{name}={value!r} is not a number")
+        raise ConfigError(f"{name}={value!r} is not a number{said}")
     try:
         out = kind(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{name}={value!r} is not a number") from None
+        try:  # '2.5' for an integer: a number, not an integer
+            float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}={value!r} is not a number{said}") from None
+        raise ConfigError(f"{name}={value!r} is not an integer{said}") from None
     if kind is int and isinstance(value, float) and not value.is_integer():
-        raise ConfigError(f"{name}={value!r} is not an integer")
+        raise ConfigError(f"{name}={value!r} is not an integer{said}")
     if out != out:  # NaN
-        raise ConfigError(f"{name}={value!r} is not a number")
+        raise ConfigError(f"{name}={value!r} is not a number{said}")
     return out
 
 
@@ -120,25 +125,30 @@ def validate(cfg: DecodeConfig) -> None:
     set_ = lambda k, v: object.__setattr__(cfg, k, v)  # noqa: E731  (frozen dataclass normalisation)
     spec = methods.spec(cfg.method)  # an unknown name: the registry's one-line ConfigError
     set_("gamma", parse_gamma(cfg.gamma))
-    t = number("temperature", cfg.temperature)
+    use = "use 0 (greedy) up to 100"
+    t = number("temperature", cfg.temperature, use=use)
     if not 0.0 <= t <= 100.0:
-        raise ConfigError(f"temperature={t:g} is out of range: use 0 (greedy) up to 100")
+        raise ConfigError(f"temperature={t:g} is out of range: {use}")
     set_("temperature", t)
-    k = number("top_k", cfg.top_k, int)
+    use = "use 0 (off) or a positive integer"
+    k = number("top_k", cfg.top_k, int, use)
     if k < 0:
-        raise ConfigError(f"top_k={k} is out of range: use 0 (off) or a positive integer")
+        raise ConfigError(f"top_k={k} is out of range: {use}")
     set_("top_k", k)
-    p = number("top_p", cfg.top_p)
+    use = "use a number in (0, 1]"
+    p = number("top_p", cfg.top_p, use=use)
     if not 0.0 < p <= 1.0:
-        raise ConfigError(f"top_p={p:g} is out of range: use a number in (0, 1]")
+        raise ConfigError(f"top_p={p:g} is out of range: {use}")
     set_("top_p", p)
-    n = number("max_new_tokens", cfg.max_new_tokens, int)
+    use = f"use 1..{MAX_NEW_TOKENS_CAP}"
+    n = number("max_new_tokens", cfg.max_new_tokens, int, use)
     if not 1 <= n <= MAX_NEW_TOKENS_CAP:
-        raise ConfigError(f"max_new_tokens={n} is out of range: use 1..{MAX_NEW_TOKENS_CAP}")
+        raise ConfigError(f"max_new_tokens={n} is out of range: {use}")
     set_("max_new_tokens", n)
-    s = number("seed", cfg.seed, int)
+    use = "use an integer 0..2^63-1"
+    s = number("seed", cfg.seed, int, use)
     if not 0 <= s < 2**63:
-        raise ConfigError(f"seed={s} is out of range: use an integer 0..2^63-1")
+        raise ConfigError(f"seed={s} is out of range: {use}")
     set_("seed", s)
     if not 1 <= cfg.gamma_auto_min <= cfg.gamma_auto_start <= cfg.gamma_auto_max <= GAMMA_MAX:
         raise ConfigError("auto gamma bounds must satisfy 1 <= min <= start <= max <= %d" % GAMMA_MAX)
@@ -147,10 +157,10 @@ def validate(cfg: DecodeConfig) -> None:
     if not 1 <= cfg.pld_ngram_min <= cfg.pld_ngram_max:
         raise ConfigError("prompt lookup n-gram bounds must satisfy 1 <= min <= max")
     for branch in ("lookup", "retrieve"):  # the branches grafted onto a tree drafter's tree
-        n = number(branch, getattr(cfg, branch), int)
+        use = f"use 0 (off) up to {GAMMA_MAX} {'tokens' if branch == 'lookup' else 'nodes'}"
+        n = number(branch, getattr(cfg, branch), int, use)
         if not 0 <= n <= GAMMA_MAX:
-            raise ConfigError(f"{branch}={n} is out of range: use 0 (off) up to {GAMMA_MAX} "
-                              f"{'tokens' if branch == 'lookup' else 'nodes'}")
+            raise ConfigError(f"{branch}={n} is out of range: {use}")
         if n and branch not in spec.grafts:
             raise ConfigError(f"{branch}={n} applies to the tree drafters only: use it with "
                               f"{' or '.join(methods.names(lambda s: branch in s.grafts))}, not {cfg.method}")
@@ -163,9 +173,10 @@ def validate(cfg: DecodeConfig) -> None:
                           f"{' or '.join(methods.names(lambda s: s.tree))}, not {cfg.method}")
     for name, high, what in (("tree_nodes", TREE_NODES_MAX, "nodes"), ("tree_depth", GAMMA_MAX, "levels"),
                              ("tree_topk", TREE_TOPK_MAX, "children per node")):
-        n = number(name, getattr(cfg, name), int)
+        use = f"use 1..{high} {what}"
+        n = number(name, getattr(cfg, name), int, use)
         if not 1 <= n <= high:
-            raise ConfigError(f"{name}={n} is out of range: use 1..{high} {what}")
+            raise ConfigError(f"{name}={n} is out of range: {use}")
         set_(name, n)
 
 

@@ -172,7 +172,7 @@ BAD = [
     (["--method", "eagle", "--tree-nodes", "65"], "tree_nodes=65 is out of range: use 1..64 nodes"),
     (["--method", "eagle", "--tree-depth", "deep"], "tree_depth='deep' is not a number"),
     (["--method", "eagle", "--tree-depth", "17"], "tree_depth=17 is out of range: use 1..16 levels"),
-    (["--method", "medusa", "--tree-topk", "2.5"], "tree_topk='2.5' is not a number"),
+    (["--method", "medusa", "--tree-topk", "2.5"], "tree_topk='2.5' is not an integer: use 1..16 children per node"),
     (["--method", "pld", "--tree", "dynamic"], "tree='dynamic' applies to the tree drafters only: use it with eagle "
                                                "or medusa or dflash, not pld"),
 ]
