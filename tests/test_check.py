@@ -366,3 +366,13 @@ def test_tree_methods_sample_exactly_on_the_real_pair(target, method, branches):
                             DecodeConfig(method=method, top_p=0.95, **branches))
     assert fid.passed and fid.samples == 100 and fid.given is not None and fid.engine == "tree", fid.fit
     assert fid.with_drafts == fid.samples
+
+
+def test_the_gamma_a_check_names_is_the_one_set_with_the_mean_drafted_beside_it():
+    """A user set γ 4 for prompt lookup and read 'at γ=3' (the mean drafted, rounded): the verdict, the tab's card and
+    the report name the γ set, and the mean where it differs."""
+    from specviz.check.options import gamma_words
+
+    assert gamma_words(4, 3.0) == "γ=4 (3.0 drafted a step on average)"
+    assert gamma_words(4, 4.0) == gamma_words(4, None) == "γ=4"
+    assert gamma_words("auto", 2.6) == "γ auto (2.6 drafted a step on average)"

@@ -38,3 +38,11 @@ class CheckOptions:
         set_("synthetic_samples", number("synthetic_samples", self.synthetic_samples, int))
         if not 0 <= self.synthetic_samples <= 1_000_000:
             raise ConfigError(f"synthetic_samples={self.synthetic_samples} is out of range: use 0 (skip)..1000000")
+
+
+def gamma_words(gamma, mean) -> str:
+    """The γ a check ran at, as its verdict says it: the one set, with the mean drafted a step where that differs
+    (prompt lookup drafts only what it finds; an adaptive γ moves): "γ=4 (3.0 drafted a step on average)"."""
+    if gamma == "auto":
+        return f"γ auto ({mean:.1f} drafted a step on average)" if mean else "γ auto"
+    return f"γ={gamma}" + (f" ({mean:.1f} drafted a step on average)" if mean and abs(mean - gamma) >= 0.05 else "")

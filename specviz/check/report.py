@@ -7,6 +7,7 @@ from typing import Optional
 import plotly.graph_objects as go
 
 from specviz.check import misses_report
+from specviz.check.options import gamma_words
 from specviz.core.lookup import first_draft_sentence
 from specviz.metrics import vocab_sentence
 
@@ -222,7 +223,8 @@ def _payoff(p: dict, options: dict, fig: Figures, positions: bool = True) -> str
     kpis = [("α acceptance rate", fmt(p["alpha"])), ("τ tokens / target forward", fmt(p["tau"])),
             ("c cost ratio", fmt(p["cost_ratio"], ".3f")),
             ("measured speedup over specviz's AR (median over prompts)", fmt(p["speedup"]) + "×"),
-            (f"Leviathan prediction (γ={g})", fmt(p["predicted_speedup"]) + "×"),
+            (f"Leviathan prediction ({gamma_words(options.get('gamma'), p['gamma_mean'])})",
+             fmt(p["predicted_speedup"]) + "×"),
             ("best γ (Leviathan)",
              f"{p['best_gamma']} → {fmt(p['best_gamma_speedup'])}×" if p["best_gamma"] else "–"),
             ("best γ (with this device's verify cost)",

@@ -39,7 +39,7 @@ from specviz.check.measure import (
     sampling_fidelity,
     verify_logit_diff,
 )
-from specviz.check.options import CheckOptions
+from specviz.check.options import CheckOptions, gamma_words
 from specviz.config import DecodeConfig, check_prompt
 from specviz.drafters import trained as drafters
 from specviz.drafters.config import check_kind
@@ -254,8 +254,7 @@ def conclude(prompts: list[PromptResult], fidelity: Fidelity, synthetic: list[st
                         if ties else "")
     if pay.speedup is None:
         return True, [], f"{head}; no speed measured"
-    g = f"γ={round(pay.gamma_mean)}" if pay.gamma_mean else "γ=?"
-    g += " (auto)" if options.gamma == "auto" else ""
+    g = gamma_words(options.gamma, pay.gamma_mean)
     speed = (f"{pay.speedup:.2f}× faster than specviz AR" if pay.speedup >= 1
              else f"{pay.speedup:.2f}× (slower than specviz AR)")
     return True, [], f"{head}; {speed} at {g} on this machine"

@@ -17,6 +17,7 @@ import gradio as gr
 from specviz import hardware, methods, paths, zerogpu
 from specviz.check import misses_report
 from specviz.check import report as check_report
+from specviz.check.options import gamma_words
 from specviz.check.run import CHECKED_TRAINED
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET
 from specviz.errors import ConfigError
@@ -46,7 +47,6 @@ def check_figures_html(data: dict) -> str:
     p, g, fid = data["payoff"], data["greedy"], data["fidelity"]
     same = sum(r["identical"] for r in g["prompts"])
     fit = fid["fit"]
-    gamma = round(p["gamma_mean"]) if p["gamma_mean"] else None
     cards = [
         ("greedy identity", f"{same}/{len(g['prompts'])}", "prompts where speculative = plain AR, token for token"
          + (f"; {g['near_ties']} near-tie flips" if g["near_ties"] else "")),
@@ -60,7 +60,8 @@ def check_figures_html(data: dict) -> str:
         ("τ", num(p["tau"]), "tokens per target forward, the bonus token included"),
         ("cost ratio c", num(p["cost_ratio"], ".3f"), p["cost_ratio_basis"]),
         ("speedup (measured)", num(p["speedup"]) + "×", "median over prompts, on this machine"),
-        (f"predicted (γ={gamma})", num(p["predicted_speedup"]) + "×", "Leviathan et al. at the measured α, c"),
+        ("predicted", num(p["predicted_speedup"]) + "×",
+         f"Leviathan et al. at the measured α, c and {gamma_words(data['options']['gamma'], p['gamma_mean'])}"),
         ("best γ", f"{p['best_gamma']}" if p["best_gamma"] else "–",
          f"Leviathan {num(p['best_gamma_speedup'])}×; with this device's verify cost: γ={p['best_gamma_hw']} "
          f"{num(p['best_gamma_hw_speedup'])}×"),
