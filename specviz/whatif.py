@@ -104,17 +104,27 @@ def profile_clock(path: str | Path, method: str = "", name: str = "") -> Clock:
     """A clock from a verify profile measured elsewhere (`python -m specviz profile --json FILE`): its T(k) and, where
     it has one, the method's drafter cost c per draft forward. One-line WhatIfError for anything else."""
     path = Path(path)
+    give = "give a file written by `python -m specviz profile --json FILE`"
     try:
         d = json.loads(path.read_text())
+    except OSError as exc:
+        raise WhatIfError(f"profile {str(path)!r} cannot be read ({exc.strerror or exc}): {give}") from None
+    except json.JSONDecodeError as exc:
+        raise WhatIfError(f"profile {str(path)!r} is not a verify profile (not JSON: line {exc.lineno}, column "
+                          f"{exc.colno}): {give}") from None
+    except ValueError:  # not UTF-8 text
+        raise WhatIfError(f"profile {str(path)!r} is not a verify profile (not a text file): {give}") from None
+    try:
+        if not isinstance(d, dict) or not isinstance(d.get("profile"), dict):
+            raise ValueError("it has no \"profile\" object")
         profile = CostProfile(**d["profile"])
         if len(profile.tokens) != len(profile.seconds) or not profile.tokens or min(profile.seconds) <= 0:
-            raise ValueError("tokens and seconds do not match")
-    except OSError as exc:
-        raise WhatIfError(f"profile {str(path)!r} cannot be read ({exc.strerror or exc}): give a file written by "
-                          "`python -m specviz profile --json FILE`") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise WhatIfError(f"profile {str(path)!r} is not a verify profile ({type(exc).__name__}: {exc}): give a "
-                          "file written by `python -m specviz profile --json FILE`") from None
+            raise ValueError("its tokens and seconds do not match")
+    except TypeError:  # fields missing or unknown
+        raise WhatIfError(f"profile {str(path)!r} is not a verify profile (its \"profile\" object lacks a verify "
+                          f"profile's fields): {give}") from None
+    except ValueError as exc:
+        raise WhatIfError(f"profile {str(path)!r} is not a verify profile ({exc}): {give}") from None
     costs = {c.get("method"): c.get("c") for c in d.get("costs", []) if isinstance(c, dict)}
     c = costs.get(method)
     where = d.get("hardware") or profile.device

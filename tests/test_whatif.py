@@ -103,5 +103,6 @@ def test_a_profile_file_is_a_clock_and_a_bad_one_a_one_line_error(tmp_path):
         with pytest.raises(whatif.WhatIfError) as err:
             whatif.profile_clock(bad)
         assert "is not a verify profile" in str(err.value) and "\n" not in str(err.value)
+        assert "Error" not in str(err.value)  # words, not an exception's name (JSONDecodeError, KeyError)
     with pytest.raises(whatif.WhatIfError, match="cannot be read"):
         whatif.profile_clock(tmp_path / "missing.json")
