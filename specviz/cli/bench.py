@@ -288,7 +288,8 @@ def _bench_report(args, target, base: DecodeConfig, summary: list[dict], rows: l
         "pad_one_row": target.pad_one_row, "guarantee": target.guarantee,
         "torch": torch.__version__, "transformers": transformers.__version__,
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}",
-        "cpu": hardware.cpu_name(), "default_race": hardware.default_pair(target.device).why or None,
+        "cpu": hardware.cpu_name(), "default_race": (getattr(args, "tuned_line", None)
+                                                        or hardware.default_pair(target.device).why or None),
         "target": args.target, "draft": args.draft, "config": base.to_dict(),
         "summary": summary, "rows": rows,
     }

@@ -113,6 +113,7 @@ def tune(args, target, methods) -> None:
         temperature, new_tokens = 0.0, DEFAULTS.max_new_tokens
     line = hardware.adopt(target, temperature=temperature, new_tokens=new_tokens,
                           prompt_tokens=getattr(args, "prompt_tokens", 0))
+    args.tuned_line = line  # bench's JSON keeps the line as printed: this run's length and prompt priced
     if line:
         print(f"specviz: {line}", file=sys.stderr)
 
