@@ -224,6 +224,9 @@ def test_repeat_split_asks_whether_the_first_draft_copies():
     assert RepeatSplit().repeat_rate is None and RepeatSplit().repeat_share is None
     assert first_draft_sentence(split.to_dict()) == ("first draft accepted 100% of 1 steps where the answer repeats "
                                                       "its context (25% of steps), 33% of 3 elsewhere")
+    never = {**split.to_dict(), "repeat_steps": 0, "repeat_accepted": 0, "repeat_rate": None, "repeat_share": 0.0}
+    assert first_draft_sentence(never) == ("first draft accepted 33% of 3 steps; the answer never repeated its "
+                                           "context")  # not "– of 0 steps where ..."
 
 
 def test_model_drafter_reports_its_distribution(tiny_target, tiny_draft):

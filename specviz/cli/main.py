@@ -102,7 +102,8 @@ def format_check(d: dict) -> str:
     if d["synthetic"]:
         lines.append("   synthetic p/q: "
                      + ", ".join(f"{s['name']} {'ok' if s['ok'] else 'FAIL'}" for s in d["synthetic"]))
-    lines.append(f"3. α={f(p['alpha'])} τ={f(p['tau'])} c={f(p['cost_ratio'], '.3f')} · speedup {f(p['speedup'])}× "
+    lines.append(f"3. α={f(p['alpha'])} τ={f(p['tau'])} c={f(p['cost_ratio'], '.3f')} · speedup "
+                 f"{f(p['speedup'])}× (median over prompts) "
                  f"(Leviathan {f(p['predicted_speedup'])}×) · best γ {p['best_gamma']} (Leviathan), "
                  f"{p['best_gamma_hw']} (with this device's verify cost)")
     lines.append("   α by position: " + " ".join(f(a) for a in p["alpha_by_position"]))

@@ -103,6 +103,9 @@ class RepeatSplit:
 def first_draft_sentence(split: dict) -> str:
     """RepeatSplit.to_dict() in words, for the check's text and HTML reports."""
     pct = lambda v: "–" if v is None else f"{v:.0%}"  # noqa: E731
+    if not split["repeat_steps"]:  # nothing to split by: said so, not "– of 0 steps"
+        return (f"first draft accepted {pct(split['new_rate'])} of {split['new_steps']} steps; the answer never "
+                "repeated its context")
     return (f"first draft accepted {pct(split['repeat_rate'])} of {split['repeat_steps']} steps where the answer "
             f"repeats its context ({pct(split['repeat_share'])} of steps), {pct(split['new_rate'])} of "
             f"{split['new_steps']} elsewhere")
