@@ -18,6 +18,7 @@ import platform
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Optional
 
+from specviz import hub
 from specviz import methods as registry
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, DecodeConfig
 from specviz.errors import ConfigError
@@ -25,7 +26,7 @@ from specviz.methods import TRAINED_METHODS
 
 GPU_TARGET = "HuggingFaceTB/SmolLM2-1.7B-Instruct"
 GPU_DRAFT = "HuggingFaceTB/SmolLM2-135M-Instruct"
-HUB_TIMEOUT_S = 3.0  # one HEAD request per repo, no retries: an offline machine answers within this
+HUB_TIMEOUT_S = hub.TIMEOUT_S
 DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
@@ -159,23 +160,8 @@ def choose_pair(cuda: bool, hub_reachable: Callable[[], bool]) -> Pair:
 
 
 def hub_reachable(repo_ids: Iterable[str] = (GPU_TARGET, GPU_DRAFT), timeout: float = HUB_TIMEOUT_S) -> bool:
-    """True when every repo's config.json resolves: on the Hub (one HEAD request each, no retries) or, offline
-    (HF_HUB_OFFLINE=1 or no network), in the local Hub cache. Never raises."""
-    try:
-        from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
-    except ImportError:
-        return False
-    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-    for repo_id in repo_ids:
-        try:
-            if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
-                continue
-            if offline:
-                return False
-            get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=timeout)
-        except Exception:  # no network, DNS failure, timeout, unknown or gated repo: all mean "not reachable"
-            return False
-    return True
+    """hub.reachable, asked for the GPU pair's repos by default."""
+    return hub.reachable(repo_ids, timeout)
 
 
 @functools.lru_cache(maxsize=None)

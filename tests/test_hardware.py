@@ -74,10 +74,11 @@ def test_a_hub_id_the_hub_does_not_answer_for_is_one_line_before_transformers_tr
     answers first, and transformers is never asked."""
     import transformers
 
+    from specviz import hub
     from specviz.models import loader
 
     asked = []
-    monkeypatch.setattr(hardware, "hub_reachable", lambda repos: asked.append(list(repos)) or False)
+    monkeypatch.setattr(hub, "reachable", lambda repos: asked.append(list(repos)) or False)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
                         lambda *a, **k: pytest.fail("transformers was asked for a repo the Hub did not answer for"))
     with pytest.raises(loader.ModelError, match=r"could not load model 'not/a-model': 'not/a-model' is not in this "

@@ -121,14 +121,6 @@ def examples_for(opts: TrainOptions, target, log) -> list[dict]:
     return examples + distill.read_examples(path)
 
 
-def check_data(opts: TrainOptions) -> None:
-    """The --data prompt files read before the target loads: each must hold prompts (distill.DistillError, one line
-    naming the file, otherwise). Self-distillation ids and distill folders are read as they are, in examples_for."""
-    for f in data_files(opts):
-        if not Path(f).is_dir() and not distill.is_example_file(f):
-            distill.read_prompt_file(f)
-
-
 def data_files(opts: TrainOptions) -> list[str]:
     return [opts.data] if isinstance(opts.data, str) else list(opts.data or [])
 
@@ -147,7 +139,9 @@ def train(opts: TrainOptions, log=print, target=None, custom_loss=None) -> Train
     from specviz.models import loader as models
 
     torch.manual_seed(opts.seed)
-    check_data(opts)  # a data file without prompts is one line (DistillError) before the target loads
+    for f in data_files(opts):  # a prompt file without prompts: one line (DistillError) before the target loads
+        if not Path(f).is_dir() and not distill.is_example_file(f):
+            distill.read_prompt_file(f)
     ckpt_path = opts.out / "checkpoint.pt"
     if opts.resume and not ckpt_path.is_file():
         log(f"resume: no checkpoint in {opts.out} ({ckpt_path.name}): starting fresh")
