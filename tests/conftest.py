@@ -107,3 +107,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.browser)
         elif REAL_MODEL_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Any model load (or target export) fails the test: the input must be refused before the target (~30 s) loads."""
+    from specviz.models import loader as models
+    from specviz.serving import engine_export
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the input was checked")
+    monkeypatch.setattr(models, "get", refuse)
+    monkeypatch.setattr(models, "load", refuse)
+    monkeypatch.setattr(engine_export, "export_target", refuse)

@@ -7,33 +7,14 @@ import gzip
 import json
 
 import pytest
+from test_one_line import one_line_exit_2
 
 from specviz.cli.common import InputError, writable_path
 from specviz.cli.main import main
-from specviz.models import loader as models
 from specviz.paths import DRAFTERS
 from specviz.prompts import PromptFileError, pick
 from specviz.prompts import read as read_prompts
-from specviz.serving import engine_export
 from specviz.train import distill
-
-
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    """Any model load (or target export) fails the test: the input must be refused before it."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the input was checked")
-    monkeypatch.setattr(models, "get", refuse)
-    monkeypatch.setattr(models, "load", refuse)
-    monkeypatch.setattr(engine_export, "export_target", refuse)
-
-
-def one_line_exit_2(argv, capsys) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    lines = [line for line in err if line.startswith("specviz: error:")]
-    assert len(lines) == 1 and "Traceback" not in "\n".join(err), err
-    return lines[0]
 
 
 @pytest.fixture

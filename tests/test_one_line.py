@@ -27,15 +27,6 @@ from specviz.prompts import read as read_prompts
 SHIPPED_EAGLE = DRAFTERS / "smollm2-135m-eagle"
 
 
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    """Any model load fails the test: the input must be refused before the target (~30 s) loads."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the input was checked")
-    monkeypatch.setattr(models, "get", refuse)
-    monkeypatch.setattr(models, "load", refuse)
-
-
 def one_line_exit_2(argv, capsys) -> str:
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
