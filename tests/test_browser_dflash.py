@@ -142,7 +142,8 @@ def test_the_step_through_walks_one_block(dflash_url, browser):
     choose(page, "step-method", "dflash")
     for n in (1, 2):  # the first cycle is the target's prefill; the second drafts a block
         page.locator("#step-next").click()
-        page.wait_for_function(f"() => document.querySelector('#step-status').innerText.includes('{n} steps')",
+        so_far = f"{n} step{'s' * (n != 1)} so far"
+        page.wait_for_function(f"() => document.querySelector('#step-status').innerText.includes('{so_far}')",
                                timeout=120_000)
     page.wait_for_selector("#step-block-note", timeout=120_000)
     note = page.locator("#step-block-note").inner_text()
