@@ -42,9 +42,10 @@ def roofline_html(r: Roofline) -> str:
     t1 = r.bytes_per_step[0] / (r.achieved_gb_s[0] * 1e9)
     ratios = ", ".join(f"T({k})/T(1) = {b / (g * 1e9) / t1:.2f}"
                        for k, b, g in zip(r.tokens, r.bytes_per_step, r.achieved_gb_s) if k in (4, 8, 16))
+    note = roofline.probe_note(r)
     return ("<p class='sv-intro'>Each step of plain decoding reads every weight once: "
             f"<b>{r.weight_bytes / 1e6:.0f} MB</b> here, from memory that reads <b>{r.bandwidth_gb_s:.1f} GB/s</b> "
-            "on this machine" + (f" ({html.escape(roofline.probe_note(r))})" if roofline.probe_note(r) else "")
+            "on this machine" + (f" ({html.escape(note)})" if note else "")
             + f", so no step can take less than <b>{r.floor_ms[0]:.1f} ms</b> ({r.roofline_tok_s:.0f} "
             f"tok/s). specviz's AR runs at <b>{r.ar_tok_s:.0f} tok/s</b>, "
             f"{r.ar_share:.0%} of that ceiling. A forward of k tokens reads the same weights once for all k rows, "
