@@ -3,8 +3,11 @@ decoding on the default CPU pair, each pane reading as the same text as AR, and 
 screenshot of it."""
 from __future__ import annotations
 
+import time
+
 from tests.browser_kit import ASSETS, set_number
 from tests.test_browser_race import READ_TEXT
+from tests.test_cancel import running, steps, wait_for
 
 LANES = "default, pld:2, draft"
 N = 40
@@ -38,7 +41,8 @@ def test_three_lanes_read_as_plain_decoding_and_end_on_a_leaderboard(app_url, br
 
 def test_a_visitor_waiting_behind_a_race_sees_their_place_in_the_queue(app_url, browser):
     """Two visitors: while the first one's race of several lanes holds the device's queue, the second one presses
-    Run in the Race tab and its status line shows where it waits; Stop frees both."""
+    Run in the Race tab and its status line shows where it waits; its Stop says the race will not run, and once the
+    first one stops, the second race ends without a step."""
     # the second visitor's page loads first, in a context of its own (a page loading beside a race of several
     # streaming lanes took over 30 s on a busy 2-core host)
     second = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
@@ -54,8 +58,21 @@ def test_a_visitor_waiting_behind_a_race_sees_their_place_in_the_queue(app_url, 
     second.locator("#run").click()
     second.wait_for_function("() => /queue/i.test(document.querySelector('#status')?.innerText ?? '')",
                              timeout=60_000)
-    second.locator("#stop").click()
+    second.locator("#stop").click()  # while it waits: it says so, and it will run nothing
+    second.wait_for_function("() => document.querySelector('#status').innerText.includes('stopped before it "
+                             "started')", timeout=10_000)
     first.locator("#many-stop").click()
+    wait_for(lambda: running(app_url) == 0, 30, "the first race ended")  # the queue reaches the second race now
+    counted, quiet = steps(app_url), time.perf_counter()
+    start = quiet
+    while time.perf_counter() - quiet < 5:  # a race that ran would be stepping well before 5 quiet seconds
+        assert time.perf_counter() - start < 30, "the race stopped while it waited ran"
+        now = steps(app_url)  # (the first race's lanes may each finish the step they were in)
+        if now != counted or running(app_url):
+            counted, quiet = now, time.perf_counter()
+        time.sleep(0.1)
+    assert "stopped before it started" in second.locator("#status").inner_text()
+    assert second.locator("#pane-spec .sv-tok, #pane-ar .sv-tok").count() == 0
 
 
 def test_stop_mid_race_says_stopped_in_the_status_and_every_pane(app_url, browser):

@@ -117,6 +117,54 @@ def test_stop_ends_a_running_race_by_itself_and_its_last_word_shows_it_stopped(m
     assert logic.stopped(rest[0]["live"]) is None  # a second Stop finds nothing running
 
 
+def test_stop_while_a_race_waits_for_the_device_means_it_never_runs(monkeypatch):
+    """Run's click leaves a Waiting as the session's live run before the race joins the device's queue; Stop while it
+    waits says so at once, and the race, once the queue reaches it, runs no step and says it again."""
+    from specviz.ui import race as race_tab
+
+    steps = []
+    monkeypatch.setattr(race_tab, "race_stream", fake_race(steps))
+    live = logic.waiting(None)
+    assert isinstance(live, logic.Waiting)
+    shown = race_tab.stop_run(live, None)
+    assert "stopped before it started" in shown["status"] and shown["live"].phase == "stopped"
+    assert race_tab.stop_run(shown["live"], None) == {}  # a second Stop finds nothing running
+    for handed in (live, shown["live"]):  # the state as Run's click left it, or as Stop did
+        rest = list(race_tab.run_race("a prompt", "pld", "", "2", 0.0, 1.0, 64, 0, live=handed))
+        assert len(rest) == 1 and "stopped before it started" in rest[0]["status"]
+    assert steps == []
+
+
+def test_a_race_that_starts_takes_its_waiting_stop_event(monkeypatch):
+    """A Stop in the instant the race starts (Stop still sees the Waiting) ends the race before its next step."""
+    from specviz.ui import race as race_tab
+
+    steps = []
+    monkeypatch.setattr(race_tab, "race_stream", fake_race(steps))
+    monkeypatch.setattr(race_tab, "live_views", functools.partial(race_views.live_views, interval=0.0,
+                                                                 plot_interval=0.0))
+    live = logic.waiting(None)
+    run = race_tab.run_race("a prompt", "pld", "", "2", 0.0, 1.0, 64, 0, live=live)
+    snap = next(run)["live"]
+    assert snap.stop is live.stop
+    assert logic.waiting(snap) is snap  # Run pressed again mid-race: Stop still reaches this race
+    race_tab.stop_run(live, None)
+    rest = list(run)
+    assert len(steps) <= 1 and "■ stopped at" in rest[-1]["status"]
+    assert isinstance(logic.waiting(rest[-1]["live"]), logic.Waiting)  # a stopped race: the next Run waits anew
+
+
+def test_stop_while_a_race_of_several_lanes_waits_means_it_never_runs(monkeypatch):
+    from specviz.ui import many
+
+    ran = []
+    monkeypatch.setattr(many, "_lanes", lambda *a: ran.append(a))
+    live = logic.waiting(None)
+    assert "stopped before it started" in many.stop_many(live)["status"]
+    rest = list(many.run_many("a prompt", "pld", 0.0, 64, live))
+    assert len(rest) == 1 and "stopped before it started" in rest[0]["status"] and ran == []
+
+
 def test_stop_ends_a_race_of_several_lanes_by_itself(monkeypatch):
     from specviz.ui import many
 

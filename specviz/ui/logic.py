@@ -275,15 +275,47 @@ def race_result(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT, targ
     return snap.result()
 
 
+@dataclass
+class Waiting:
+    """A run clicked and still waiting for the device (its place in the queue), kept as the session's live run by
+    `waiting` (Run's first handler, which skips the queue): Stop sets `stop`, and the run, once the queue reaches it,
+    runs nothing (`started`). A run that starts takes this event as its own, so a Stop in that instant still lands."""
+    stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    phase: str = "waiting"      # waiting | stopped
+
+
+STOPPED_WAITING = "■ stopped before it started: it was still waiting for the device, and nothing ran"
+
+
+def waiting(live):
+    """Run was clicked: a new Waiting becomes the session's live run, unless one is still going (Run pressed again
+    mid-race starts nothing: the race's trigger_mode, so Stop must keep reaching the race that runs)."""
+    return live if live is not None and live.phase in ("waiting", "loading", "running") else Waiting()
+
+
+def waited_out(live) -> bool:
+    """Stop was pressed while this run waited for the device (`live` the Waiting Run's click left): it runs nothing."""
+    return isinstance(live, Waiting) and live.stop.is_set()
+
+
+def adopt(snap, live):
+    """A run that starts takes its Waiting's stop event as its own (a Stop in that instant still reaches it)."""
+    if isinstance(live, Waiting):
+        snap.stop = live.stop
+    return snap
+
+
 def stopped(snap):
     """Stop was pressed: the run (a race or a race of several lanes) is told to end before its next step (its
     snapshot's `stop`: fold_ticks raises Cancelled, and its handler ends by showing it stopped), and a copy of its
     last snapshot is returned, its phase "stopped", its lanes as they are now (the run's thread may still fold one
     step into the original); None when the run had already ended. The handler ends by itself, so Gradio sees a run
     that completed: a cancels= on a running stream left an "Error" badge on the status about one Stop in three."""
-    if snap is None or snap.phase not in ("loading", "running"):
+    if snap is None or snap.phase not in ("waiting", "loading", "running"):
         return None
     snap.stop.set()
+    if isinstance(snap, Waiting):  # it had not started: it never will
+        return replace(snap, phase="stopped")
     lanes = {name: replace(lane, events=list(lane.events)) for name, lane in snap.lanes.items()}
     copy = replace(snap, phase="stopped")
     copy.lanes = lanes

@@ -29,12 +29,17 @@ from specviz.ui.logic import (
     DEFAULT_PROMPT,
     DEFAULTS,
     SPEC_METHODS,
+    STOPPED_WAITING,
     Lane,
+    Waiting,
+    adopt,
     fold_ticks,
     make_config,
     prepared_or_fail,
     stopped,
     user_message,
+    waited_out,
+    waiting,
 )
 from specviz.ui.race_html import pane_html
 from specviz.ui.race_views import throttle
@@ -222,22 +227,26 @@ def _lanes(lanes_text, temperature, max_new_tokens, seed=DEFAULTS.seed, top_p=DE
     return lanes, pair.run_args(next(iter(lanes.values()))[0].method, "")[0]
 
 
-def run_many(prompt, lanes_text, temperature, max_new_tokens):
+def run_many(prompt, lanes_text, temperature, max_new_tokens, live=None):
     """The streaming handler: status, leaderboard and the panes at most ~4 times a second, and the final state. Any
-    error ends the run with a one-line message in the status line; the app keeps serving."""
+    error ends the run with a one-line message in the status line; the app keeps serving. `live` is the Waiting
+    that Run's click left (logic.waiting): Stop pressed while the race waited for the device, it runs nothing."""
+    if waited_out(live):
+        yield {"status": status_html(STOPPED_WAITING)}
+        return
     snap = None
     try:
         lanes, target = _lanes(lanes_text, temperature, max_new_tokens)
         names = list(lanes)
         for i, snap in enumerate(throttle(lanes_stream(prompt, lanes, target), key=lambda s: s.phase)):
             # the snapshot, kept live for Stop (updated in place after the first)
-            yield shown(snap, names) if i else {**shown(snap, names), "live": snap}
+            yield shown(snap, names) if i else {**shown(adopt(snap, live), names), "live": snap}
     except Cancelled:  # Stop (stop_many) told it to end before its next step: its last word shows it stopped
         yield stop_many(snap)
     except Exception as exc:
         message = user_message(exc, Policy.from_env().public)
         gr.Warning(message)
-        yield {"status": status_html(f"⚠ {message}", "error")}
+        yield {"status": status_html(f"⚠ {message}", "error"), "live": None}  # nothing runs now
 
 
 def stop_many(live: Optional[LanesSnapshot]):
@@ -247,6 +256,8 @@ def stop_many(live: Optional[LanesSnapshot]):
     snap = stopped(live)
     if snap is None:  # nothing was running
         return {}
+    if isinstance(snap, Waiting):  # it never started
+        return {"status": status_html(STOPPED_WAITING), "live": snap}
     return {**shown(snap, list(snap.cfgs)), "live": snap}
 
 
@@ -309,7 +320,9 @@ def many_tab(concurrency_id: str = DEVICE_QUEUE) -> None:
         named = {"status": status, "board": board, "positions": positions,
                  **{f"pane_{i}": out for i, out in enumerate(outs)}, "live": live}
         race, outputs = by_name(zerogpu.gpu(run_many, run_seconds), named)
-        run.click(race, inputs=[prompt, lanes, temperature, max_new_tokens], outputs=outputs,
+        armed = run.click(waiting, inputs=[live], outputs=[live], queue=False, api_visibility="private",
+                          show_progress="hidden")  # at once, before the queue: Stop reaches a race still waiting
+        armed.then(race, inputs=[prompt, lanes, temperature, max_new_tokens, live], outputs=outputs,
                           concurrency_limit=1, concurrency_id=concurrency_id, api_visibility="private",
                           show_progress="full", show_progress_on=[status])
         stop_handler, stop_outputs = by_name(stop_many, named)

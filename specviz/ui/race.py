@@ -20,11 +20,16 @@ from specviz.ui.common import DEVICE_QUEUE, status_html
 from specviz.ui.logic import (
     DEFAULT_PROMPT,
     DEFAULTS,
+    STOPPED_WAITING,
+    Waiting,
+    adopt,
     make_config,
     race_stream,
     short_label,
     stopped,
     user_message,
+    waited_out,
+    waiting,
 )
 from specviz.ui.race_html import what_if_html
 from specviz.ui.race_layout import EXPLAINER, GAMMA_LABEL, RaceForm, RacePanels, gamma_info, race_form, race_panels
@@ -33,12 +38,16 @@ from specviz.ui.wiring import by_name
 
 
 def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, seed, lookup=DEFAULTS.lookup,
-             retrieve=DEFAULTS.retrieve, tree=DEFAULTS.tree, tree_nodes=DEFAULTS.tree_nodes):
+             retrieve=DEFAULTS.retrieve, tree=DEFAULTS.tree, tree_nodes=DEFAULTS.tree_nodes, live=None):
     """The streaming handler: yields the outputs that change, by name ({"status": …}: wire_race wires the names), at
     most ~4 times a second, and always the final state.
     Any error ends the run with a one-line message in the status bar (no traceback, no server path); the
     app keeps serving. Stop ends it before the race's next step (stop_run); a client's cancel closes it (GeneratorExit
-    is not caught)."""
+    is not caught); `live` is the Waiting that Run's click left (logic.waiting): Stop pressed while the race waited
+    for the device, it runs nothing."""
+    if waited_out(live):
+        yield {"status": status_html(STOPPED_WAITING)}
+        return
     snap = None
     try:
         cfg = make_config(method, gamma, temperature, top_p, max_new_tokens, seed, lookup, retrieve)
@@ -47,7 +56,7 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
         first = True
         note = startup.default_note(cfg)  # the shipped default, while this machine is measured: said so
         for view in startup.noted(live_views(metered(race_stream(prompt, cfg, draft, target))), note):
-            snap = view.snapshot
+            snap = adopt(view.snapshot, live)
             out = view.shown()
             if first:  # a new race: forget the last one (the tree slider's steps, the replay); keep it live for Stop
                 first = False
@@ -62,7 +71,7 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
     except Exception as exc:
         message = user_message(exc, Policy.from_env().public)
         gr.Warning(message)
-        yield {"status": status_html(f"⚠ {message}", "error")}
+        yield {"status": status_html(f"⚠ {message}", "error"), "live": None}  # nothing runs now
 
 
 def tree_slider(events) -> gr.Slider:
@@ -81,6 +90,8 @@ def stop_run(live, recording):
     snap = stopped(live)
     if snap is None:  # nothing was running
         return {}
+    if isinstance(snap, Waiting):  # it never started
+        return {"status": status_html(STOPPED_WAITING), "live": snap}
     if recording is not None and live is not recording:  # a replay: the recording stays as it was
         out = view_of(snap, with_plots=False).shown()
         out.update(status=status_html(f"■ replay stopped at {snap.lanes['ar'].n_tokens} plain / "
@@ -271,8 +282,10 @@ def wire_race(form: RaceForm, panels: RacePanels, concurrency_id: str) -> None:
     run_seconds = zerogpu.run_duration()  # one capped run: SPECVIZ_MAX_RUN_SECONDS plus the set-up
     live = gr.State(None)  # the race or replay running now, its snapshot updated in place (stop_run renders it)
     race, race_outputs = by_name(zerogpu.gpu(run_race, run_seconds), panels.race_outputs(form.replay, live))
-    run_event = form.run.click(
-        race, inputs=form.settings(), outputs=race_outputs,
+    armed = form.run.click(waiting, inputs=[live], outputs=[live], queue=False, api_visibility="private",
+                           show_progress="hidden")  # at once, before the queue: Stop reaches a race still waiting
+    run_event = armed.then(
+        race, inputs=[*form.settings(), live], outputs=race_outputs,
         concurrency_limit=1, concurrency_id=concurrency_id, api_name="race_stream",
         show_progress="full", show_progress_on=[panels.status])  # a waiting visitor sees their place in the queue
     run_event.then(what_if_panel, inputs=[panels.recording, panels.what_if_profiles], outputs=[panels.what_if],
