@@ -80,6 +80,31 @@ def test_the_race_is_on_the_first_screen(app_url, browser, width, height):
     page.close()
 
 
+def test_on_a_projector_run_brings_the_race_into_view(app_url, browser):
+    """A 1024 x 768 projector at 150% zoom (683 x 512 CSS pixels): the header and the form fill the first screen, so
+    Run scrolls the race's status line to the top, with the first lines of both panes under it."""
+    page = browser.new_context(viewport={"width": 683, "height": 512}, device_scale_factor=1.5).new_page()
+    page.goto(app_url)
+    page.wait_for_selector("#run")
+    for sel in ("#prompt", "#preset", "#run", "#stop"):
+        assert in_viewport(page, page.locator(sel)), sel
+    top = page.locator("#race-panes").evaluate("(e) => e.getBoundingClientRect().top")
+    assert top + 120 > 512, top  # the panes' first lines start below the screen
+    page.locator("#run").click()
+    for pane in ("pane-ar", "pane-spec"):
+        page.wait_for_selector(FIRST_TOKEN.format(pane=pane), timeout=600_000)
+    shown = ("#status", FIRST_TOKEN.format(pane="pane-ar"), FIRST_TOKEN.format(pane="pane-spec"))
+    for _ in range(50):  # the smooth scroll takes a moment
+        if all(in_viewport(page, page.locator(sel)) for sel in shown):
+            break
+        page.wait_for_timeout(200)
+    assert page.evaluate("() => window.scrollY") > 0
+    for sel in shown:
+        assert in_viewport(page, page.locator(sel)), sel
+    page.locator("#stop").click()
+    page.close()
+
+
 def test_the_default_race_reads_as_the_same_text_as_plain_decoding(app_url, browser):
     page = browser.new_page(viewport={"width": 1280, "height": 720})
     page.goto(app_url)

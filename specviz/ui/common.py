@@ -84,3 +84,11 @@ def verdict_html(message: str, kind: str) -> str:
 
 def status_html(message: str, kind: str = "info") -> str:
     return f'<div class="sv-status sv-status-{kind}">{html.escape(message)}</div>'
+
+
+def into_view_js(status: str, panes: str) -> str:
+    """A Run click's front-end step: where the race's panes start below the screen (a projector at 150%: 683 x 512
+    CSS pixels, the header and the form fill it), the page scrolls its status line to the top, the panes under it."""
+    return (f"() => {{ const p = document.querySelector('#{panes}'), s = document.querySelector('#{status}'); "
+            f"if (p && s && p.getBoundingClientRect().top + 120 > window.innerHeight) "
+            f"s.scrollIntoView({{behavior: 'smooth', block: 'start'}}); }}")

@@ -24,7 +24,7 @@ from specviz.metrics import Comparison, compare
 from specviz.policy import Policy
 from specviz.ui import lane_plots, render
 from specviz.ui.cancel import cancellable
-from specviz.ui.common import DEVICE_QUEUE, MAX_NEW_TOKENS, at_hand, num, status_html, tab_intro
+from specviz.ui.common import DEVICE_QUEUE, MAX_NEW_TOKENS, at_hand, into_view_js, num, status_html, tab_intro
 from specviz.ui.logic import (
     DEFAULT_PROMPT,
     DEFAULTS,
@@ -320,6 +320,7 @@ def many_tab(concurrency_id: str = DEVICE_QUEUE) -> None:
         named = {"status": status, "board": board, "positions": positions,
                  **{f"pane_{i}": out for i, out in enumerate(outs)}, "live": live}
         race, outputs = by_name(zerogpu.gpu(run_many, run_seconds), named)
+        run.click(None, js=into_view_js("many-status", "many-pane-0"))  # the race in view as it starts
         armed = run.click(waiting, inputs=[live], outputs=[live], queue=False, api_visibility="private",
                           show_progress="hidden")  # at once, before the queue: Stop reaches a race still waiting
         armed.then(race, inputs=[prompt, lanes, temperature, max_new_tokens, live], outputs=outputs,

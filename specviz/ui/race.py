@@ -16,7 +16,7 @@ from specviz.policy import Policy
 from specviz.serving import export
 from specviz.ui import controls, plots, presets, replay, startup
 from specviz.ui.cancel import cancellable
-from specviz.ui.common import DEVICE_QUEUE, status_html
+from specviz.ui.common import DEVICE_QUEUE, into_view_js, status_html
 from specviz.ui.logic import (
     DEFAULT_PROMPT,
     DEFAULTS,
@@ -282,6 +282,7 @@ def wire_race(form: RaceForm, panels: RacePanels, concurrency_id: str) -> None:
     run_seconds = zerogpu.run_duration()  # one capped run: SPECVIZ_MAX_RUN_SECONDS plus the set-up
     live = gr.State(None)  # the race or replay running now, its snapshot updated in place (stop_run renders it)
     race, race_outputs = by_name(zerogpu.gpu(run_race, run_seconds), panels.race_outputs(form.replay, live))
+    form.run.click(None, js=into_view_js("status", "race-panes"))  # the race in view as it starts
     armed = form.run.click(waiting, inputs=[live], outputs=[live], queue=False, api_visibility="private",
                            show_progress="hidden")  # at once, before the queue: Stop reaches a race still waiting
     run_event = armed.then(
