@@ -34,10 +34,19 @@ def fold_settings(page) -> None:
 
 
 def set_number(page, elem_id: str, value) -> None:
+    """Type `value` into a number field (a slider's box) and check, a moment later, that it held: twice in CI a Run
+    right after raced the slider's old length (27 tokens where 24 were set), and a wait for the slider to read the value
+    timed out: a field that a fold opening has just mounted can take its stored value again after the typing, so the
+    value is typed again until it holds."""
     reveal(page, elem_id)
     box = page.locator(f"#{elem_id} input[type=number]")
-    box.fill(str(value))
-    box.press("Enter")
+    for _ in range(5):
+        box.fill(str(value))
+        box.press("Enter")
+        page.wait_for_timeout(400)
+        if box.input_value() == str(value):
+            return
+    raise AssertionError(f"#{elem_id} did not keep {value!r}: it reads {box.input_value()!r}")
 
 
 def choose(page, elem_id: str, option: str) -> None:

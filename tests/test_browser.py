@@ -19,6 +19,9 @@ def test_run_in_browser(app_url, browser):
     page.locator("#prompt textarea").fill(PROMPT)
     set_number(page, "max-new-tokens", N)
     assert page.locator("#explainer").is_visible()  # the accordion is there, collapsed
+    before = page.evaluate("() => [document.querySelector('#max-new-tokens input[type=number]')?.value, "
+                           "document.querySelectorAll('#pane-ar [data-verdict]').length, "
+                           "document.querySelector('#status')?.innerText]")
     t0 = time.perf_counter()
     page.locator("#run").click()
     page.wait_for_selector("#pane-ar [data-verdict]", timeout=120_000)
@@ -29,7 +32,8 @@ def test_run_in_browser(app_url, browser):
     print(f"\nfirst tokens visible {first_tokens_s:.2f} s after clicking Run")
 
     assert page.locator("#pane-spec [data-verdict=accepted]").count() > 0
-    assert page.locator("#pane-ar [data-verdict=plain]").count() == N
+    plain = page.locator("#pane-ar [data-verdict=plain]").count()
+    assert plain == N, (plain, before, page.locator("#status").inner_text(), page.locator("#pane-ar").inner_text())
     assert "identical to plain decoding" in page.locator("#summary").inner_text()
     pair = hardware.default_pair()  # the default method, with its branches where it has them
     label = method_label(pair.method, pair.lookup_for(pair.method), pair.retrieve_for(pair.method))
