@@ -86,6 +86,13 @@ def status_html(message: str, kind: str = "info") -> str:
     return f'<div class="sv-status sv-status-{kind}">{html.escape(message)}</div>'
 
 
+def never_ran(live) -> dict:
+    """What a race stopped while it waited for the device shows, from Stop and again from its handler when the queue
+    reaches it (logic.waited_out): the status says so; `live` stays the stopped ticket."""
+    return {"status": status_html("■ stopped before it started: it was still waiting for the device, and nothing "
+                                  "ran"), "live": live}
+
+
 def into_view_js(status: str, panes: str) -> str:
     """A Run click's front-end step: where the race's panes start below the screen (a projector at 150%: 683 x 512
     CSS pixels, the header and the form fill it), the page scrolls its status line to the top, the panes under it."""

@@ -279,12 +279,9 @@ def race_result(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT, targ
 class Waiting:
     """A run clicked and still waiting for the device (its place in the queue), kept as the session's live run by
     `waiting` (Run's first handler, which skips the queue): Stop sets `stop`, and the run, once the queue reaches it,
-    runs nothing (`started`). A run that starts takes this event as its own, so a Stop in that instant still lands."""
+    runs nothing (`waited_out`). A run that starts takes this event as its own (`adopt`): a Stop then still lands."""
     stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     phase: str = "waiting"      # waiting | stopped
-
-
-STOPPED_WAITING = "■ stopped before it started: it was still waiting for the device, and nothing ran"
 
 
 def waiting(live):

@@ -24,12 +24,20 @@ from specviz.metrics import Comparison, compare
 from specviz.policy import Policy
 from specviz.ui import lane_plots, render
 from specviz.ui.cancel import cancellable
-from specviz.ui.common import DEVICE_QUEUE, MAX_NEW_TOKENS, at_hand, into_view_js, num, status_html, tab_intro
+from specviz.ui.common import (
+    DEVICE_QUEUE,
+    MAX_NEW_TOKENS,
+    at_hand,
+    into_view_js,
+    never_ran,
+    num,
+    status_html,
+    tab_intro,
+)
 from specviz.ui.logic import (
     DEFAULT_PROMPT,
     DEFAULTS,
     SPEC_METHODS,
-    STOPPED_WAITING,
     Lane,
     Waiting,
     adopt,
@@ -232,7 +240,7 @@ def run_many(prompt, lanes_text, temperature, max_new_tokens, live=None):
     error ends the run with a one-line message in the status line; the app keeps serving. `live` is the Waiting
     that Run's click left (logic.waiting): Stop pressed while the race waited for the device, it runs nothing."""
     if waited_out(live):
-        yield {"status": status_html(STOPPED_WAITING)}
+        yield never_ran(live)
         return
     snap = None
     try:
@@ -257,7 +265,7 @@ def stop_many(live: Optional[LanesSnapshot]):
     if snap is None:  # nothing was running
         return {}
     if isinstance(snap, Waiting):  # it never started
-        return {"status": status_html(STOPPED_WAITING), "live": snap}
+        return never_ran(snap)
     return {**shown(snap, list(snap.cfgs)), "live": snap}
 
 

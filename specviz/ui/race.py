@@ -16,11 +16,10 @@ from specviz.policy import Policy
 from specviz.serving import export
 from specviz.ui import controls, plots, presets, replay, startup
 from specviz.ui.cancel import cancellable
-from specviz.ui.common import DEVICE_QUEUE, into_view_js, status_html
+from specviz.ui.common import DEVICE_QUEUE, into_view_js, never_ran, status_html
 from specviz.ui.logic import (
     DEFAULT_PROMPT,
     DEFAULTS,
-    STOPPED_WAITING,
     Waiting,
     adopt,
     make_config,
@@ -46,7 +45,7 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
     is not caught); `live` is the Waiting that Run's click left (logic.waiting): Stop pressed while the race waited
     for the device, it runs nothing."""
     if waited_out(live):
-        yield {"status": status_html(STOPPED_WAITING)}
+        yield never_ran(live)
         return
     snap = None
     try:
@@ -56,10 +55,11 @@ def run_race(prompt, method, draft, gamma, temperature, top_p, max_new_tokens, s
         first = True
         note = startup.default_note(cfg)  # the shipped default, while this machine is measured: said so
         for view in startup.noted(live_views(metered(race_stream(prompt, cfg, draft, target))), note):
-            snap = adopt(view.snapshot, live)
+            snap = view.snapshot
             out = view.shown()
             if first:  # a new race: forget the last one (the tree slider's steps, the replay); keep it live for Stop
                 first = False
+                adopt(snap, live)
                 out.update(spec_events=[], recording=None, replay=gr.Button(interactive=False), live=view.snapshot)
             if view.final_events is not None:  # done: its steps in the tree panel
                 out.update(spec_events=view.final_events, tree_step=tree_slider(view.final_events))
@@ -91,7 +91,7 @@ def stop_run(live, recording):
     if snap is None:  # nothing was running
         return {}
     if isinstance(snap, Waiting):  # it never started
-        return {"status": status_html(STOPPED_WAITING), "live": snap}
+        return never_ran(snap)
     if recording is not None and live is not recording:  # a replay: the recording stays as it was
         out = view_of(snap, with_plots=False).shown()
         out.update(status=status_html(f"■ replay stopped at {snap.lanes['ar'].n_tokens} plain / "
