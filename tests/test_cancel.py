@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.request
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from test_app_logic import snapshot
@@ -189,6 +190,27 @@ def test_stop_ends_a_race_of_several_lanes_by_itself(monkeypatch):
     ran = len(steps)
     rest = list(run)
     assert len(steps) == ran and len(rest) == 1 and "■ stopped at" in rest[0]["status"]
+
+
+def test_a_step_that_ends_after_stop_is_dropped_so_stop_and_the_races_last_word_agree():
+    """Stop pressed while a step computes: Stop's copy (what stop_run shows and Replay replays) and the race's own
+    last word (its Cancelled handler's copy) hold the same steps. (Before, the step landed in the race after Stop's
+    copy: the panes said 14 tokens and Replay ended at 12.)"""
+    snap = logic.RaceSnapshot(DecodeConfig(method="pld"), "", phase="running")
+    shown = []
+
+    def ticks():
+        yield SimpleNamespace(lane="spec", event=PARTIAL, clock=0.1)
+        shown.append(logic.stopped(snap))  # Stop, while the next step computes
+        yield SimpleNamespace(lane="spec", event=FULL, clock=0.2)
+
+    folded = logic.fold_ticks(snap, ticks(), "a test race")
+    next(folded)
+    with pytest.raises(race.Cancelled):
+        next(folded)
+    last_word = logic.stopped(snap)
+    assert [lane.events for lane in last_word.lanes.values()] == [lane.events for lane in shown[0].lanes.values()]
+    assert last_word.lanes["spec"].events == [PARTIAL]
 
 
 def test_a_replay_of_a_stopped_race_ends_where_it_stopped():

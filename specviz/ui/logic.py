@@ -118,6 +118,22 @@ class Lane:
         return self.n_tokens / self.clock if self.clock else 0.0
 
 
+class StopSignal:
+    """A run's Stop: `set` by `stopped`, read by the run (fold_ticks) before each step. Its lock makes Stop's copy
+    of the run and the fold of a step one at a time: once set, no further step lands in the run, so the stopped copy
+    Stop shows and the run's own last word hold the same steps (and Replay replays what both showed)."""
+
+    def __init__(self):
+        self._event = threading.Event()
+        self.lock = threading.Lock()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+
 @dataclass
 class RaceSnapshot:
     """The state of one race, updated in place as ticks arrive (race_stream yields it after each)."""
@@ -131,7 +147,7 @@ class RaceSnapshot:
     hardware: str = ""          # hardware.describe(): the device and dtype the lanes ran on
     profiled: bool = False      # the prediction used the target's measured verify profile (specviz/core/profile.py)
     what_if: Optional[whatif.RaceClock] = None  # the finished race, ready to be re-timed (the what-if panel)
-    stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)  # set by `stopped`
+    stop: StopSignal = field(default_factory=StopSignal, repr=False, compare=False)  # set by `stopped`
 
     def title(self, lane: str) -> str:
         return LANE_TITLES[lane].format(method=method_label(self.cfg.method, self.cfg.lookup, self.cfg.retrieve))
@@ -238,10 +254,13 @@ def fold_ticks(snap, ticks: Iterator, what: str) -> Iterator:
             raise RunFailed("inside the engine", exc) from exc
         if tick is None:
             return
-        lane = snap.lanes[tick.lane]
-        lane.events.append(tick.event)
-        lane.clock = tick.clock
-        lane.done = tick.event.finish_reason is not None
+        with snap.stop.lock:  # a step that ends after Stop is not folded in: Stop's copy already showed the run
+            if snap.stop.is_set():
+                raise Cancelled("the race was stopped: Stop was pressed")
+            lane = snap.lanes[tick.lane]
+            lane.events.append(tick.event)
+            lane.clock = tick.clock
+            lane.done = tick.event.finish_reason is not None
         yield snap
 
 
@@ -279,8 +298,8 @@ def race_result(prompt: str, cfg: DecodeConfig, draft: str = DEFAULT_DRAFT, targ
 class Waiting:
     """A run clicked and still waiting for the device (its place in the queue), kept as the session's live run by
     `waiting` (Run's first handler, which skips the queue): Stop sets `stop`, and the run, once the queue reaches it,
-    runs nothing (`waited_out`). A run that starts takes this event as its own (`adopt`): a Stop then still lands."""
-    stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    runs nothing (`waited_out`). A run that starts takes this signal as its own (`adopt`): a Stop then still lands."""
+    stop: StopSignal = field(default_factory=StopSignal, repr=False, compare=False)
     phase: str = "waiting"      # waiting | stopped
 
 
@@ -296,7 +315,7 @@ def waited_out(live) -> bool:
 
 
 def adopt(snap, live):
-    """A run that starts takes its Waiting's stop event as its own (a Stop in that instant still reaches it)."""
+    """A run that starts takes its Waiting's stop signal as its own (a Stop in that instant still reaches it)."""
     if isinstance(live, Waiting):
         snap.stop = live.stop
     return snap
@@ -305,15 +324,17 @@ def adopt(snap, live):
 def stopped(snap):
     """Stop was pressed: the run (a race or a race of several lanes) is told to end before its next step (its
     snapshot's `stop`: fold_ticks raises Cancelled, and its handler ends by showing it stopped), and a copy of its
-    last snapshot is returned, its phase "stopped", its lanes as they are now (the run's thread may still fold one
-    step into the original); None when the run had already ended. The handler ends by itself, so Gradio sees a run
-    that completed: a cancels= on a running stream left an "Error" badge on the status about one Stop in three."""
+    last snapshot is returned, its phase "stopped", its lanes as they are now and stay (a step that ends after the
+    signal is dropped: StopSignal); None when the run had already ended. The handler ends by itself, so Gradio sees
+    a run that completed: a cancels= on a running stream left an "Error" badge on the status about one Stop in
+    three."""
     if snap is None or snap.phase not in ("waiting", "loading", "running"):
         return None
-    snap.stop.set()
-    if isinstance(snap, Waiting):  # it had not started: it never will
-        return replace(snap, phase="stopped")
-    lanes = {name: replace(lane, events=list(lane.events)) for name, lane in snap.lanes.items()}
+    with snap.stop.lock:  # no step lands between the signal and the copy, nor after them (fold_ticks)
+        snap.stop.set()
+        if isinstance(snap, Waiting):  # it had not started: it never will
+            return replace(snap, phase="stopped")
+        lanes = {name: replace(lane, events=list(lane.events)) for name, lane in snap.lanes.items()}
     copy = replace(snap, phase="stopped")
     copy.lanes = lanes
     return copy

@@ -8,7 +8,6 @@ A lane is named as `bench --method` names a race (methods.method_spec): `pld:2`,
 from __future__ import annotations
 
 import html
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
@@ -39,6 +38,7 @@ from specviz.ui.logic import (
     DEFAULTS,
     SPEC_METHODS,
     Lane,
+    StopSignal,
     Waiting,
     adopt,
     fold_ticks,
@@ -110,7 +110,7 @@ class LanesSnapshot:
     decode: Optional[Callable[[list[int]], str]] = None
     hardware: str = ""
     started: float = field(default_factory=time.perf_counter)
-    stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)  # logic.stopped sets it
+    stop: StopSignal = field(default_factory=StopSignal, repr=False, compare=False)  # logic.stopped sets it
 
     def __post_init__(self):
         self.lanes = {"ar": Lane(), **{name: Lane() for name in self.cfgs}}
