@@ -182,12 +182,14 @@ def measure(target, say: Say) -> Calibration:
 
     say("measuring this machine: memory bandwidth…")
     key, bw = machine_key(target), quick_bandwidth(target.device.type)
-    say(f"measuring this machine: T(k) 0/{len(APP_SIZES)}…")
+    say(f"measuring this machine: what checking k guesses at once costs, 0 of {len(APP_SIZES)}…")
     # measured here, not through profile_of: `say` may wait for a race to end, and a race reads profile_of
     prof = verify_profile(target, APP_SIZES, reps=APP_REPS,
-                          tick=lambda n: say(f"measuring this machine: T(k) {n}/{len(APP_SIZES)}…"))
+                          tick=lambda n: say(f"measuring this machine: what checking k guesses at once costs, {n} of "
+                                             f"{len(APP_SIZES)}…"))
     keep(target, prof)
-    costs = tuning.measure_costs(target, prof, tick=lambda n, of: say(f"measuring this machine: step costs {n}/{of}…"))
+    costs = tuning.measure_costs(target, prof, tick=lambda n, of: say(f"measuring this machine: each drafter's step, "
+                                                                       f"{n} of {of}…"))
     return Calibration(key, prof, costs, bw, time.strftime("%Y-%m-%d %H:%M"))
 
 
@@ -198,7 +200,8 @@ _lock = threading.Lock()
 def calibrate(target, say: Optional[Say] = None) -> Outcome:
     """This process's default race for a loaded target, settled once (SPECVIZ_CALIBRATE: module docstring): from the
     kept calibration when valid, else measured and kept, else (SPECVIZ_CALIBRATE=0) the shipped defaults. `say` is
-    told each step ("measuring this machine: T(k) 3/9…"). Raises ConfigError for a bad SPECVIZ_CALIBRATE."""
+    told each step ("measuring this machine: what checking k guesses at once costs, 3 of 9…"). Raises ConfigError
+    for a bad SPECVIZ_CALIBRATE."""
     from specviz import tuning
     from specviz.core import profile
 

@@ -80,6 +80,11 @@ def test_the_race_is_on_the_first_screen(app_url, browser, width, height):
     page.close()
 
 
+LABEL_LINES = """(ids) => ids.map((id) => { const r = document.createRange();
+    r.selectNodeContents(document.querySelector('#' + id));
+    return new Set([...r.getClientRects()].map((b) => Math.round(b.top))).size; })"""
+
+
 def test_on_a_projector_run_brings_the_race_into_view(app_url, browser):
     """A 1024 x 768 projector at 150% zoom (683 x 512 CSS pixels): the header and the form fill the first screen, so
     Run scrolls the race's status line to the top, with the first lines of both panes under it."""
@@ -88,6 +93,8 @@ def test_on_a_projector_run_brings_the_race_into_view(app_url, browser):
     page.wait_for_selector("#run")
     for sel in ("#prompt", "#preset", "#run", "#stop"):
         assert in_viewport(page, page.locator(sel)), sel
+    lines = page.evaluate(LABEL_LINES, ["run", "stop", "replay"])
+    assert lines == [1, 1, 1], lines  # each button's label on one line (Replay's wrapped onto two)
     top = page.locator("#race-panes").evaluate("(e) => e.getBoundingClientRect().top")
     assert top + 120 > 512, top  # the panes' first lines start below the screen
     page.locator("#run").click()

@@ -46,7 +46,7 @@ def decode_args(p: argparse.ArgumentParser, methods=METHODS) -> None:
                                                   f"{PAIR_HELP})")
     p.add_argument("--draft", default=None, help="draft for vanilla: int8 or a model spec sharing the target's "
                                                  "tokenizer (default: int8, or the GPU pair's draft)")
-    p.add_argument("--drafter", default=None, help="eagle, medusa, layerskip, draft: a folder written by `train` or a "
+    p.add_argument("--drafter", default=None, help=f"{', '.join(TRAINED_METHODS)}: a folder written by `train` or a "
                                                    "Hub id (default: the drafter shipped for the target)")
     p.add_argument("--gamma", default=None, help=f"drafted tokens per step, 1..{GAMMA_MAX} or auto (default: the "
                                                  "method's fastest on this machine, as the app chooses it)")

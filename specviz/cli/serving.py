@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+from specviz import methods as registry
 from specviz.cli.bench import read_prompts
 from specviz.cli.common import DEFAULTS, InputError, float_arg, int_arg
 
@@ -53,17 +54,21 @@ def engine_parsers(sub) -> None:
 
     ex = sub.add_parser("export", help="the target or a drafter in the layouts serving engines load (vLLM, SGLang, "
                         "llama.cpp), checked by loading it back; a README in each folder gives the serving command")
-    ex.add_argument("what", help="target, eagle, medusa, draft (the shipped drafters) or a drafter folder trained here")
+    from specviz.serving.export_common import FORMATS
+
+    exported = ", ".join(registry.names(lambda s: bool(s.exporter)))
+    ex.add_argument("what", help=f"target, {exported} (the shipped drafters) or a drafter folder trained here")
     ex.add_argument("--target", default="smollm2-135m", help="the target spec (default %(default)s)")
     ex.add_argument("--out", default=None, help="the folder to write (default out/export/NAME); a drafter's export "
                     "also needs the target's, which is written once and kept under out/export/TARGET")
     ex.add_argument("--force", action="store_true", help="export again even when out/ holds this export")
-    ex.add_argument("--format", default="native", help="a drafter's format: native (each method's engine layout, "
-                    "the default) or speculators (vLLM's: EAGLE-3, served by `vllm serve DRAFTER`)")
+    ex.add_argument("--format", default=FORMATS[0], help=f"a drafter's format, one of {', '.join(FORMATS)}: native "
+                    "(each method's engine layout, the default), speculators (vLLM's: EAGLE-3, served by `vllm serve "
+                    "DRAFTER`), gguf (llama.cpp's: EAGLE-3 and DFlash; native writes the draft model's GGUF)")
     sv = sub.add_parser("serve", help="serve the target with a drafter on a real engine (vLLM or llama.cpp) at "
                         "127.0.0.1, exporting what it needs; stops the engine on Ctrl-C or exit")
     sv.add_argument("--engine", required=True, help=f"one of {', '.join(engines.ENGINES)}")
-    sv.add_argument("--drafter", required=True, help="ngram, eagle, medusa, draft, or a drafter folder trained "
+    sv.add_argument("--drafter", required=True, help="ngram, eagle, medusa, draft, dflash, or a drafter folder trained "
                     "here (vLLM: all; llama.cpp: ngram, draft, eagle, dflash)")
     sv.add_argument("--format", default="native", help="the drafter export's format: native (default) or "
                     "speculators (vLLM with --drafter eagle: the drafter folder alone, naming the target)")

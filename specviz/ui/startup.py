@@ -22,7 +22,7 @@ import gradio as gr
 
 from specviz import calibration, hardware
 from specviz.config import DEFAULT_TARGET
-from specviz.ui.logic import DEFAULT_PROMPT, make_config, race_result
+from specviz.ui.logic import DEFAULT_PROMPT, make_config, method_label, race_result
 from specviz.ui.wiring import by_name
 
 log = logging.getLogger("specviz.startup")
@@ -227,4 +227,5 @@ def ready_line(outcome: Optional[calibration.Outcome], pair: hardware.Pair) -> s
     if outcome.source == "shipped":
         return f"ready: racing the shipped default {pair.race()} (SPECVIZ_CALIBRATE=0 and no valid kept calibration)"
     how = "this machine's kept calibration" if outcome.source == "kept" else "measured now, kept for the next start"
-    return f"ready: this machine races {pair.race()} ({how})"
+    label = method_label(pair.method, pair.lookup_for(pair.method), pair.retrieve_for(pair.method))
+    return f"ready: this machine races {label} ({pair.race()}; {how})"
