@@ -40,13 +40,15 @@ def set_number(page, elem_id: str, value) -> None:
     value is typed again until it holds."""
     reveal(page, elem_id)
     box = page.locator(f"#{elem_id} input[type=number]")
+    bar = page.locator(f"#{elem_id} input[type=range]")  # set from the component's value, not from the typing
     for _ in range(5):
         box.fill(str(value))
         box.press("Enter")
         page.wait_for_timeout(400)
-        if box.input_value() == str(value):
+        if box.input_value() == str(value) and (not bar.count() or float(bar.input_value()) == float(value)):
             return
-    raise AssertionError(f"#{elem_id} did not keep {value!r}: it reads {box.input_value()!r}")
+    raise AssertionError(f"#{elem_id} did not keep {value!r}: it reads {box.input_value()!r}"
+                         + (f", its slider {bar.input_value()!r}" if bar.count() else ""))
 
 
 def choose(page, elem_id: str, option: str) -> None:
@@ -67,7 +69,8 @@ BOX = """(el) => { const r = el.getBoundingClientRect(); return [r.left, r.top, 
 
 
 def in_viewport(page, locator) -> bool:
-    """Whether the element's box lies wholly within the viewport as the page stands (no scrolling done)."""
+    """Whether the element's box lies wholly within the viewport as the page stands (no scrolling done), to a pixel
+    (a zoomed page scrolled to an element's top can leave it a fraction of a pixel above the edge)."""
     left, top, right, bottom = locator.evaluate(BOX)
     size = page.viewport_size
-    return left >= 0 and top >= 0 and right <= size["width"] and bottom <= size["height"]
+    return left >= -1 and top >= -1 and right <= size["width"] + 1 and bottom <= size["height"] + 1
