@@ -5,7 +5,6 @@ import json
 import sys
 from pathlib import Path
 
-from specviz import methods as registry
 from specviz.cli.bench import read_prompts
 from specviz.cli.common import DEFAULTS, InputError, float_arg, int_arg
 
@@ -51,13 +50,12 @@ def serving_parsers(sub) -> None:
 def engine_parsers(sub) -> None:
     """export and serve: a drafter trained here into the layouts engines load, served by the real engine."""
     from specviz.serving import engines
+    from specviz.serving.engine_export import KINDS
+    from specviz.serving.export_common import FORMATS
 
     ex = sub.add_parser("export", help="the target or a drafter in the layouts serving engines load (vLLM, SGLang, "
                         "llama.cpp), checked by loading it back; a README in each folder gives the serving command")
-    from specviz.serving.export_common import FORMATS
-
-    exported = ", ".join(registry.names(lambda s: bool(s.exporter)))
-    ex.add_argument("what", help=f"target, {exported} (the shipped drafters) or a drafter folder trained here")
+    ex.add_argument("what", help=f"target, {', '.join(KINDS)} (the shipped drafters) or a drafter folder trained here")
     ex.add_argument("--target", default="smollm2-135m", help="the target spec (default %(default)s)")
     ex.add_argument("--out", default=None, help="the folder to write (default out/export/NAME); a drafter's export "
                     "also needs the target's, which is written once and kept under out/export/TARGET")
