@@ -86,6 +86,16 @@ def test_the_page_shows_progress_and_an_early_race_runs_the_shipped_default(star
         wait_for(lambda: line.get_attribute("data-done") == "true", "ready line", proc)
         ready = line.inner_text()
         assert "ready: this machine races" in ready and "measured now" in ready, ready
+        # the page names the race Run now starts: the empty speculative pane's title follows the machine's race, on
+        # this page (open since before ready) and on one opened now
+        title = f"Speculative ({ready.split('ready: this machine races ', 1)[1].split(' (', 1)[0]})"
+        fresh = browser.new_page(viewport={"width": 1280, "height": 800})
+        try:
+            fresh.goto(url)
+            for shown in (page, fresh):
+                shown.locator("#pane-spec").get_by_text(title, exact=True).wait_for(timeout=30_000)
+        finally:
+            fresh.close()
         assert list(cache.glob("calibration-*.json")), "the calibration was not kept"
         after = client.predict(prompt="Why is the sky blue?", max_new_tokens=8, api_name="/race")
         assert after["note"] == ""  # once ready, the machine's own race, nothing to say

@@ -30,7 +30,7 @@ from specviz.ui.logic import (
     waited_out,
     waiting,
 )
-from specviz.ui.race_html import what_if_html
+from specviz.ui.race_html import empty_panes, what_if_html
 from specviz.ui.race_layout import EXPLAINER, GAMMA_LABEL, RaceForm, RacePanels, gamma_info, race_form, race_panels
 from specviz.ui.race_views import empty_view, live_views, view_of
 from specviz.ui.wiring import by_name
@@ -329,8 +329,16 @@ def race_tab(concurrency_id: str = DEVICE_QUEUE, pair: hardware.Pair = hardware.
         with gr.Accordion("What am I looking at?", open=False, elem_id="explainer"):
             gr.Markdown(EXPLAINER)
         form = race_form(pair)
-        startup.progress(form, pair, method_changed)  # the start-up's progress; then this machine's race
-        wire_race(form, race_panels(initial), concurrency_id)
+        line = startup.progress_line()  # the start-up's progress; then this machine's race
+        panels = race_panels(initial)
+        startup.follow_ready(line, form, pair, method_changed, panels.status, panels.pane_spec, empty_spec_pane)
+        wire_race(form, panels, concurrency_id)
+
+
+def empty_spec_pane(method: str) -> str:
+    """The speculative pane before any race, titled with `method`'s race on this machine."""
+    pair = hardware.default_pair()
+    return empty_panes(method, lookup=pair.lookup_for(method), retrieve=pair.retrieve_for(method))[1]
 
 
 def counter_label(pair: hardware.Pair) -> str:

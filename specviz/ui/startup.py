@@ -2,8 +2,9 @@
 
 app.main() launches the server first and runs the warm-up (`warm_up`: the models, then this machine's calibration,
 specviz/calibration.py) in a thread through `STATE.begin`; the warm-up tells `STATE.say` each step. The race tab
-shows the latest step in a small line fed by a timer (`progress`), which stops once the machine's race is settled and
-then moves the race form to that race (when the form still holds the shipped default). A race started before that
+shows the latest step in a small line (`progress_line`) fed by a timer (`follow_ready`), which stops once the machine's
+race is settled and then moves the race form, and an empty pane's title, to that race (when the form still holds the
+shipped default). A race started before that
 runs the shipped default (hardware.EMBEDDED_PAIR's race: no calibration needed) and its status line says so
 (`default_note`, `noted`); while a race runs, the measurement waits between its rounds, so neither disturbs the
 other's clock.
@@ -116,8 +117,8 @@ def default_note(cfg, state: Startup = STATE) -> str:
     if (cfg.method, cfg.gamma, cfg.lookup, cfg.retrieve) != (pair.method, pair.gamma, pair.lookup_for(pair.method),
                                                              pair.retrieve_for(pair.method)):
         return ""
-    return (f"ran the shipped default {pair.race()}: this machine is still being measured, its own race follows "
-            "once it is ready")
+    return (f"ran the shipped default {pair.race()}, as this machine was still being measured: once the line above "
+            "says ready, Run races this machine's own")
 
 
 def noted(stream: Iterator, note: str, state: Startup = STATE) -> Iterator:
@@ -141,14 +142,20 @@ def line_html(state: Startup = STATE) -> str:
             f'{html.escape(state.line)}{elapsed}</div>')
 
 
-def progress(form, shipped: hardware.Pair, follow: Callable, state: Startup = STATE) -> gr.HTML:
-    """The start-up's progress line under the race form, refreshed every TICK_S until ready; then the form moves to
-    this machine's race if it still holds the shipped default `shipped`: its method, and the fields that follow the
-    method (`follow(method)`: race.method_changed's updates by name, of FOLLOWS)."""
-    line = gr.HTML(lambda: line_html(state), elem_id="startup")  # the current line at each page load
+def progress_line(state: Startup = STATE) -> gr.HTML:
+    """The start-up's progress line, placed under the race form (follow_ready refreshes it)."""
+    return gr.HTML(lambda: line_html(state), elem_id="startup")  # the current line at each page load
+
+
+def follow_ready(line: gr.HTML, form, shipped: hardware.Pair, follow: Callable, status: gr.HTML, pane: gr.HTML,
+                 empty_pane: Callable[[str], str], state: Startup = STATE) -> None:
+    """Refresh `line` every TICK_S until ready; then move the race form to this machine's race if it still holds
+    the shipped default `shipped`: its method, and the fields that follow the method (`follow(method)`:
+    race.method_changed's updates by name, of FOLLOWS); and where no race has been shown yet (an empty `status`),
+    the empty speculative `pane`'s title too (`empty_pane(method)`), so the page names the race Run starts."""
     timer = gr.Timer(TICK_S)
 
-    def tick(method, gamma, lookup, retrieve):
+    def tick(method, gamma, lookup, retrieve, shown):
         if not state.done and state.begun:
             return {"line": line_html(state)}
         pair = hardware.default_pair()
@@ -157,14 +164,14 @@ def progress(form, shipped: hardware.Pair, follow: Callable, state: Startup = ST
             str(shipped.retrieve_for(shipped.method)))
         if not as_shipped or pair.race() == shipped.race():
             return {"line": line_html(state), "timer": gr.Timer(active=False)}
-        return {"line": line_html(state), "timer": gr.Timer(active=False), "method": gr.update(value=pair.method),
-                **follow(pair.method)}
+        moved = {"line": line_html(state), "timer": gr.Timer(active=False), "method": gr.update(value=pair.method),
+                 **follow(pair.method)}
+        return {**moved, "pane": empty_pane(pair.method)} if not shown else moved
 
-    handler, outputs = by_name(tick, {"line": line, "timer": timer, "method": form.method,
+    handler, outputs = by_name(tick, {"line": line, "timer": timer, "method": form.method, "pane": pane,
                                       **form.named(*FOLLOWS)})
-    timer.tick(handler, inputs=[form.method, form.gamma, form.lookup, form.retrieve], outputs=outputs, queue=False,
-               show_progress="hidden", api_visibility="private")
-    return line
+    timer.tick(handler, inputs=[form.method, form.gamma, form.lookup, form.retrieve, status], outputs=outputs,
+               queue=False, show_progress="hidden", api_visibility="private")
 
 
 # ── the warm-up the app runs in the background ──────────────────────────────────────────────────────────────
