@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
+import pytest
+
 from specviz.events import DraftToken as D
 from specviz.events import EmittedToken as E
 from specviz.events import StepEvent
@@ -188,3 +190,19 @@ def test_special_tokens_are_labelled_chips_not_raw_markup():
     assert "[end of turn]" in render.to_ansi(render.spans([TURN_END]))
     assert render.to_ansi(render.spans([TURN_END]), colour=False) == " done.<|im_end|>"  # a pipe gets the text
     assert committed_text(body) == " done.end of turn"  # a reader sees the label where the turn ends
+
+
+@pytest.mark.browser
+def test_a_refused_special_token_is_struck_through_like_any_refused_draft(browser):
+    """A special token is drawn as a chip (an inline-block), which a refused draft's line-through does not reach by
+    itself: prompt lookup copies the chat template's <|im_start|> and <|im_end|> from the prompt, the target refuses
+    them, and unstruck they read as the answer ending mid-text. Rendered in headless Chromium with the app's CSS."""
+    spans = [render.Span("<|im_end|>", V.REJECTED, 0), render.Span("<|im_start|>", V.DISCARDED, 0),
+             render.Span("<|im_end|>", V.PLAIN, 1)]
+    page = browser.new_page()
+    try:
+        page.set_content(f"<style>{render.CSS}</style><div>{render.to_html(spans)}</div>")
+        lines = page.eval_on_selector_all(".sv-special", "els => els.map(e => getComputedStyle(e).textDecorationLine)")
+    finally:
+        page.close()
+    assert lines[0] == lines[1] == "line-through" and lines[2] == "none", lines
