@@ -71,6 +71,9 @@ def test_check_in_browser(app_url, browser):
     set_number(page, "check-prompts", 2)
     set_number(page, "check-max-new-tokens", 16)
     page.locator("#check-run").click()
+    page.wait_for_selector(".progress-level", timeout=60_000)  # the check's progress, once, where its verdict goes
+    bars = page.locator(".progress-level")
+    assert bars.count() == 1 and page.locator("#check-verdict .progress-level").count() == 1, bars.count()
     page.wait_for_selector("#check-verdict .sv-verdict-ok, #check-verdict .sv-verdict-bad", timeout=300_000)
     page.wait_for_selector("#check-json a", timeout=30_000)
     page.wait_for_selector("#check-html a", timeout=30_000)

@@ -259,5 +259,6 @@ def check_tab(concurrency_id: str = DEVICE_QUEUE, pair: hardware.Pair = hardware
                   inputs=[target, method, draft, gamma, temperature, samples, prompts, max_new_tokens],
                   outputs=[verdict, figures, plot_fidelity, plot_alpha, plot_gamma, plot_batch, plot_accepted,
                            plot_gaps, json_file, html_file],
-                  api_name="check", concurrency_limit=1, concurrency_id=concurrency_id, show_progress="full")
+                  api_name="check", concurrency_limit=1, concurrency_id=concurrency_id, show_progress="full",
+                  show_progress_on=[verdict])  # one progress bar, where the verdict will be
         roofline.roofline_panel(target, concurrency_id)
