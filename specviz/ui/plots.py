@@ -385,7 +385,10 @@ def _position_title(pos: dict, greedy: bool) -> str:
         return f"{head}<br>{u}min(1, p/q) = {pos['accept_prob']:.2f}"
     source = ("argmax of p" if greedy else
               "drawn from the residual" if pos["verdict"] == "resampled" else "drawn from p")
-    return f"<b>{_tick(pos['text'])}</b> {VERDICT_MARK[pos['verdict']]}<br>{source}"
+    if pos["verdict"] == "bonus":  # two short lines: the last panel's title is centred on it and must fit there
+        return f"<b>{_tick(pos['text'])}</b> bonus token<br>all kept, so {source}"
+    mark = "resampled" if pos["verdict"] == "resampled" else "the target's token"
+    return f"<b>{_tick(pos['text'])}</b> {mark}<br>{source}"
 
 
 def cycle_figure(view: Optional[dict]) -> go.Figure:
