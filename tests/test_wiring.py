@@ -51,3 +51,16 @@ def test_the_race_tabs_handlers_name_only_wired_outputs():
     assert {"draft", "gamma", "lookup", "retrieve", "tree", "tree-nodes"} <= wired["method_changed"]
     assert {"method", "temperature", "top-p"} | wired["method_changed"] <= wired["preset_chosen"]
     assert "preset" in wired["edited_by_hand"]
+
+
+@pytest.mark.parametrize("tab, elem_id", [("race", "method"), ("check", "check-method")])
+def test_each_method_menu_says_what_every_method_in_it_is(tab, elem_id):
+    """The method menus' info lines come from the registry (common.method_info): the race form's was written by
+    hand and left dflash out."""
+    from specviz.ui import check
+
+    with gr.Blocks() as demo:
+        (race.race_tab if tab == "race" else check.check_tab)()
+    menu = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == elem_id)
+    names = [c[1] if isinstance(c, (tuple, list)) else c for c in menu.choices]
+    assert names and all(f"{n}:" in menu.info or f"{n}," in menu.info for n in names), (names, menu.info)

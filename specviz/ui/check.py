@@ -30,6 +30,7 @@ from specviz.ui.common import (
     GAMMAS,
     cards_html,
     choices_with_default,
+    method_info,
     num,
     tab_intro,
     verdict_html,
@@ -81,15 +82,6 @@ def check_figures_html(data: dict) -> str:
         return cards_html(cards)
     tables = misses_report.tables(why, check_report.table).replace("<table>", '<table class="sv-table">')
     return cards_html(cards + misses_report.cards(why)) + f'<div id="check-misses">{tables}</div>'
-
-
-def method_info() -> str:
-    """The drafter list's info line, from the registry."""
-    by_family: dict[str, list[str]] = {}
-    for name in CHECK_METHODS:
-        by_family.setdefault(methods.spec(name).family, []).append(name)
-    label = {"draft model": "a draft model", "lookup": "prompt lookup", "trained": "trained drafters"}
-    return " · ".join(f"{', '.join(names)}: {label.get(family, family)}" for family, names in by_family.items())
 
 
 def draft_field(method: str, pair: hardware.Pair = hardware.EMBEDDED_PAIR, public: bool = False) -> dict:
@@ -223,8 +215,8 @@ def check_tab(concurrency_id: str = DEVICE_QUEUE, pair: hardware.Pair = hardware
         with gr.Row():
             target = gr.Dropdown(choices_with_default(pair.target, TARGET_CHOICES), value=pair.target,
                                  label="Target model", allow_custom_value=True, elem_id="check-target")
-            method = gr.Dropdown(list(CHECK_METHODS), value="vanilla", label="Drafter", info=method_info(),
-                                 elem_id="check-method")
+            method = gr.Dropdown(list(CHECK_METHODS), value="vanilla", label="Drafter",
+                                 info=method_info(CHECK_METHODS), elem_id="check-method")
             draft = gr.Dropdown(**draft_field("vanilla", pair, Policy.from_env().public), elem_id="check-draft")
             gamma = gr.Dropdown(GAMMAS, value="4", label="γ (drafted tokens per step)", elem_id="check-gamma")
         with gr.Row():

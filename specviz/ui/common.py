@@ -99,3 +99,12 @@ def into_view_js(status: str, panes: str) -> str:
     return (f"() => {{ const p = document.querySelector('#{panes}'), s = document.querySelector('#{status}'); "
             f"if (p && s && p.getBoundingClientRect().top + 120 > window.innerHeight) "
             f"s.scrollIntoView({{behavior: 'smooth', block: 'start'}}); }}")
+
+
+def method_info(names: Iterable[str]) -> str:
+    """A method list's info line, by family, from the registry: "vanilla: a draft model · pld: prompt lookup · ..."."""
+    by_family: dict[str, list[str]] = {}
+    for name in names:
+        by_family.setdefault(methods.spec(name).family, []).append(name)
+    label = {"draft model": "a draft model", "lookup": "prompt lookup", "trained": "trained drafters"}
+    return " · ".join(f"{', '.join(names)}: {label.get(family, family)}" for family, names in by_family.items())

@@ -11,7 +11,7 @@ import gradio as gr
 from specviz import hardware
 from specviz.config import GAMMA_MAX, TREE_NODES_MAX, TREE_SHAPES
 from specviz.ui import controls, presets, render, replay
-from specviz.ui.common import DRAFT_CHOICES, GAMMAS, MAX_NEW_TOKENS, at_hand, choices_with_default
+from specviz.ui.common import DRAFT_CHOICES, GAMMAS, MAX_NEW_TOKENS, at_hand, choices_with_default, method_info
 from specviz.ui.logic import DEFAULT_PROMPT, DEFAULTS, SPEC_METHODS, example_rows
 from specviz.ui.race_html import what_if_html
 from specviz.ui.race_views import View
@@ -146,8 +146,7 @@ def method_fields(pair: hardware.Pair, fields: controls.Fields) -> dict:
     """The method and the fields that follow it (method_changed): the draft model, γ, the branches, the tree."""
     with gr.Row():
         method = gr.Dropdown(at_hand(SPEC_METHODS), value=pair.method, label="Method",
-                             info="vanilla: draft model · pld: prompt lookup · eagle, medusa, "
-                                  "layerskip, draft: trained drafters",
+                             info=method_info(at_hand(SPEC_METHODS)),
                              elem_id="method")
         draft = gr.Dropdown(choices_with_default(pair.draft, DRAFT_CHOICES), value=pair.draft,
                             label="Draft model (vanilla)",
