@@ -370,7 +370,8 @@ def gap_line(c: Comparison) -> str:
                      reverse=True)[:2]
     side = "faster" if c.speedup > c.predicted_speedup else "slower"
     why = "; ".join(said[k] for _, k in factors) or "no one cause stands out"
-    line = f"Measured ×{c.speedup:.2f} is {side} than predicted ×{c.predicted_speedup:.2f}: {why}"
+    line = (f"Measured ×{c.speedup:.2f} is {side} than predicted from this run's acceptance, "
+            f"×{c.predicted_speedup:.2f}: {why}")
     if c.identical is None:
         line += "; sampled, so acceptance is lower than greedy and varies from run to run"
     return line

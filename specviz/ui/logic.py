@@ -43,7 +43,7 @@ EXAMPLE_PAIRS: tuple[tuple[str, Example, Example], ...] = (
     ("repeats or not",
      Example("writing", "Write a short, cheerful poem about a lighthouse keeper who loves tea.", 0.0,
              "a poem that repeats: copies pay"),
-     Example("QA", "Why is the sky blue?", 0.0, "new words each line: drafter only")),
+     Example("QA", "Why is the sky blue?", 0.0, "new words: copies rarely pay")),
     ("greedy or sampled",
      Example("coding", "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
              0.0, "code, greedy: top token kept"),
