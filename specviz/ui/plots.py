@@ -366,9 +366,9 @@ def tree_figure(event: Optional[StepEvent]) -> go.Figure:
 Q_DRAFT = "#CC79A7"   # the drafter's colour (its lane's)
 P_TARGET = "#0072B2"  # the target's
 RESIDUAL = COLOURS[Verdict.RESAMPLED]  # the resampled token comes from the residual: same orange
-VERDICT_MARK = {"accepted": "✓ kept", "rejected": "✗ refused", "discarded": "never judged",
-                "resampled": "target's own token (resampled)", "bonus": "bonus token (all kept)",
-                "plain": "target's own token"}
+VERDICT_MARK = {"accepted": "✓ kept", "rejected": "✗ refused", "discarded": "never judged", "plain": "target's token",
+                "resampled": "target's own token (resampled)", "bonus": "bonus token (all kept)"}
+TARGET_MARK = {"bonus": ("bonus token", "all kept, so "), "resampled": ("resampled", "")}  # its panel's title
 
 
 def _tick(text: str) -> str:
@@ -385,10 +385,8 @@ def _position_title(pos: dict, greedy: bool) -> str:
         return f"{head}<br>{u}min(1, p/q) = {pos['accept_prob']:.2f}"
     source = ("argmax of p" if greedy else
               "drawn from the residual" if pos["verdict"] == "resampled" else "drawn from p")
-    if pos["verdict"] == "bonus":  # two short lines: the last panel's title is centred on it and must fit there
-        return f"<b>{_tick(pos['text'])}</b> bonus token<br>all kept, so {source}"
-    mark = "resampled" if pos["verdict"] == "resampled" else "the target's token"
-    return f"<b>{_tick(pos['text'])}</b> {mark}<br>{source}"
+    head, why = TARGET_MARK.get(pos["verdict"], ("the target's token", ""))  # two short lines: each fits its panel
+    return f"<b>{_tick(pos['text'])}</b> {head}<br>{why}{source}"
 
 
 def cycle_figure(view: Optional[dict]) -> go.Figure:
