@@ -67,6 +67,9 @@ def test_the_race_is_on_the_first_screen(app_url, browser, width, height):
     tabs = page.get_by_role("tab")
     assert tabs.count() >= 5 and all(tabs.nth(i).is_visible() for i in range(tabs.count()))
     assert not page.locator("button[aria-label='More tabs']").is_visible()
+    for fold in ("#settings", "#examples"):  # each fold's arrow inside its box (a two-line label once pushed it out)
+        box, arrow = (page.locator(sel).first.bounding_box() for sel in (fold, f"{fold} .label-wrap .icon"))
+        assert box["x"] <= arrow["x"] and arrow["x"] + arrow["width"] <= box["x"] + box["width"], (fold, width)
     page.locator("#run").click()
     for pane in ("pane-ar", "pane-spec"):
         page.wait_for_selector(FIRST_TOKEN.format(pane=pane), timeout=600_000)
