@@ -33,7 +33,7 @@ PORT_ENV, PORT_DEFAULT = "GRADIO_SERVER_PORT", 7860  # where app.py serves unles
 def drafter_choices() -> list[tuple[str, str]]:
     """The drafter-kind field: (label, value) for every speculative method in the registry; a lookup method drafts
     n-gram copies, which serving engines call "ngram" (the value the verdict judges)."""
-    out = [("not given (the verdict only describes the shape)", "")]
+    out = [("not given", "")]  # the verdict then describes the curves' shape only (the field's info says so)
     for name in methods.SPECULATIVE:
         s = methods.spec(name)
         value = "ngram" if s.family == "lookup" else name
@@ -248,14 +248,14 @@ def intro_html(port: Optional[int] = None) -> str:
         where = (f"Any http(s) URL but a link-local one (169.254.x.x, fe80::, where cloud metadata answers; "
                  f"<code>{access.HOSTS_ENV}</code> allows one) works here: this app's own <code>{own}</code> while "
                  "a race runs, or a <code>python -m specviz serve</code> engine on 127.0.0.1.")
-    return tab_intro("Watch a <b>served</b> drafter: specviz scrapes the server's Prometheus <code>/metrics</code> "
-                     "(vLLM, llama.cpp's <code>llama-server --metrics</code>, SGLang <code>--enable-metrics</code>, "
-                     "TensorRT-LLM, or specviz's own) and draws, window by window, the draft acceptance, τ = 1 + "
-                     "accepted / drafts and the acceptance by draft position, with a verdict: idle, collapsed (τ near "
-                     "1: the output stays correct, so nothing else fails) or healthy, and an <b>alarm</b> when τ stays "
-                     "near 1 or acceptance halves against its start. Give the drafter kind to have acceptance by "
-                     "position judged against what that kind leads one to expect. The same as "
-                     f"<code>python -m specviz watch URL --drafter KIND</code>. {where}")
+    return tab_intro("Watch a drafter that a <b>server</b> runs (vLLM, llama.cpp's <code>llama-server --metrics"
+                     "</code>, SGLang <code>--enable-metrics</code>, TensorRT-LLM, or specviz's own): specviz reads "
+                     "its Prometheus <code>/metrics</code> every few seconds and draws how often drafts are kept, the "
+                     "tokens each target pass gives (τ = 1 + accepted / drafts) and how often each draft position is "
+                     "kept. The verdict: idle, healthy, or collapsed (τ near 1: the answers stay correct and only the "
+                     "speedup is gone, so nothing else would tell you), with an <b>alarm</b> when τ stays near 1 or "
+                     "acceptance halves. Name the drafter kind to judge each position against what that kind usually "
+                     f"keeps. The same as <code>python -m specviz watch URL --drafter KIND</code>.<br>{where}")
 
 
 def intro_for(request: gr.Request = None) -> str:
@@ -271,7 +271,7 @@ def watch_tab() -> None:
             url = gr.Textbox(label="Server URL", placeholder="http://HOST:8000 (its /metrics is scraped)", scale=4,
                              elem_id="watch-url")
             drafter = gr.Dropdown(drafter_choices(), value="", label="Drafter kind on the server", scale=2,
-                                  info="what drafts there: the verdict judges acceptance by position against it",
+                                  info="what drafts there, to judge each position against; not given: the shape only",
                                   elem_id="watch-drafter")
             interval = gr.Slider(INTERVAL_MIN, INTERVAL_MAX, value=INTERVAL_DEFAULT, step=0.5,
                                  label="Scrape every (seconds)", scale=2, elem_id="watch-interval")
