@@ -58,6 +58,7 @@ def test_a_visitor_waiting_behind_a_race_sees_their_place_in_the_queue(app_url, 
     second.locator("#run").click()
     second.wait_for_function("() => /queue/i.test(document.querySelector('#status')?.innerText ?? '')",
                              timeout=60_000)
+    assert "Waiting for the device" in second.locator("#status").inner_text()  # and why, in words
     second.locator("#stop").click()  # while it waits: it says so, and it will run nothing
     second.wait_for_function("() => document.querySelector('#status').innerText.includes('stopped before it "
                              "started')", timeout=10_000)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import html
 from typing import Iterable, Optional
 
+import gradio as gr
+
 from specviz import methods, paths
 from specviz.config import DEFAULT_DRAFT, DEFAULT_TARGET, GAMMA_MAX
+from specviz.ui.logic import waiting
 
 DEVICE_QUEUE = "cpu"  # the app's one queue worker for its one device: races, checks and steps never overlap
 DRAFT_CHOICES = [DEFAULT_DRAFT, DEFAULT_TARGET]
@@ -84,6 +87,16 @@ def verdict_html(message: str, kind: str) -> str:
 
 def status_html(message: str, kind: str = "info") -> str:
     return f'<div class="sv-status sv-status-{kind}">{html.escape(message)}</div>'
+
+
+QUEUED = "Waiting for the device: it runs one race at a time, from any visitor or tab; this one starts when it is free."
+
+
+def queued(live) -> tuple:
+    """Run's click, before the queue: the session's ticket (logic.waiting) and a status saying the race waits for
+    the device (its first view replaces it at once where the device is free); a click mid-race changes nothing."""
+    ticket = waiting(live)
+    return ticket, gr.update() if ticket is live else status_html(QUEUED)
 
 
 def never_ran(live) -> dict:

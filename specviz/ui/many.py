@@ -30,6 +30,7 @@ from specviz.ui.common import (
     into_view_js,
     never_ran,
     num,
+    queued,
     status_html,
     tab_intro,
 )
@@ -47,7 +48,6 @@ from specviz.ui.logic import (
     stopped,
     user_message,
     waited_out,
-    waiting,
 )
 from specviz.ui.race_html import pane_html
 from specviz.ui.race_views import throttle
@@ -329,7 +329,7 @@ def many_tab(concurrency_id: str = DEVICE_QUEUE) -> None:
                  **{f"pane_{i}": out for i, out in enumerate(outs)}, "live": live}
         race, outputs = by_name(zerogpu.gpu(run_many, run_seconds), named)
         run.click(None, js=into_view_js("many-status", "many-pane-0"))  # the race in view as it starts
-        armed = run.click(waiting, inputs=[live], outputs=[live], queue=False, api_visibility="private",
+        armed = run.click(queued, inputs=[live], outputs=[live, status], queue=False, api_visibility="private",
                           show_progress="hidden")  # at once, before the queue: Stop reaches a race still waiting
         armed.then(race, inputs=[prompt, lanes, temperature, max_new_tokens, live], outputs=outputs,
                           concurrency_limit=1, concurrency_id=concurrency_id, api_visibility="private",

@@ -16,7 +16,7 @@ from specviz.policy import Policy
 from specviz.serving import export
 from specviz.ui import controls, plots, presets, replay, startup
 from specviz.ui.cancel import cancellable
-from specviz.ui.common import DEVICE_QUEUE, into_view_js, never_ran, status_html
+from specviz.ui.common import DEVICE_QUEUE, into_view_js, never_ran, queued, status_html
 from specviz.ui.logic import (
     DEFAULT_PROMPT,
     DEFAULTS,
@@ -28,7 +28,6 @@ from specviz.ui.logic import (
     stopped,
     user_message,
     waited_out,
-    waiting,
 )
 from specviz.ui.race_html import empty_panes, what_if_html
 from specviz.ui.race_layout import EXPLAINER, GAMMA_LABEL, RaceForm, RacePanels, gamma_info, race_form, race_panels
@@ -283,8 +282,8 @@ def wire_race(form: RaceForm, panels: RacePanels, concurrency_id: str) -> None:
     live = gr.State(None)  # the race or replay running now, its snapshot updated in place (stop_run renders it)
     race, race_outputs = by_name(zerogpu.gpu(run_race, run_seconds), panels.race_outputs(form.replay, live))
     form.run.click(None, js=into_view_js("status", "race-panes"))  # the race in view as it starts
-    armed = form.run.click(waiting, inputs=[live], outputs=[live], queue=False, api_visibility="private",
-                           show_progress="hidden")  # at once, before the queue: Stop reaches a race still waiting
+    armed = form.run.click(queued, inputs=[live], outputs=[live, panels.status], queue=False,
+                           api_visibility="private", show_progress="hidden")  # at once: Stop reaches a waiting race
     run_event = armed.then(
         race, inputs=[*form.settings(), live], outputs=race_outputs,
         concurrency_limit=1, concurrency_id=concurrency_id, api_name="race_stream",
