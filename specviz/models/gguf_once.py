@@ -19,23 +19,23 @@ import os
 import threading
 from collections.abc import Iterator
 
-_lock = threading.RLock()  # one load at a time holds the replacements (a nested load reuses them)
+_lock = threading.RLock()  # one GGUF load at a time holds the replacements
 
 
 @contextlib.contextmanager
-def once() -> Iterator[None]:
+def once(reading_gguf: bool = True) -> Iterator[None]:
     """For the length of the block, gguf.GGUFReader and gguf.get_tensor_name_map each build an object once per
-    distinct argument; both are restored on exit, error or not."""
+    distinct argument; both are restored on exit, error or not. A load that reads no GGUF (reading_gguf False)
+    replaces nothing and waits for no other load."""
     try:
         import gguf
     except ImportError:  # transformers says so itself when it needs gguf
+        gguf = None
+    if gguf is None or not reading_gguf:
         yield
         return
     with _lock:
         reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-        if getattr(reader, "specviz_once", False):  # already inside once(): the outer block's memo holds
-            yield
-            return
         readers: dict[tuple[str, str], object] = {}
 
         def read(path: os.PathLike[str] | str, mode: str = "r") -> object:
@@ -44,7 +44,6 @@ def once() -> Iterator[None]:
                 readers[key] = reader(path, mode)
             return readers[key]
 
-        read.specviz_once = True
         gguf.GGUFReader, gguf.get_tensor_name_map = read, functools.lru_cache(maxsize=None)(name_map)
         try:
             yield

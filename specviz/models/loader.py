@@ -277,7 +277,7 @@ def load(spec: str, device: torch.device | None = None, dtype: torch.dtype | Non
     elif source.gguf_file:
         kwargs["gguf_file"] = source.gguf_file
     try:
-        with gguf_once.once():  # a GGUF parsed once, not three times (the first start's conversion)
+        with gguf_once.once("gguf_file" in kwargs):  # a GGUF parsed once, not three times (a first conversion)
             tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
             model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype,
                                                          attn_implementation=attention or attention_for(device, dtype),
