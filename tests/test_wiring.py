@@ -53,6 +53,16 @@ def test_the_race_tabs_handlers_name_only_wired_outputs():
     assert "preset" in wired["edited_by_hand"]
 
 
+def test_a_page_opened_after_ready_names_the_machines_race_as_it_loads():
+    """The start-up's follow-up (startup.follow_ready) runs as the page loads, not only at the timer's first tick:
+    a page opened after ready showed the shipped race's title in the empty pane for a second."""
+    with gr.Blocks() as demo:
+        race.race_tab()
+    on_load = [{getattr(o, "elem_id", None) for o in fn.outputs} for fn in demo.fns.values()
+               if any(event == "load" for _, event in fn.targets)]
+    assert any({"pane-spec", "method", "startup"} <= outputs for outputs in on_load), on_load
+
+
 @pytest.mark.parametrize("tab, elem_id", [("race", "method"), ("check", "check-method")])
 def test_each_method_menu_says_what_every_method_in_it_is(tab, elem_id):
     """The method menus' info lines come from the registry (common.method_info): the race form's was written by

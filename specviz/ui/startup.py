@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Callable, Iterator, Optional
 
 import gradio as gr
+from gradio.context import Context
 
 from specviz import calibration, hardware
 from specviz.config import DEFAULT_TARGET
@@ -170,8 +171,11 @@ def follow_ready(line: gr.HTML, form, shipped: hardware.Pair, follow: Callable, 
 
     handler, outputs = by_name(tick, {"line": line, "timer": timer, "method": form.method, "pane": pane,
                                       **form.named(*FOLLOWS)})
-    timer.tick(handler, inputs=[form.method, form.gamma, form.lookup, form.retrieve, status], outputs=outputs,
-               queue=False, show_progress="hidden", api_visibility="private")
+    inputs = [form.method, form.gamma, form.lookup, form.retrieve, status]
+    timer.tick(handler, inputs=inputs, outputs=outputs, queue=False, show_progress="hidden", api_visibility="private")
+    # and once as the page opens: a page opened after ready names this machine's race at once, not a tick later
+    Context.root_block.load(handler, inputs=inputs, outputs=outputs, queue=False, show_progress="hidden",
+                            api_visibility="private")
 
 
 # ── the warm-up the app runs in the background ──────────────────────────────────────────────────────────────
