@@ -73,7 +73,7 @@ drafters: setup
 	$(BIN)/python -m specviz train draft --out out/train/draft --steps 700 --resume
 	# DFlash: the first 12, then 32 chunks of the shared prompts' answers (each run's data a prefix of the chunks, in
 	# order, with each example's line number, which the held-out split keys on); the second run goes on from the first
-	mkdir -p out/train/dflash-data && $(BIN)/python -c "import gzip, json; from specviz.train import distill; ex = distill.read_chunks(); \
+	mkdir -p out/train/dflash-data && $(BIN)/python -c "import gzip, json; from specviz.core import answers; ex = answers.read_chunks(); \
 		[gzip.open(f'out/train/dflash-data/chunks0-{n - 1}.jsonl.gz', 'wt').writelines(json.dumps(e) + '\\n' \
 		for e in ex[:256 * n]) for n in (12, 32)]"
 	$(BIN)/python -m specviz train dflash --data out/train/dflash-data/chunks0-11.jsonl.gz --out out/train/dflash2 \

@@ -275,6 +275,19 @@ def test_core_imports_nothing_above_it():
                        "or hand core what it needs:\n" + "\n".join(found))
 
 
+# What the decoding floor (the engines, the drafters, core/ and the model loading) must never import: training, the
+# app, the server, the command line and the checks all build on it.
+ABOVE_ENGINES = ("specviz.train", "specviz.ui", "specviz.serving", "specviz.cli", "specviz.check")
+
+
+def test_engines_import_nothing_from_train_or_the_app():
+    graph = import_graph()
+    found = [line for floor in ("specviz.engines", "specviz.drafters", "specviz.core", "specviz.models")
+             for line in upward_imports(graph, floor=floor, above=ABOVE_ENGINES)]
+    assert not found, ("the engines, drafters, core/ or models/ import from above them (lazy imports count): move "
+                       "what they read down (e.g. specviz/core/answers.py), or hand it to them:\n" + "\n".join(found))
+
+
 def test_the_floor_check_finds_a_planted_upward_import(tmp_path):
     """The real walk over a planted package: a lazy import inside a core function is found, a sibling is not."""
     pkg = tmp_path / "specviz"

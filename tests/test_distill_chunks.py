@@ -9,6 +9,7 @@ import torch
 from tiny import tiny_model
 
 from specviz.cli.main import main
+from specviz.core import answers
 from specviz.models import loader as models
 from specviz.train import answer, distill
 
@@ -37,8 +38,8 @@ def test_chunks_manifest_and_resume(tmp_path, tiny):
     logs = []
     manifest = distill.generate_chunks(tiny, prompts, out, SETTINGS, batch_size=2, chunks=2, log=logs.append)
     assert [c["file"] for c in manifest["chunks"]] == ["chunk-00000.jsonl.gz", "chunk-00001.jsonl.gz"]
-    assert manifest["prompts_sha256"] == distill.sha256_file(prompts) and manifest["prompts_total"] == 7
-    rows = distill.read_examples(out / "chunk-00001.jsonl.gz")
+    assert manifest["prompts_sha256"] == answers.sha256_file(prompts) and manifest["prompts_total"] == 7
+    rows = answers.read_examples(out / "chunk-00001.jsonl.gz")
     assert [r["id"] for r in rows] == ["p3", "p4", "p5"]  # file order, whatever the batching order
     with gzip.open(out / "chunk-00001.jsonl.gz", "rt") as f:  # stored: no index (read_examples adds the line number)
         assert set(json.loads(f.readline())) == {"id", "category", "prompt_ids", "answer_ids"}
@@ -47,7 +48,7 @@ def test_chunks_manifest_and_resume(tmp_path, tiny):
         assert 1 <= len(r["answer_ids"]) <= 4 and (len(r["answer_ids"]) == 4 or r["answer_ids"][-1] == 63)
     t = manifest["totals"]
     assert t["chunks"] == 2 and t["prompts"] == 6
-    assert t["answer_tokens"] == sum(len(e["answer_ids"]) for e in distill.read_chunks(out))
+    assert t["answer_tokens"] == sum(len(e["answer_ids"]) for e in answers.read_chunks(out))
     assert sum(c["prompts"] for c in manifest["categories"].values()) == 6
     assert json.loads((out / "manifest.json").read_text()) == manifest
     # the same rows batched otherwise give the same greedy answers (the tiny model has no near-ties)
@@ -58,7 +59,7 @@ def test_chunks_manifest_and_resume(tmp_path, tiny):
     manifest = distill.generate_chunks(tiny, prompts, out, SETTINGS, batch_size=3, log=logs.append)  # resume: all
     assert (out / "chunk-00000.jsonl.gz").read_bytes() == first  # skipped, not rewritten
     assert [c["index"] for c in manifest["chunks"]] == [0, 1, 2] and manifest["chunks"][2]["prompts"] == 1
-    assert manifest["totals"]["prompts"] == 7 and [e["i"] for e in distill.read_chunks(out)] == list(range(7))
+    assert manifest["totals"]["prompts"] == 7 and [e["i"] for e in answers.read_chunks(out)] == list(range(7))
 
 
 def test_corrupted_chunk_is_redone(tmp_path, tiny):
@@ -66,7 +67,7 @@ def test_corrupted_chunk_is_redone(tmp_path, tiny):
     distill.generate_chunks(tiny, prompts, out, SETTINGS, batch_size=4, chunks=2, log=lambda _: None)
     good = (out / "chunk-00001.jsonl.gz").read_bytes()
     (out / "chunk-00001.jsonl.gz").write_bytes(good[:-5] + b"xxxxx")
-    assert [e["i"] for e in distill.read_chunks(out)] == [0, 1, 2]  # the bad chunk is not read
+    assert [e["i"] for e in answers.read_chunks(out)] == [0, 1, 2]  # the bad chunk is not read
     logs = []
     manifest = distill.generate_chunks(tiny, prompts, out, SETTINGS, batch_size=4, chunks=2, log=logs.append)
     assert any("chunk 1" in line and "sha256" in line for line in logs)
@@ -78,7 +79,7 @@ def test_stops_at_max_tokens_and_refuses_other_settings(tmp_path, tiny):
     prompts, out = prompt_file(tmp_path), tmp_path / "out"
     manifest = distill.generate_chunks(tiny, prompts, out, SETTINGS, batch_size=4, max_tokens=1, log=lambda _: None)
     assert len(manifest["chunks"]) == 1  # the first chunk already holds >= 1 answer token
-    with pytest.raises(distill.DistillError, match="max_new_tokens=4, not 8"):
+    with pytest.raises(answers.DistillError, match="max_new_tokens=4, not 8"):
         distill.generate_chunks(tiny, prompts, out, {**SETTINGS, "max_new_tokens": 8}, log=lambda _: None)
 
 
@@ -90,7 +91,7 @@ def test_read_prompt_rows(tmp_path):
     assert distill.read_prompt_rows(plain) == [{"id": "1", "category": "-", "prompt": "hello"},
                                                {"id": "5", "category": "-", "prompt": "there"}]
     plain.write_text('{"text": "no prompt"}\n')
-    with pytest.raises(distill.DistillError, match="has no 'prompt' text"):
+    with pytest.raises(answers.DistillError, match="has no 'prompt' text"):
         distill.read_prompt_rows(plain)
 
 
@@ -153,7 +154,7 @@ def test_distill_cli_on_real_target(tmp_path, capsys):
     assert [c["dtype"] for c in manifest["chunks"]] == ["bfloat16"] * 2 and "dtype" not in manifest
     assert manifest["totals"]["prompts"] == 3 and 3 <= manifest["totals"]["answer_tokens"] <= 12
     assert set(manifest["categories"]) == {"math", "writing", "qa"}
-    rows = distill.read_chunks(tmp_path / "out")
+    rows = answers.read_chunks(tmp_path / "out")
     assert [r["id"] for r in rows] == ["q0", "q1", "q2"]
     tokenizer = models.get("smollm2-135m", torch.device("cpu"), torch.bfloat16, attention="sdpa").tokenizer
     assert "haiku about rain" in tokenizer.decode(rows[1]["prompt_ids"])
@@ -190,7 +191,7 @@ def test_workers_share_a_folder(tmp_path, tiny):
         w.start()
     for w in workers:
         w.join()
-    manifest = distill.read_manifest(out)
+    manifest = answers.read_manifest(out)
     assert [c["index"] for c in manifest["chunks"]] == list(range(7)) and manifest["totals"]["prompts"] == 7
     answered = [line.split()[1] for part in logs for line in part if " done: " in line]
     assert sorted(answered, key=int) == [str(i) for i in range(7)]  # no chunk twice

@@ -13,6 +13,7 @@ from tiny import random_drafter, tiny_model
 from specviz import engines, methods
 from specviz.cli.main import main
 from specviz.config import DecodeConfig
+from specviz.core import answers
 from specviz.drafters import trained as drafters
 from specviz.drafters.config import DrafterConfig, DrafterError
 from specviz.drafters.modules import DraftLM, load_into
@@ -287,8 +288,8 @@ def test_training_smoke(tmp_path, kind):
     assert (result.folder / "model.safetensors").is_file() and "Reproduce" in (result.folder / "README.md").read_text()
     assert (tmp_path / "run" / "data.jsonl").is_file() and (tmp_path / "run" / "features.f16").is_file()
     # your own data: its answers are the drafter's datastore, which serves --retrieve where the target has none
-    answers = [e["answer_ids"] for e in distill.read_examples(tmp_path / "run" / "data.jsonl")]
-    assert len(drafters.load(result.folder, target).datastore) == sum(map(len, answers))
+    answer_ids = [e["answer_ids"] for e in answers.read_examples(tmp_path / "run" / "data.jsonl")]
+    assert len(drafters.load(result.folder, target).datastore) == sum(map(len, answer_ids))
     if kind == "medusa":
         cfg = DecodeConfig(method=kind, max_new_tokens=24, retrieve=4)
         run = engines.generate(engines.build_trained(result.folder, target), [7, 8, 9], cfg)
@@ -311,7 +312,7 @@ def test_training_smoke(tmp_path, kind):
     wider = train.train(dataclasses.replace(warm, out=tmp_path / "wider", draft_vocab=48), log=lambda *_: None,
                         target=target)
     cfg, state = drafters.read_layout(wider.folder, target)
-    seqs = list(distill.sequences(distill.split(distill.read_examples(tmp_path / "run" / "data.jsonl"))[0]))
+    seqs = list(distill.sequences(distill.split(answers.read_examples(tmp_path / "run" / "data.jsonl"))[0]))
     assert cfg.draft_vocab == 48 and state["vocab_ids"].tolist() == drafters.frequent_vocab(seqs, 64, 48).tolist()
     assert wider.held_out["identical"] == "1/1" and "--draft-vocab 48" in (wider.folder / "README.md").read_text()
     other = "draft" if kind != "draft" else "eagle"
@@ -321,20 +322,18 @@ def test_training_smoke(tmp_path, kind):
 
 def test_training_takes_generated_ids_and_prompts_together(tmp_path):
     """--data mixes files: self-distillation ids are used as they are, prompts are answered by the target."""
-    from specviz.train import distill
-
     target = tiny_model(0)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(" ".join(str((i * 5 + j) % 60 + 1) for j in range(5)) for i in range(20)))
     ids = tmp_path / "ids.jsonl"
     ids.write_text("\n".join(json.dumps({"i": i, "prompt_ids": [1 + i % 50, 2, 3], "answer_ids": [4, 5, 6, 7]})
                              for i in range(40)) + "\n")
-    assert distill.is_example_file(ids) and not distill.is_example_file(prompts)
+    assert answers.is_example_file(ids) and not answers.is_example_file(prompts)
     opts = train.TrainOptions(kind="draft", out=tmp_path / "run", target="tiny", data=(str(ids), str(prompts)), steps=2,
                               batch_tokens=256, draft_vocab=0, max_new_tokens=8, draft_layers=(0,), eval_prompts=1)
     examples = train.examples_for(opts, target, lambda *_: None)
     assert len(examples) == 60 and sum(e["answer_ids"] == [4, 5, 6, 7] for e in examples) >= 40
-    assert len(distill.read_examples(tmp_path / "run" / "data.jsonl")) == 20  # only the prompts were answered
+    assert len(answers.read_examples(tmp_path / "run" / "data.jsonl")) == 20  # only the prompts were answered
     card = train.card(DrafterConfig.for_target("draft", "tiny", target.model.config), opts)
     assert f"--data {ids} {prompts}" in card
 

@@ -11,10 +11,10 @@ from test_one_line import one_line_exit_2
 
 from specviz.cli.common import InputError, writable_path
 from specviz.cli.main import main
+from specviz.core import answers
 from specviz.paths import DRAFTERS
 from specviz.prompts import PromptFileError, pick
 from specviz.prompts import read as read_prompts
-from specviz.train import distill
 
 
 @pytest.fixture
@@ -169,8 +169,8 @@ def test_tree_data_that_is_not_ids_is_one_line_naming_file_and_format(tmp_path, 
 def test_read_examples_names_a_bad_line(tmp_path):
     path = tmp_path / "ids.jsonl"
     path.write_text('{"prompt_ids": [1], "answer_ids": [2]}\nnot json\n')
-    with pytest.raises(distill.DistillError, match=rf"^{path}:2 is not .*prompt_ids and answer_ids"):
-        distill.read_examples(path)
+    with pytest.raises(answers.DistillError, match=rf"^{path}:2 is not .*prompt_ids and answer_ids"):
+        answers.read_examples(path)
 
 
 # -- 5. --resume without a checkpoint -------------------------------------------------------------------------------

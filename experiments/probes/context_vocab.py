@@ -17,13 +17,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
 
 from specviz import paths  # noqa: E402
+from specviz.core import answers  # noqa: E402
 from specviz.drafters import trained as drafters  # noqa: E402
 from specviz.models import loader as models  # noqa: E402
 from specviz.train import distill, features  # noqa: E402
 
 torch.set_num_threads(2)
 def chunks(r):
-    return [e for c in r for e in distill.read_examples(distill.PROMPTS_OUT / f"chunk-{c:05d}.jsonl.gz")]
+    return [e for c in r for e in answers.read_examples(answers.PROMPTS_OUT / f"chunk-{c:05d}.jsonl.gz")]
 later, earlier = chunks(range(44, 78)), chunks(range(0, 44, 4))
 seqs = list(distill.sequences(later))
 for n in (8192, 16384):

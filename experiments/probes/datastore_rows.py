@@ -13,14 +13,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, s
 
 from datastore_tree import former_chain  # noqa: E402  (beside this file)
 
+from specviz.core import answers  # noqa: E402
 from specviz.core.lookup import match  # noqa: E402
 from specviz.core.retrieval import Datastore  # noqa: E402
-from specviz.train import distill  # noqa: E402
 
 L = 6
-folder = distill.PROMPTS_OUT
-rows = distill.read_chunks(folder)
-size = distill.read_manifest(folder)["chunk_size"]
+folder = answers.PROMPTS_OUT
+rows = answers.read_chunks(folder)
+size = answers.read_manifest(folder)["chunk_size"]
 store = Datastore(r["answer_ids"] for r in rows if r["i"] // size < 70)
 held = [r for r in rows if r["i"] // size >= 72][::6]
 

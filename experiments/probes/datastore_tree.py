@@ -11,9 +11,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
 
-from specviz.core import retrieval  # noqa: E402
+from specviz.core import answers, retrieval  # noqa: E402
 from specviz.core.retrieval import Datastore  # noqa: E402
-from specviz.train import distill  # noqa: E402
 
 FORMER_SHARE = 0.25
 
@@ -55,8 +54,8 @@ def node_count(chains: list[list[int]]) -> int:
 
 
 if __name__ == "__main__":
-    examples = distill.committed_examples()
-    size = distill.read_manifest(distill.PROMPTS_OUT)["chunk_size"]
+    examples = answers.committed_examples()
+    size = answers.read_manifest(answers.PROMPTS_OUT)["chunk_size"]
     held = examples[-2 * size:][::8]
     store = Datastore(e["answer_ids"] for e in examples[:-2 * size])
     rules = [("chain (former rule)", 0.25, lambda ctx, n: [former_chain(store, ctx, n)])]

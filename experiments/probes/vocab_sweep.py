@@ -11,6 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, so `specviz` imports from there
 
 from specviz import paths  # noqa: E402
+from specviz.core import answers  # noqa: E402
 from specviz.drafters import trained as drafters  # noqa: E402
 from specviz.models import loader as models  # noqa: E402
 from specviz.train import distill, features, losses  # noqa: E402
@@ -21,7 +22,7 @@ target = models.get("smollm2-135m", torch.device("cpu"), torch.bfloat16)
 folder = paths.DRAFTERS / "smollm2-135m-eagle"
 dr = drafters.load(folder, target)
 module = dr.module.float().eval()
-examples = distill.read_examples(distill.ORIGINAL) + distill.read_chunks(sys.argv[1])
+examples = answers.read_examples(answers.ORIGINAL) + answers.read_chunks(sys.argv[1])
 tr, held = distill.split(examples)
 seqs = list(distill.sequences(tr))
 counts = torch.zeros(49152, dtype=torch.long)

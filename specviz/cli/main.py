@@ -25,6 +25,7 @@ from specviz.cli.generate import cmd_generate
 from specviz.cli.profile import cmd_profile
 from specviz.cli.serving import SERVING_COMMANDS, serving_parsers
 from specviz.config import DEFAULT_TARGET, GAMMA_MAX
+from specviz.core import answers
 from specviz.errors import ConfigError
 from specviz.methods import CHECK_METHODS, METHODS, TRAINED_METHODS
 from specviz.train.distill import CHUNK_SIZE as DISTILL_CHUNK
@@ -344,7 +345,7 @@ def cmd_train(args) -> int:
         precision=args.precision)
     try:
         train.train(opts)
-    except train.distill.DistillError as exc:  # a --data file without prompts: before the target loads
+    except answers.DistillError as exc:  # a --data file without prompts: before the target loads
         raise InputError(str(exc)) from None
     return 0
 
@@ -352,7 +353,6 @@ def cmd_train(args) -> int:
 def cmd_tree(args) -> int:
     """A trained Medusa or EAGLE drafter's tree re-chosen from measurement (train/retree.py)."""
     from specviz.drafters.config import DrafterError
-    from specviz.train import distill
     from specviz.train.retree import retree
 
     held = int_arg("held-out", args.held_out, 1, 10**6)
@@ -360,14 +360,14 @@ def cmd_tree(args) -> int:
         if not Path(f).is_file() and not (Path(f) / "manifest.json").is_file():
             raise InputError(f"data file {f!r} does not exist: give a JSONL(.gz) of self-distillation ids or a "
                              "folder written by `distill`")
-        if Path(f).is_file() and not distill.is_example_file(f):  # before the target loads
+        if Path(f).is_file() and not answers.is_example_file(f):  # before the target loads
             raise InputError(f"data file {f!r} is not self-distillation ids: give a JSONL(.gz) of prompt_ids and "
                              "answer_ids (as `distill` and `train` write them) or a folder written by `distill` "
                              "(python -m specviz distill --prompts FILE answers a prompt file)")
     try:
         retree(Path(args.drafter), args.data, held, args.write, log=lambda line: print(line, flush=True),
                      profile=Path(args.profile) if args.profile else None)
-    except (DrafterError, distill.DistillError) as exc:
+    except (DrafterError, answers.DistillError) as exc:
         raise InputError(str(exc)) from None
     return 0
 
@@ -396,7 +396,7 @@ def cmd_distill(args) -> int:
     if threads:
         torch.set_num_threads(threads)
     prompts = Path(args.prompts) if args.prompts else distill.SHARED_PROMPTS
-    out = Path(args.out) if args.out else distill.PROMPTS_OUT
+    out = Path(args.out) if args.out else answers.PROMPTS_OUT
     try:
         distill.read_prompt_rows(prompts)  # a bad file fails before the model loads
         source = models.resolve(args.target)
@@ -410,7 +410,7 @@ def cmd_distill(args) -> int:
                     "matmul": target.matmul, "threads": torch.get_num_threads(), "probe": distill.PROBE}
         distill.generate_chunks(target, prompts, out, settings, batch_size=batch, chunks=chunks, max_tokens=max_tokens,
                                 log=lambda line: print(line, flush=True))
-    except distill.DistillError as exc:
+    except answers.DistillError as exc:
         raise InputError(str(exc)) from None
     return 0
 

@@ -33,6 +33,7 @@ from typing import Callable, Iterable, Iterator, Protocol
 import torch
 
 from specviz.config import DEFAULT_TARGET, DecodeConfig
+from specviz.core import answers
 from specviz.core.cache import CachedLM, clock
 from specviz.core.lookup import match
 from specviz.core.retrieval import Datastore, datastore_for, datastores
@@ -177,9 +178,7 @@ class Verified:
 
 def committed_answers() -> Iterable[list[int]]:
     """The embedded target's own answers: its committed self-distillation ids (what `make drafters` trains on)."""
-    from specviz.train import distill
-
-    return (row["answer_ids"] for row in distill.committed_examples())
+    return (row["answer_ids"] for row in answers.committed_examples())
 
 
 ANSWERS = {DEFAULT_TARGET: committed_answers}  # target -> its answers, handed to retrieval.datastore_for

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specviz.core import answers
 from specviz.drafters import trained as drafters
 from specviz.drafters.config import DrafterConfig
 from specviz.drafters.dflash import DFlash, dflash_layers, mask_token
@@ -25,7 +26,7 @@ def snapshot(out: Path, data: list[str], dest: Path, target, block_size: int, dr
     state = best if best is not None else ckpt["module"]
     examples: list[dict] = []
     for f in data:
-        examples += distill.read_chunks(f) if Path(f).is_dir() else distill.read_examples(f)
+        examples += answers.read_chunks(f) if Path(f).is_dir() else answers.read_examples(f)
     train_ex, held_out = distill.split(examples)
     seqs = list(distill.sequences(train_ex))
     if init is not None:  # the run went on in the init's layout and over its vocabulary (loop.build_drafter)

@@ -6,12 +6,12 @@ the token ids are kept (a few hundred KB, committed under assets/), so the targe
 recomputed anywhere. Spec-Bench (our evaluation set) is never used.
 
 Generation is resumable: finished examples are appended to a JSONL file, and a rerun skips them.
+Reading the answers back (example files, chunk folders, the committed set) is specviz/core/answers.py's.
 """
 from __future__ import annotations
 
 import contextlib
 import gzip
-import hashlib
 import json
 import os
 import socket
@@ -22,7 +22,8 @@ from typing import Callable, Iterator
 import torch
 
 from specviz import prompts as prompts_file
-from specviz.paths import DISTILL, TRAIN_PROMPTS
+from specviz.core.answers import MANIFEST, DistillError, read_examples, read_manifest, sha256_file, verified_chunks
+from specviz.paths import TRAIN_PROMPTS
 from specviz.train.answer import answer_batch, answer_batch_generate, pad_id
 
 
@@ -54,46 +55,6 @@ def generate_answers(target, prompts: list[str], out_path: Path, max_new_tokens:
                 f.write(json.dumps({"i": i, "prompt_ids": e, "answer_ids": answer}) + "\n")
         if progress:
             progress(len(done) + start + len(chunk), len(prompts), n_tokens)
-
-
-def is_example_file(path: str | Path) -> bool:
-    """Whether a data file holds generated examples (JSONL, maybe gzipped, of prompt_ids and answer_ids)
-    rather than prompts for the target to answer."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            first = next((line for line in f if line.strip()), "")
-        row = json.loads(first) if first.lstrip().startswith("{") else {}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(row, dict) and "prompt_ids" in row and "answer_ids" in row
-
-
-def read_examples(path: str | Path) -> list[dict]:
-    """Examples from a .jsonl or .jsonl.gz file of {"i", "prompt_ids", "answer_ids"}; where a row has no "i" (a
-    chunk file of `distill` read on its own), its line number in the file (what split() keys on). DistillError, one
-    line naming the file (and line) and the format, for a file that cannot be read or a line that is not such a row."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    expected = ("give self-distillation ids (JSONL(.gz), one {\"prompt_ids\": [...], \"answer_ids\": [...]} a line, "
-                "as `distill` and `train` write them) or a folder written by `distill`")
-    rows = []
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    row = None
-                if not (isinstance(row, dict) and "prompt_ids" in row and "answer_ids" in row):
-                    raise DistillError(f"{path}:{n} is not a JSON object of prompt_ids and answer_ids: {expected}")
-                rows.append(row)
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
-        raise DistillError(f"{path} cannot be read ({type(exc).__name__}): {expected}") from None
-    return [row if "i" in row else {"i": n, **row} for n, row in enumerate(rows)]
 
 
 def pack(src: Path, dst: Path) -> None:
@@ -133,8 +94,6 @@ def sequences(examples: list[dict]) -> Iterator[list[int]]:
 # ---------------------------------------------------------------------------------------------------------
 
 SHARED_PROMPTS = TRAIN_PROMPTS
-PROMPTS_OUT = DISTILL / "prompts"
-ORIGINAL = DISTILL / "smollm2-135m.jsonl.gz"  # the first self-distillation file (the project's prompts)
 CHUNK_SIZE = 256
 # The configuration `python -m specviz distill` uses by default: the fastest batched greedy generation measured
 # (PROBE below, recorded in the manifest, holds the figures). On the 2-core AVX2 machine bf16 loses: without native
@@ -186,25 +145,12 @@ PROBE = {
               "batch, 1 thread (two threads stall each other "
               "while another job holds a core: a 32x576x1536 matmul ran at 23 GFLOP/s on 1 thread, 9 on 2)",
 }
-MANIFEST = "manifest.json"
 # what makes two runs' chunks interchangeable: a rerun with other values is refused (use another --out). The dtype
 # and the batch size are not among them but recorded per chunk: both are the target's greedy answers, which differ
 # only after a near-tie (bf16 answers also depend on the batch: 9 of 32 answers were identical at batch 32 and 64,
 # 6 of 32 between fp32 and bf16, on the PROBE's AMX prompts).
 SETTINGS_KEYS = ("target", "gguf_file", "attention", "max_new_tokens", "greedy", "chunk_size",
                  "prompts_sha256")
-
-
-class DistillError(ValueError):
-    """A prompt file or output folder that cannot be used; the message is one line."""
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_prompt_rows(path: str | Path) -> list[dict]:
@@ -298,47 +244,6 @@ def write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, path)
-
-
-def read_manifest(out_dir: str | Path) -> dict | None:
-    path = Path(out_dir) / MANIFEST
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        raise DistillError(f"{path} is not valid JSON: fix or remove it") from None
-
-
-def verified_chunks(out_dir: str | Path, manifest: dict | None) -> dict[int, dict]:
-    """The manifest's chunk entries whose file exists with the recorded sha256, by chunk index."""
-    good = {}
-    for entry in (manifest or {}).get("chunks", []):
-        path = Path(out_dir) / entry["file"]
-        if path.is_file() and sha256_file(path) == entry["sha256"]:
-            good[int(entry["index"])] = entry
-    return good
-
-
-def read_chunks(out_dir: str | Path = PROMPTS_OUT, verify: bool = True) -> list[dict]:
-    """The examples of every finished chunk in order, each with "i", its line in the prompt file (what
-    split() keys on). verify: only chunks whose sha256 matches the manifest."""
-    manifest = read_manifest(out_dir)
-    if manifest is None:
-        return []
-    size = int(manifest["chunk_size"])
-    entries = verified_chunks(out_dir, manifest) if verify else {int(e["index"]): e for e in manifest["chunks"]}
-    examples = []
-    for index in sorted(entries):
-        for n, row in enumerate(read_examples(Path(out_dir) / entries[index]["file"])):
-            examples.append({**row, "i": index * size + n})
-    return examples
-
-
-def committed_examples() -> list[dict]:
-    """Every committed self-distillation example of the embedded target: the original file, then the chunks of the
-    shared prompt set (what `make drafters` trains on and the datastore indexes)."""
-    return read_examples(ORIGINAL) + read_chunks(PROMPTS_OUT)
 
 
 def answer_chunk(target, rows: list[dict], max_new_tokens: int, batch_size: int,

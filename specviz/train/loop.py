@@ -23,6 +23,7 @@ import torch
 
 from specviz import methods, metrics
 from specviz.config import DEFAULT_TARGET
+from specviz.core import answers
 from specviz.drafters import dflash
 from specviz.drafters import trained as drafters
 from specviz.drafters.config import DrafterConfig, DrafterError
@@ -34,7 +35,7 @@ from specviz.train.features import Batches, autocast, exit_features_for, feature
 from specviz.train.losses import head_accuracy
 from specviz.train.trees import choose_eagle_tree, choose_tree_for_cost
 
-DEFAULT_DATA = distill.ORIGINAL
+DEFAULT_DATA = answers.ORIGINAL
 DRAFT_VOCAB = 8192   # a new drafter's compressed vocabulary: the N tokens most frequent in its training data
 
 
@@ -85,22 +86,22 @@ def examples_for(opts: TrainOptions, target, log) -> list[dict]:
     """Stage 1: the self-distillation examples (prompt ids + the target's answer ids)."""
     files = data_files(opts)
     if not files and opts.target == DEFAULT_TARGET and DEFAULT_DATA.is_file():
-        examples = distill.committed_examples()
-        log(f"data: {DEFAULT_DATA.relative_to(ASSETS.parent)} and {distill.PROMPTS_OUT.relative_to(ASSETS.parent)}, "
+        examples = answers.committed_examples()
+        log(f"data: {DEFAULT_DATA.relative_to(ASSETS.parent)} and {answers.PROMPTS_OUT.relative_to(ASSETS.parent)}, "
             f"{len(examples)} answers (committed self-distillation ids)")
         return examples
     examples, prompts = [], [] if files else templates.default_prompts()
     for f in files:  # generated examples are used as they are; prompts are answered by the target below
         if Path(f).is_dir():
-            examples += distill.read_chunks(f)
+            examples += answers.read_chunks(f)
             log(f"data: {f} (self-distillation chunks)")
-        elif distill.is_example_file(f):
-            examples += distill.read_examples(f)
+        elif answers.is_example_file(f):
+            examples += answers.read_examples(f)
             log(f"data: {f} (self-distillation ids)")
         else:
             prompts += distill.read_prompt_file(f)
     if not prompts and not examples:
-        raise distill.DistillError(f"data file {', '.join(files)!r} has no prompts: use JSONL with 'prompt' or one "
+        raise answers.DistillError(f"data file {', '.join(files)!r} has no prompts: use JSONL with 'prompt' or one "
                                    "prompt a line")
     if not prompts:
         return examples
@@ -118,7 +119,7 @@ def examples_for(opts: TrainOptions, target, log) -> list[dict]:
 
     distill.generate_answers(target, prompts, path, opts.max_new_tokens, progress=progress)
     bar.close()
-    return examples + distill.read_examples(path)
+    return examples + answers.read_examples(path)
 
 
 def data_files(opts: TrainOptions) -> list[str]:
@@ -140,7 +141,7 @@ def train(opts: TrainOptions, log=print, target=None, custom_loss=None) -> Train
 
     torch.manual_seed(opts.seed)
     for f in data_files(opts):  # a prompt file without prompts: one line (DistillError) before the target loads
-        if not Path(f).is_dir() and not distill.is_example_file(f):
+        if not Path(f).is_dir() and not answers.is_example_file(f):
             distill.read_prompt_file(f)
     ckpt_path = opts.out / "checkpoint.pt"
     if opts.resume and not ckpt_path.is_file():

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from specviz import methods
+from specviz.core import answers
 from specviz.drafters import trained as drafters
 from specviz.drafters.config import DrafterError, read_config
 from specviz.drafters.modules import load_into
@@ -44,7 +45,7 @@ def retree(folder: Path, data: list[str] | None = None, held: int = TREE_HELD_OU
     target = target or models.get(raw["target"], torch.device("cpu"), torch.float32, attention="sdpa")
     examples: list[dict] = []
     for f in data or [str(DEFAULT_DATA)]:
-        examples += distill.read_chunks(f) if Path(f).is_dir() else distill.read_examples(f)
+        examples += answers.read_chunks(f) if Path(f).is_dir() else answers.read_examples(f)
     held_out = distill.split(examples)[1][:held]
     if not held_out:
         raise DrafterError("no held-out examples in the data: give more (every 20th example is held out)")
