@@ -15,7 +15,7 @@ from specviz.events import LOOKUP_HEAD, StepEvent
 from specviz.events import DraftToken as D
 from specviz.events import EmittedToken as E
 from specviz.events import Verdict as V
-from specviz.ui import lane_plots, many, plots, render, step
+from specviz.ui import lane_plots, many, plots, render, step, step_plots
 from specviz.ui.logic import Lane
 from specviz.ui.race_html import pane_html
 
@@ -218,8 +218,8 @@ def test_the_step_through_says_the_block_came_from_one_forward():
 def test_the_step_through_theory_prices_a_block_at_one_drafter_forward():
     """Leviathan's S = E / (γc + 1) counts γ drafter forwards a step; a block drafted in one costs c: E / (c + 1)."""
     e4 = (1 - 0.7 ** 5) / (1 - 0.7)
-    assert plots.theory_figure(0.7, 0.1).data[1].y[3] == pytest.approx(e4 / (4 * 0.1 + 1))
-    fig = plots.theory_figure(0.7, 0.1, {"alpha": 0.7, "tau": 2.0, "gamma": 4, "c": 0.1}, block=True)
+    assert step_plots.theory_figure(0.7, 0.1).data[1].y[3] == pytest.approx(e4 / (4 * 0.1 + 1))
+    fig = step_plots.theory_figure(0.7, 0.1, {"alpha": 0.7, "tau": 2.0, "gamma": 4, "c": 0.1}, block=True)
     assert fig.data[1].y[3] == pytest.approx(e4 / (0.1 + 1)) and fig.data[-1].y[0] == pytest.approx(e4 / 1.1)
     assert "one drafter forward" in fig.layout.annotations[1].text
 

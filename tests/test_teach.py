@@ -11,7 +11,7 @@ from specviz.core.sampling import residual, verify_chain
 from specviz.engines import SpeculativeEngine, generate
 from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.pld import PromptLookupDrafter
-from specviz.ui import plots, teach
+from specviz.ui import step_plots, teach
 
 PROMPT = "1 2 3 4 5 6 1 2 3"  # repeats, so prompt lookup finds drafts
 
@@ -122,12 +122,12 @@ def test_verify_chain_reports_its_draws():
 def test_figures_validate(tiny_target, tiny_draft):
     session = teach.start(PROMPT, DecodeConfig(gamma=3, temperature=1.0, max_new_tokens=12), tiny_target, tiny_draft)
     teach.run_to_end(session)
-    figs = [plots.cycle_figure(None), plots.theory_figure(0.7, 0.1), plots.theory_figure(1.0, 0.0),
-            plots.theory_figure(0.5, 0.2, session.measured())]
-    figs += [plots.cycle_figure(v.to_dict()) for v in session.views]
+    figs = [step_plots.cycle_figure(None), step_plots.theory_figure(0.7, 0.1), step_plots.theory_figure(1.0, 0.0),
+            step_plots.theory_figure(0.5, 0.2, session.measured())]
+    figs += [step_plots.cycle_figure(v.to_dict()) for v in session.views]
     for fig in figs:
         go.Figure(fig.to_dict())  # plotly's validating constructor
-    bars = plots.cycle_figure(session.views[0].to_dict())
+    bars = step_plots.cycle_figure(session.views[0].to_dict())
     assert {t.name for t in bars.data} >= {"q_draft (drafter)", "p_target (target)"}
-    theory = plots.theory_figure(0.8, 0.1, session.measured())
+    theory = step_plots.theory_figure(0.8, 0.1, session.measured())
     assert any(t.name.startswith("measured") for t in theory.data)

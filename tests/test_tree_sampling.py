@@ -273,7 +273,7 @@ def test_step_through_shows_a_refused_sibling_and_the_residual(tiny_target):
     """The step-through of a tree at temperature > 0: one position per judged candidate in the order judged; a
     refused sibling's bars hold r at its turn and the residual after it, and the next sibling at the same node was
     judged against exactly that residual. Its table and bar chart build."""
-    from specviz.ui import plots, step, teach
+    from specviz.ui import step, step_plots, teach
 
     engine = tree_engine(tiny_target, "eagle")
     cfg = DecodeConfig(method="eagle", temperature=1.0, lookup=4, max_new_tokens=40, seed=1)
@@ -296,5 +296,5 @@ def test_step_through_shows_a_refused_sibling_and_the_residual(tiny_target):
         if view.tree:
             table = step.cycle_table_html(view.to_dict())
             assert "r(x) at its turn" in table and table.count("<tr") == len(view.positions) + 1
-            assert isinstance(plots.cycle_figure(view.to_dict()), plots.go.Figure)
+            assert isinstance(step_plots.cycle_figure(view.to_dict()), step_plots.go.Figure)
     assert shown > 0 and session.token_ids == list(session.run.tokens[len(PROMPT):])

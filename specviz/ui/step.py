@@ -1,6 +1,6 @@
 """The "Step through" tab (teaching mode): one draft/verify cycle per click, with what the drafter proposed (q), what
-the target thinks (p), the acceptance test and its verdict, as bars (plots.cycle_figure) and a table. The run itself
-is specviz.ui.teach's; this module builds the tab's components and wiring inside the caller's gr.Blocks.
+the target thinks (p), the acceptance test and its verdict, as bars (step_plots.cycle_figure) and a table. The run
+itself is specviz.ui.teach's; this module builds the tab's components and wiring inside the caller's gr.Blocks.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from specviz.config import DEFAULT_DRAFT
 from specviz.events import StepEvent
 from specviz.methods import CHAIN_METHODS
 from specviz.policy import Policy
-from specviz.ui import controls, plots, render
+from specviz.ui import controls, render, step_plots
 from specviz.ui.common import (
     DEVICE_QUEUE,
     DRAFT_CHOICES,
@@ -75,7 +75,7 @@ def cycle_table_html(view: Optional[dict]) -> str:
             cells.append(html.escape(pos["target_argmax"] or "–") if pos["target_argmax"] is not None else "–")
         else:
             cells += [num(pos["accept_prob"], ".3f"), num(pos["u"], ".3f")]
-        cells.append(html.escape(plots.VERDICT_MARK[pos["verdict"]]))
+        cells.append(html.escape(step_plots.VERDICT_MARK[pos["verdict"]]))
         numeric = {2, 3} if greedy else {2, 3, 4, 5}
         rows.append(f'<tr data-verdict="{pos["verdict"]}">' + "".join(
             f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(cells)) + "</tr>")
@@ -111,7 +111,7 @@ def tree_table_html(view: dict) -> str:
             cells.append(html.escape(pos["target_argmax"] or "–"))
         else:
             cells += [num(pos["accept_prob"], ".3f"), num(pos["u"], ".3f")]
-        cells.append(html.escape(plots.VERDICT_MARK[pos["verdict"]]))
+        cells.append(html.escape(step_plots.VERDICT_MARK[pos["verdict"]]))
         if not greedy:
             cells.append(_residual_top(pos["bars"]) if pos["verdict"] == "rejected" else "")
         numeric = {3, 4} if greedy else {3, 4, 5, 6}
@@ -175,9 +175,9 @@ def step_outputs(session, alpha: float, c: float) -> tuple:
     data = {"step": len(session.views), "finished": session.finished, "finish_reason": session.run.finish_reason,
             "seed": session.cfg.seed, "config": session.cfg.to_dict(), "measured": measured,
             "text": session.engine.target.decode(session.token_ids), "cycle": view}
-    return (session, step_status(session), f'<div class="sv-steptext">{text}</div>', plots.cycle_figure(view),
+    return (session, step_status(session), f'<div class="sv-steptext">{text}</div>', step_plots.cycle_figure(view),
             block_note_html(session.events[-1] if session.events else None, method) + cycle_table_html(view),
-            plots.theory_figure(float(alpha), float(c), measured, block=drafts_a_block(session)), data)
+            step_plots.theory_figure(float(alpha), float(c), measured, block=drafts_a_block(session)), data)
 
 
 def _error_outputs(exc: BaseException, session=None) -> tuple:
@@ -253,7 +253,7 @@ def drafts_a_block(session) -> bool:
 
 
 def step_theory(session, alpha: float, c: float):
-    return plots.theory_figure(float(alpha), float(c), session.measured() if session else None,
+    return step_plots.theory_figure(float(alpha), float(c), session.measured() if session else None,
                                block=drafts_a_block(session))
 
 
@@ -293,7 +293,7 @@ def step_tab(concurrency_id: str = DEVICE_QUEUE, pair: hardware.Pair = hardware.
         status = gr.HTML(status_html("Press Reset (or Next step) to start; the seed makes the run reproducible."),
                          elem_id="step-status")
         text = gr.HTML('<div class="sv-steptext"><span class="sv-placeholder">…</span></div>', elem_id="step-text")
-        bars = gr.Plot(plots.cycle_figure(None), elem_id="step-bars", show_label=False)
+        bars = gr.Plot(step_plots.cycle_figure(None), elem_id="step-bars", show_label=False)
         with gr.Row(equal_height=False):
             with gr.Column(scale=3, min_width=420):
                 table = gr.HTML("", elem_id="step-table")
@@ -303,7 +303,7 @@ def step_tab(concurrency_id: str = DEVICE_QUEUE, pair: hardware.Pair = hardware.
                                       elem_id="step-alpha")
                     c = gr.Slider(0.0, 1.0, value=0.1, step=0.01, label="c (draft cost / target cost)",
                                   elem_id="step-c")
-                theory = gr.Plot(plots.theory_figure(0.7, 0.1), elem_id="step-theory", show_label=False)
+                theory = gr.Plot(step_plots.theory_figure(0.7, 0.1), elem_id="step-theory", show_label=False)
                 gr.Markdown("Curves: the sliders' α and c. ◆: the steps so far — measured τ at their mean γ, and "
                             "the speedup predicted from their α and c (c here is a draft forward over "
                             "a verify forward, "
