@@ -15,6 +15,7 @@ from specviz.core.cache import CachedLM
 from specviz.core.trees import Tree
 from specviz.drafters import trained as drafters
 from specviz.engines import SHIPPED
+from specviz.models import drafts
 from specviz.models import loader as models
 
 PROMPT = "Explain why the sky is blue, in three sentences."
@@ -236,7 +237,7 @@ def test_row_kernel_serves_the_bf16_target_where_bf16_is_emulated(target_bf16):
     assert (target_bf16.matmul == "specviz row kernel") == expected
     if expected:
         assert not target_bf16.pad_one_row  # row-invariant by construction: no padding row needed
-        copy = models.int8_copy(target_bf16).model  # the int8 copy quantizes plain Linear modules
+        copy = drafts.int8_copy(target_bf16).model  # the int8 copy quantizes plain Linear modules
         assert not any(isinstance(m, kernels.RowLinear) for m in copy.modules())
 
 

@@ -21,7 +21,8 @@ from specviz.engines.ar import AREngine
 from specviz.engines.draft_model import ModelDrafter
 from specviz.engines.speculative import Proposal
 from specviz.metrics import CostProfile
-from specviz.models.loader import ModelError, int8_copy
+from specviz.models.drafts import int8_copy
+from specviz.models.loader import ModelError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 

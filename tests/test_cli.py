@@ -8,6 +8,7 @@ from specviz.cli.bench import format_summary, read_prompts, with_fastest_plain
 from specviz.cli.main import main
 from specviz.config import DecodeConfig, check_prompt
 from specviz.errors import ConfigError
+from specviz.models import drafts
 from specviz.models import loader as models
 
 BAD = [
@@ -55,7 +56,7 @@ def test_config_normalises_and_rejects():
 
 def test_incompatible_tokenizer_is_refused(target, tiny_target):
     with pytest.raises(models.ModelError, match="draft tokenizer .* differs from target tokenizer"):
-        models.check_tokenizers(target, tiny_target)
+        drafts.check_tokenizers(target, tiny_target)
 
 
 def test_read_prompts_formats(tmp_path):

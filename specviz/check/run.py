@@ -48,7 +48,8 @@ from specviz.engines.pld import PromptLookupDrafter
 from specviz.engines.speculative import ChainDrafter, SpeculativeEngine
 from specviz.errors import ConfigError
 from specviz.methods import CHECK_METHODS
-from specviz.models.loader import COMPRESSED_DRAFTS, LoadedModel, ModelError
+from specviz.models.drafts import COMPRESSED_DRAFTS, int8_copy
+from specviz.models.loader import LoadedModel, ModelError
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total); called with done=0 when a stage starts
 
@@ -174,7 +175,7 @@ def drafter_for(method: str, target: LoadedModel,
     if not entry.uses_draft_model:  # prompt lookup: no weights
         return methods.load(entry.drafter)(), None
     spec = draft_spec or "int8"
-    draft = models.int8_copy(target) if spec in COMPRESSED_DRAFTS else models.get(spec, target.device, target.dtype)
+    draft = int8_copy(target) if spec in COMPRESSED_DRAFTS else models.get(spec, target.device, target.dtype)
     return methods.load(entry.drafter)(draft), draft
 
 

@@ -125,7 +125,7 @@ def cmd_bench(args) -> int:
     from tqdm import tqdm
 
     from specviz import engines, metrics
-    from specviz.models import loader as models
+    from specviz.models import drafts
     from specviz.serving.export import Exporter
 
     specs = args.method or ["vanilla", "pld"]
@@ -145,7 +145,7 @@ def cmd_bench(args) -> int:
     base = config_of(args, "ar", {"lookup": 0, "retrieve": 0, "tree": "static"})
     built = {label: engines.build(m, target, what) for label, (m, _, _, what) in methods.items()}
     ar = engines.build("ar", target)
-    draft = models.load_draft(args.draft, target) if args.compare_hf else None
+    draft = drafts.load_draft(args.draft, target) if args.compare_hf else None
     # a trained drafter's compressed vocabulary (target ids); None for the full one and other methods
     vocabs = {label: getattr(engine, "draft_vocab_ids", None) for label, engine in built.items()}
     refs = _reference_ars(target) if args.ar_reference else {}

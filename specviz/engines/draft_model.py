@@ -15,7 +15,8 @@ from specviz.config import DecodeConfig
 from specviz.core.cache import CachedLM
 from specviz.core.sampling import pick, warp
 from specviz.engines.speculative import Proposal, SpeculativeEngine, stop_drafting
-from specviz.models.loader import LoadedModel, load_draft
+from specviz.models.drafts import load_draft
+from specviz.models.loader import LoadedModel
 
 
 class ModelDrafter:

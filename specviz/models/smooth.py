@@ -1,4 +1,4 @@
-"""SmoothQuant for the CPU int8 draft (models/loader.py int8_copy): activation outliers moved into the weights, the
+"""SmoothQuant for the CPU int8 draft (models/drafts.py int8_copy): activation outliers moved into the weights, the
 same fp32 function up to rounding, so dynamic int8 loses less. Xiao et al. 2023, https://arxiv.org/abs/2211.10438."""
 from __future__ import annotations
 

@@ -188,6 +188,7 @@ def warm_up(say: Optional[Callable[[str], None]] = None, on_zero_gpu: bool = Fal
     …"). On ZeroGPU no GPU is attached outside the wrapped handlers: the models load (each worker inherits them) and
     nothing runs."""
     from specviz.core import profile, retrieval
+    from specviz.models import drafts
     from specviz.models import loader as models
 
     say = say or (lambda line: print(f"specviz: {line}", flush=True))
@@ -202,7 +203,7 @@ def warm_up(say: Optional[Callable[[str], None]] = None, on_zero_gpu: bool = Fal
         say("loading the datastore (the target's past answers)…")
         retrieval.datastore_for(pair.target)  # the default race's datastore branch: built once, here
     if on_zero_gpu:
-        models.load_draft(pair.draft, target)
+        drafts.load_draft(pair.draft, target)
         return f"models ready on {hardware.describe(target.device, target.dtype)}"
     say(f"loading the drafter: a first short race of {pair.race()}…")  # the drafter loads, the kernels are picked
     race_result(DEFAULT_PROMPT, make_config(pair.method, pair.gamma, lookup=pair.lookup_for(pair.method),
@@ -224,10 +225,11 @@ def warm_up(say: Optional[Callable[[str], None]] = None, on_zero_gpu: bool = Fal
 def load_draft() -> None:
     """The default pair's draft model (vanilla's; on a CPU the int8 copy, a few seconds to make), once the app is
     ready: the default race does not need it."""
+    from specviz.models import drafts
     from specviz.models import loader as models
 
     pair = hardware.default_pair()
-    models.load_draft(pair.draft, models.get(pair.target))
+    drafts.load_draft(pair.draft, models.get(pair.target))
     print(f"specviz: {pair.draft} draft loaded (vanilla's)", flush=True)
 
 
