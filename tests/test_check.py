@@ -139,6 +139,25 @@ def test_a_real_greedy_divergence_is_a_bug_and_named(tiny_target):
     assert not correct and verdict.startswith("INCORRECT: greedy output differs from AR") and "token 5" in verdict
 
 
+def test_a_correct_drafter_that_is_almost_never_kept_is_named_so(tiny_target):
+    """A new user's pass: an undertrained drafter (α 0.00) read "correct; 0.59× (slower than specviz AR)", green,
+    with nothing saying its guesses were never kept."""
+    from dataclasses import replace
+
+    ids = tiny_target.encode_prompt("1 2 3 4 5")
+    ar = [t for t in AREngine(tiny_target).steps(ids, DecodeConfig(method="ar", max_new_tokens=8))]
+    ar_ids = [e.emitted[0].token_id for e in ar]
+    result = measure.PromptResult(1, "a", "p", len(ids), "", ar_ids, ar_ids, True, None,
+                                  metrics.compare(ar, ar, "vanilla", True))
+    fid = measure.Fidelity(1, 1.0, 1.0, 100, 0, 0, stats.fit(torch.tensor([100.0]), torch.tensor([1.0])), True, [])
+    pay = measure.payoff([result], [ar], [ar], None, CheckOptions())
+    for alpha, said in [(0.0, True), (0.04, True), (0.05, False), (None, False)]:
+        correct, _, verdict = check.conclude([result], fid, [], replace(pay, alpha=alpha, speedup=0.59),
+                                             CheckOptions())
+        assert correct and verdict.startswith("correct; 0.59× (slower than specviz AR)"), verdict
+        assert (f"the target kept {alpha or 0:.0%} of its guesses: is it trained for this target" in verdict) == said
+
+
 # ── why it misses: a drafter planted to miss only after newlines ────────────────────────────────────
 
 NEWLINES = frozenset(range(0, 64, 4))  # the tiny vocabulary's tokens that read as a line break here

@@ -15,6 +15,7 @@ from specviz.core import answers
 from specviz.paths import DRAFTERS
 from specviz.prompts import PromptFileError, pick
 from specviz.prompts import read as read_prompts
+from specviz.train import distill
 
 
 @pytest.fixture
@@ -85,6 +86,66 @@ def test_export_never_replaces_a_folder_that_is_not_an_export(tmp_path, capsys, 
     assert (mine / "notes.txt").read_text() == "keep me"
 
 
+def test_export_never_replaces_another_sources_export(tmp_path, capsys, no_model_loads, monkeypatch):
+    """A new user's pass: `export DRAFTER --out out/export/smollm2-135m` (the target's export) replaced the target's
+    weights with the drafter's files, exit 0; an export now replaces only an earlier export of its own source."""
+    from specviz.serving.engine_export import ExportError, check_out
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "export.json").write_text(json.dumps({"kind": "target", "source": "smollm2-135m"}))
+    (target / "target-f32.gguf").write_text("weights")
+    line = one_line_exit_2(["export", "eagle", "--out", str(target)], capsys)
+    assert f"out={str(target)!r}" in line and "holds the export of 'smollm2-135m'" in line, line
+    assert (target / "target-f32.gguf").read_text() == "weights"
+    check_out(target, "smollm2-135m")  # the target's own export again: may replace it
+    with pytest.raises(ExportError, match="holds the export of 'smollm2-135m', not of 'other.gguf'"):
+        check_out(target, "other.gguf")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine" / "drafter").mkdir(parents=True)
+    drafted = tmp_path / "drafted"
+    drafted.mkdir()
+    (drafted / "export.json").write_text(json.dumps({"kind": "eagle", "source": "mine/drafter"}))
+    check_out(drafted, str(tmp_path / "mine" / "drafter"))  # the same folder, written another way
+    with pytest.raises(ExportError, match="not of 'theirs/drafter'"):
+        check_out(drafted, "theirs/drafter")
+    (drafted / "export.json").write_text("{broken")
+    with pytest.raises(ExportError, match="names no source, not of 'mine/drafter'"):
+        check_out(drafted, "mine/drafter")
+
+
+def test_check_names_what_is_wrong_with_a_drafter_path(tmp_path, capsys, no_model_loads):
+    """A new user's pass: `check --draft OUT/drafter/model.safetensors` said the file 'does not exist', `check --draft
+    OUT` (train's --out) gave no hint of OUT/drafter, and `check --drafter` (as serve, probe and bench spell it) was
+    an unrecognized argument."""
+    run = tmp_path / "run"
+    (run / "drafter").mkdir(parents=True)
+    (run / "drafter" / "config.json").write_text("{}")
+    (run / "drafter" / "model.safetensors").write_text("weights")
+    for flag, path, needle in [("--draft", run / "drafter" / "model.safetensors",
+                                f"is a file: give the folder that holds it ({str(run / 'drafter')!r})"),
+                               ("--drafter", run, f"its drafter/ has: give {str(run / 'drafter')!r}"),
+                               ("--drafter", tmp_path / "nope", "does not exist: give a folder written by python -m "
+                                                                "specviz train eagle")]:
+        line = one_line_exit_2(["check", "--method", "eagle", flag, str(path)], capsys)
+        assert repr(str(path)) in line and needle in line, line
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["check", "--method", "egale"], "argument --method: invalid choice: 'egale' (choose from 'vanilla', 'pld'"),
+    (["check", "--limit", "four"], "argument --limit: invalid int value: 'four' (see python -m specviz check --help)"),
+    (["serve", "--engine", "vllm", "--drafters", "x"], "the following arguments are required: --drafter"),
+    (["tran"], "argument command: invalid choice: 'tran'"),
+])
+def test_argparse_errors_are_one_line_too(argv, says, capsys):
+    """A new user's pass: a typo'd method or a word for a number printed argparse's ten-line usage block before its
+    error; every bad value is one line."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and err[0].startswith("specviz: error: ") and says in err[0], err
+
+
 def test_a_writable_output_path_passes_and_nothing_is_created_or_changed(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "old.json").write_text("old")
@@ -151,6 +212,21 @@ def test_train_data_without_prompts_is_one_line_before_the_target_loads(tmp_path
         line = one_line_exit_2(["train", "eagle", "--out", str(tmp_path / "t"), "--steps", "1", "--data", str(path)],
                                capsys)
         assert str(path) in line and needle in line, line
+
+
+def test_train_on_fewer_prompts_than_one_held_out_is_one_line_before_the_target_loads(tmp_path, capsys,
+                                                                                     no_model_loads):
+    """A new user's smoke run on 8 prompts answered them for 2 minutes, then a traceback (`max()` of an empty
+    held-out split): every 20th answer is held out, so fewer than 20 prompts now stop before the target loads."""
+    few = tmp_path / "few.jsonl"
+    few.write_text("".join(json.dumps({"prompt": f"Say {i}."}) + "\n" for i in range(8)))
+    line = one_line_exit_2(["train", "eagle", "--out", str(tmp_path / "t"), "--steps", "1", "--data", str(few)], capsys)
+    assert str(few) in line and "has 8 prompts" in line and "at least 20" in line, line
+    assert not (tmp_path / "t").exists()
+    examples = [{"i": i, "prompt_ids": [1], "answer_ids": [2]} for i in range(12)]  # ids files: known after reading
+    with pytest.raises(answers.DistillError, match="gives 12 examples, 0 of them held out"):
+        distill.split_for_training(examples)
+    assert [len(side) for side in distill.split_for_training(examples + [{**examples[0], "i": 19}])] == [12, 1]
 
 
 # -- 4. tree --data that is not self-distillation ids ---------------------------------------------------------------

@@ -53,12 +53,14 @@ def alive(pgid: int, within: float = 15.0) -> bool:
 
 @pytest.mark.parametrize("argv, says", [
     (["serve", "--engine", "vllm", "--drafter", "hydra"],
-     "drafter='hydra' is unknown: use ngram, eagle, medusa, draft, or a drafter folder trained here"),
+     "drafter='hydra' is unknown: use ngram, eagle, medusa, draft, dflash, or a drafter folder trained here"),
+    (["serve", "--engine", "llama.cpp", "--drafter", "/nonexistent/specviz/drafter"],
+     "drafter folder '/nonexistent/specviz/drafter' does not exist: give a folder written by python -m specviz train"),
     (["serve", "--engine", "tgi", "--drafter", "ngram"], "engine='tgi' is unknown: use one of vllm, llama.cpp"),
     (["serve", "--engine", "vllm", "--drafter", "eagle", "--format", "gguf"],
      "format='gguf' is served by llama.cpp with a trained drafter (--engine llama.cpp --drafter eagle), not vllm"),
     (["serve", "--engine", "vllm", "--drafter", "assets/drafters/smollm2-135m-layerskip"],
-     "is a layerskip drafter: serve takes ngram, eagle, medusa, draft, or a folder"),
+     "is a layerskip drafter: serve takes ngram, eagle, medusa, draft, dflash or a folder of one of those"),
     (["serve", "--engine", "llama.cpp", "--drafter", "medusa"],
      "drafter='medusa' cannot be served by llama.cpp: it takes ngram, draft, eagle, dflash (medusa needs --engine "
      "vllm)"),
@@ -208,6 +210,10 @@ def test_compare_names_the_largest_gap_and_its_cause():
     c = local.compare(*_sides([0.6, 0.5, 0.4], [0.8, 0.5, 0.4], method="pld"))
     assert "n-gram rule differs" in c["verdict"]
     assert "exported no acceptance by position" in local.compare(*_sides([], [0.3]))["verdict"]
+    # a new user's pass: a gap of +0.00 was given a "likely cause"; within AGREE what differs is a caveat only
+    c = local.compare(*_sides([0.0, 0.0, 0.0], [0.0, 0.0, 0.0], local_text="b"))
+    assert c["agree"] and "likely cause" not in c["verdict"], c["verdict"]
+    assert "agree within 0.05 at every position; though the greedy answers differ on 1/1 prompts" in c["verdict"]
 
 
 # -- the verdict on acceptance by position ---------------------------------------------------------------------------
@@ -263,3 +269,34 @@ def test_watch_reads_positions_with_the_drafter_kind():
     w.add(parse(page(0, 0, [0, 0, 0]), t=0.0))
     w.add(parse(page(100, 150, [50, 50, 50]), t=2.0))  # 0.50 1.00 1.00: rises
     assert "α_i rises by position (0.50 1.00 1.00): as expected for an n-gram copy" in w.verdict()
+
+
+# -- an export's README names the drafter it came from ---------------------------------------------------------------
+
+README_WRITERS = ["export_eagle:readme", "export_medusa:readme", "export_draft:readme", "export_speculators:readme",
+                  "export_dflash:readme", "gguf_spec:readme_eagle3", "gguf_spec:readme_dflash"]
+
+
+@pytest.mark.parametrize("writer", README_WRITERS)
+def test_an_export_readme_serves_the_drafter_it_was_exported_from(writer, tmp_path):
+    """A new user's pass: the README of their own drafter's export said `serve --drafter eagle`, which serves the
+    shipped drafter; a user's drafter is named by its folder, the shipped one by its kind."""
+    import importlib
+    from types import SimpleNamespace
+
+    from specviz.paths import shipped_drafter
+
+    module, name = writer.split(":")
+    write = getattr(importlib.import_module(f"specviz.serving.{module}"), name)
+    kind = {"export_medusa": "medusa", "export_draft": "draft", "export_dflash": "dflash"}.get(module, "eagle")
+    kind = "dflash" if name == "readme_dflash" else kind
+    cfg = SimpleNamespace(kind=kind, target="smollm2-135m", feature_layers=(2, 15, 27), draft_vocab=64, vocab_size=99,
+                          medusa_heads=2, draft_layers=(0, 1), num_hidden_layers=2, block_size=8, mask_token_id=5)
+    check = {"max_abs_logit_diff": 0.0, "rows": 4, "argmax_equal": "4/4", "reader": "r", "verifier": "v",
+             "num_speculative_tokens": 3, "context": 6}
+    mine = tmp_path / "mine" / "drafter"
+    text = write(mine, tmp_path / "out", tmp_path / "target", cfg, check)
+    assert f"--drafter {mine}" in text and f"export {mine}" in text, text
+    assert f"--drafter {kind}`" not in text and f"--drafter {kind} " not in text, text
+    text = write(shipped_drafter("smollm2-135m", kind), tmp_path / "out", tmp_path / "target", cfg, check)
+    assert f"--drafter {kind}" in text and f"export {kind}" in text, text

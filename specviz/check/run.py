@@ -229,6 +229,9 @@ def _environment(target: LoadedModel) -> dict:
             "machine": f"{platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}"}
 
 
+RARELY_KEPT = 0.05  # a correct drafter whose α is below this is named as one that almost never guesses right
+
+
 def conclude(prompts: list[PromptResult], fidelity: Fidelity, synthetic: list[stats.SyntheticCase], pay: Payoff,
              options: CheckOptions) -> tuple[bool, list[str], str]:
     problems = []
@@ -258,7 +261,9 @@ def conclude(prompts: list[PromptResult], fidelity: Fidelity, synthetic: list[st
     g = gamma_words(options.gamma, pay.gamma_mean)
     speed = (f"{pay.speedup:.2f}× faster than specviz AR" if pay.speedup >= 1
              else f"{pay.speedup:.2f}× (slower than specviz AR)")
-    return True, [], f"{head}; {speed} at {g} on this machine"
+    rarely = ("" if pay.alpha is None or pay.alpha >= RARELY_KEPT else
+              f"; the target kept {pay.alpha:.0%} of its guesses: is it trained for this target, and long enough?")
+    return True, [], f"{head}; {speed} at {g} on this machine{rarely}"
 
 
 def run_check(target: LoadedModel, drafter: ChainDrafter, draft: Optional[LoadedModel] = None,

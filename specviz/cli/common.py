@@ -218,7 +218,7 @@ def check_draft(method: str, draft: str | None) -> None:
     loading it: a folder's config.json must parse, hold valid settings and name the method's kind
     (drafters.config)."""
     from specviz.config import DEFAULT_DRAFT
-    from specviz.drafters.config import DrafterConfig, check_kind, read_config
+    from specviz.drafters.config import DrafterConfig, check_kind, not_a_drafter_folder, read_config
     from specviz.models import loader as models
 
     spec = registry.spec(method)
@@ -227,14 +227,14 @@ def check_draft(method: str, draft: str | None) -> None:
     if spec.uses_draft_model:
         models.resolve(draft)
         return
-    if Path(draft).expanduser().is_dir():
-        raw = read_config(Path(draft).expanduser())
+    path = Path(draft).expanduser()
+    if path.is_dir():
+        raw = read_config(path)
         if "kind" in raw:
             DrafterConfig.from_dict(raw, f"drafter {draft!r}")
             check_kind(raw["kind"], method, draft)
-    elif draft.startswith((".", "/", "~")) or draft.count("/") != 1:  # not a folder, not a Hub id ORG/NAME
-        raise ConfigError(f"drafter folder {draft!r} does not exist: give a folder written by python -m specviz "
-                          f"train {method}, or omit --drafter for the shipped one")
+    elif path.exists() or draft.startswith((".", "/", "~")) or draft.count("/") != 1:  # not a Hub id ORG/NAME
+        raise ConfigError(not_a_drafter_folder(path, method))
 
 
 def draft_for(args, method: str) -> str | None:

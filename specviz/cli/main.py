@@ -126,8 +126,16 @@ METRICS_FILE_HELP = ("also write the speculative runs' counters here as Promethe
                      "names with the prefix specviz: (as the app's /metrics)")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's own errors (an unknown flag, a choice not offered) in one line like every other bad value here,
+    not after its usage block; the subcommands' parsers are of this class too (add_subparsers' default)."""
+
+    def error(self, message: str):
+        self.exit(2, f"specviz: error: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m specviz", description="See and check speculative decoding.")
+    p = OneLineParser(prog="python -m specviz", description="See and check speculative decoding.")
     sub = p.add_subparsers(dest="command", required=True)
     generate_parser(sub)
     bench_parser(sub)
@@ -186,9 +194,11 @@ def check_parser(sub) -> None:
     c = sub.add_parser("check", help="drafter sanity check: compatible? correct? does it pay? (exit 1 when incorrect)")
     c.add_argument("--target", default=None, help=f"model spec (default {PAIR_HELP})")
     c.add_argument("--method", choices=CHECK_METHODS, default=None,
-                   help="vanilla: a draft model (default); pld: prompt lookup; eagle, draft: a trained drafter")
-    c.add_argument("--draft", default=None, help="vanilla: int8 (default) or a model spec; eagle, draft: a drafter "
-                   "folder or Hub id (default: the shipped one)")
+                   help=f"vanilla: a draft model (default); pld: prompt lookup; {', '.join(TRAINED_METHODS)}: a "
+                   "trained drafter")
+    c.add_argument("--draft", "--drafter", dest="draft", default=None,
+                   help=f"vanilla: int8 (default) or a model spec; {', '.join(TRAINED_METHODS)}: a drafter folder "
+                   "(train's OUT/drafter) or Hub id (default: the shipped one)")
     c.add_argument("--prompts", default=None, help="JSONL or one prompt a line (default: a small built-in set)")
     c.add_argument("--limit", type=int, default=None, help="at most N prompts, round-robin across categories")
     c.add_argument("--gamma", default=None, help=f"drafted tokens per step, 1..{GAMMA_MAX} or auto (default 4)")

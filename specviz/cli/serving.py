@@ -154,9 +154,9 @@ def cmd_export(args) -> int:
 
     try:
         fmt = ee.check_format(args.format)
-        if args.out:
-            ee.check_out(Path(args.out))  # a folder of other files is never replaced
         folder = None if args.what == "target" else ee.drafter_folder(args.what)  # a bad name fails first
+        if args.out:  # a folder of other files, or another source's export, is never replaced
+            ee.check_out(Path(args.out), args.target if folder is None else str(folder))
         if folder is None and fmt != ee.NATIVE:
             raise ee.ExportError(f"format={fmt!r} is a drafter's format: the target has one layout (leave --format "
                                  "out)")

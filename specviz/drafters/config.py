@@ -122,16 +122,28 @@ def _field(name: str, value, where: str):
     return float(value) if kind is float else value
 
 
+def not_a_drafter_folder(folder: str | Path, method: str = "") -> str:
+    """Why `folder` (no config.json in it) is not a drafter folder, in one line: it does not exist, it is a file, or
+    it is train's --out folder, whose drafter/ is the drafter."""
+    folder, train = Path(folder), f"python -m specviz train {method}".rstrip()
+    if folder.is_file():
+        return f"drafter folder {str(folder)!r} is a file: give the folder that holds it ({str(folder.parent)!r})"
+    if not folder.exists():
+        return (f"drafter folder {str(folder)!r} does not exist: give a folder written by {train}, or omit it for "
+                "the shipped one")
+    if (folder / "drafter" / "config.json").is_file():
+        return (f"drafter folder {str(folder)!r} has no config.json, its drafter/ has: give {str(folder / 'drafter')!r}"
+                " (train --out DIR writes the drafter to DIR/drafter)")
+    return f"drafter folder {str(folder)!r} has no config.json: train one with {train}"
+
+
 def read_config(folder: str | Path) -> dict:
     """A drafter folder's config.json as a dict, or a one-line DrafterError: no such folder, no config.json, a file
     that is not JSON or not a JSON object."""
     folder = Path(folder)
-    if not folder.is_dir():
-        raise DrafterError(f"drafter folder {str(folder)!r} does not exist: give a folder written by python -m specviz "
-                           "train, or omit it for the shipped one")
     file = folder / "config.json"
     if not file.is_file():
-        raise DrafterError(f"drafter folder {str(folder)!r} has no config.json: train one with python -m specviz train")
+        raise DrafterError(not_a_drafter_folder(folder))
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:

@@ -24,8 +24,9 @@ def drafter_folder(method: str, target: LoadedModel, draft: str | None) -> Path:
     if draft and draft != DEFAULT_DRAFT and draft.count("/") == 1 and not draft.startswith((".", "/", "~")):
         return _download(draft)  # a published drafter on the Hub (Medusa-1, EAGLE-1, EAGLE-3 or ours)
     if draft and draft != DEFAULT_DRAFT:
-        raise ConfigError(f"drafter folder {draft!r} does not exist: give a folder written by python -m specviz train "
-                          f"{method}, or omit --drafter for the shipped one")
+        from specviz.drafters.config import not_a_drafter_folder
+
+        raise ConfigError(not_a_drafter_folder(draft, method))
     shipped = paths.shipped_drafter(target.name, method)
     if not shipped.is_dir():
         raise ConfigError(f"no {method} drafter is shipped for target {target.name!r}: train one with "

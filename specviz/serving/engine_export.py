@@ -101,13 +101,25 @@ def _finish(tmp: Path, out: Path, manifest: dict, readme: str) -> Path:
     return out
 
 
-def check_out(out: Path) -> None:
-    """An --out folder export may replace: new, empty, or an export (its export.json); ExportError otherwise, before
-    anything is exported (_finish removes the old folder)."""
+def check_out(out: Path, source: str) -> None:
+    """A folder the export of `source` (a target spec or a drafter folder) may replace: new, empty, or an earlier
+    export of the same source (its export.json names it); ExportError otherwise, before anything is exported
+    (_finish removes the old folder). Another drafter's export, or the target's that a drafter's export reads, is
+    never replaced."""
     out = Path(out)
-    if out.is_dir() and any(out.iterdir()) and not (out / "export.json").is_file():
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / "export.json").is_file():
         raise ExportError(f"out={str(out)!r} holds files that are not an export (no export.json): an export replaces "
                           "its whole folder, so give a new or empty folder")
+    try:
+        old = json.loads((out / "export.json").read_text()).get("source")
+    except (ValueError, AttributeError):
+        old = None
+    if not isinstance(old, str) or not (old == str(source) or Path(old).resolve() == Path(source).resolve()):
+        held = f"the export of {old!r}" if isinstance(old, str) else "an export whose export.json names no source"
+        raise ExportError(f"out={str(out)!r} holds {held}, not of {str(source)!r}: an export replaces its whole "
+                          "folder, so give another --out (or remove that folder yourself)")
 
 
 def _fresh(out: Path) -> Path:
@@ -152,6 +164,7 @@ def export_target(spec: str = "smollm2-135m", out: Optional[Path] = None, force:
     if not force and _cached(out, manifest):
         log(f"reusing {out} (the export of {spec})")
         return out
+    check_out(out, spec)
     log(f"exporting the target {spec} to {out} (fp32 safetensors + config.json + tokenizer)")
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch.float32, **kwargs).eval()
@@ -281,6 +294,7 @@ def export_drafter(folder: Path, target_dir: Path, spec: str = "smollm2-135m", o
     if not force and _cached(out, manifest):
         log(f"reusing {out} (the export of {folder})")
         return out
+    check_out(out, str(folder))
     tmp = _fresh(out)
     manifest["check"] = check = export.write(cfg, state, tc, target_dir, tmp)
     log(f"{export.label} round trip through {check['reader']}: largest logit difference "

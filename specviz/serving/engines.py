@@ -98,9 +98,14 @@ def drafter_kind(value: str) -> tuple[str, Optional[Path]]:
         kind = json.loads((path / "config.json").read_text()).get("kind")
         if kind in KINDS:
             return kind, path
-        raise ServeError(f"drafter={value!r} is a {kind or 'non-specviz'} drafter: serve takes ngram, eagle, medusa, "
-                         "draft, or a folder of an EAGLE-3, Medusa, draft-model or DFlash drafter trained here")
-    raise ServeError(f"drafter={value!r} is unknown: use ngram, eagle, medusa, draft, or a drafter folder trained here")
+        raise ServeError(f"drafter={value!r} is a {kind or 'non-specviz'} drafter: serve takes "
+                         f"{', '.join(('ngram', *SHIPPED))} or a folder of one of those trained here")
+    if path.exists() or "/" in value:  # meant as a folder: say what is wrong with it
+        from specviz.drafters.config import not_a_drafter_folder
+
+        raise ServeError(not_a_drafter_folder(path))
+    raise ServeError(f"drafter={value!r} is unknown: use {', '.join(('ngram', *SHIPPED))}, or a drafter folder "
+                     "trained here")
 
 
 def plan(engine: str, drafter: str, port: Optional[int] = None, spec: str = "smollm2-135m",

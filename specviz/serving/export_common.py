@@ -36,6 +36,14 @@ def check_format(fmt: str) -> str:
     return fmt
 
 
+def drafter_arg(folder: Path, cfg) -> str:
+    """How `export` and `serve` name this drafter in a README's commands: its kind where it is the drafter shipped
+    for its target (`--drafter eagle`), else its folder (a user's own drafter)."""
+    from specviz.paths import shipped_drafter
+
+    return cfg.kind if Path(folder).resolve() == shipped_drafter(cfg.target, cfg.kind).resolve() else str(folder)
+
+
 def vllm_command(target_dir: Path, speculative: dict) -> str:
     """The vLLM command line a README shows: the target folder served with `speculative` (its --speculative-config)."""
     return ("VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server "

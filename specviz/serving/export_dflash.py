@@ -34,6 +34,7 @@ from specviz.serving.export_common import (
     TOLERANCE,
     DrafterExport,
     ExportError,
+    drafter_arg,
     state_rows,
     target_tensors,
     vllm_command,
@@ -231,9 +232,10 @@ def check_dflash(cfg, state: dict, embed, tc: dict, out: Path, context: int = 24
 
 def readme(folder: Path, out: Path, target_dir: Path, cfg, check: dict) -> str:
     layers = [i - 1 for i in cfg.feature_layers]
+    arg = drafter_arg(folder, cfg)
     return f"""# DFlash drafter for {cfg.target}, exported by specviz
 
-From {folder} (`python -m specviz export {folder}`), in the layout vLLM serves as DFlash
+From {folder} (`python -m specviz export {arg}`), in the layout vLLM serves as DFlash
 (`"architectures": ["{ARCHITECTURE}"]`, built as DFlashQwen3ForCausalLM): {cfg.num_hidden_layers} decoder layers
 drafting blocks of {cfg.block_size} (the verified token, then mask token {cfg.mask_token_id}) in one forward over the
 target's hidden states at target_layer_ids {layers} (specviz's feature_layers {list(cfg.feature_layers)} - 1);
@@ -244,7 +246,7 @@ Checked: read as vLLM reads it and run through a transcription of vLLM's DFlash 
 the original drafter's (largest difference {check['max_abs_logit_diff']:.1e} over the {check['rows']} drafted slots
 of a block after {check['context']} context positions, greedy draft equal on {check['argmax_equal']}).
 
-Serve it (vLLM, built by `make vllm`; `python -m specviz serve --engine vllm --drafter {folder}` does this for you):
+Serve it (vLLM, built by `make vllm`; `python -m specviz serve --engine vllm --drafter {arg}` does this for you):
 num_speculative_tokens is the block after its first slot, {check['num_speculative_tokens']}, so vLLM runs the block
 the drafter was trained on, as specviz does.
 

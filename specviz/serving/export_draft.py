@@ -11,6 +11,7 @@ from specviz.serving.export_common import (
     DrafterExport,
     ExportError,
     draft_vocab_head,
+    drafter_arg,
     state_rows,
     target_tensors,
     vllm_command,
@@ -70,9 +71,10 @@ def check_draft(cfg, state: dict, embed, vocab_ids, out: Path, rows: int = 32) -
 
 
 def readme(folder: Path, out: Path, target_dir: Path, cfg, check: dict) -> str:
+    arg = drafter_arg(folder, cfg)
     return f"""# Draft model for {cfg.target}, exported by specviz
 
-From {folder} (`python -m specviz export draft`): a Llama of {len(cfg.draft_layers)} layers with the target's
+From {folder} (`python -m specviz export {arg}`): a Llama of {len(cfg.draft_layers)} layers with the target's
 embeddings and a full-vocabulary head whose rows are the target's at the drafter's {len(state_rows(cfg))} vocabulary
 ids and zero elsewhere (so greedy drafts equal specviz's unless every draft-vocabulary logit is negative), the
 target's tokenizer. `draft.gguf` is the same model for llama.cpp (F32).
@@ -84,11 +86,11 @@ Checked: loaded back with transformers, its logits over the draft vocabulary equ
 Serve it:
 
 ```bash
-# llama.cpp (`make server`; `python -m specviz serve --engine llama.cpp --drafter draft`)
+# llama.cpp (`make server`; `python -m specviz serve --engine llama.cpp --drafter {arg}`)
 .venv/bin/llama-server -m {target_dir}/{TARGET_GGUF} --model-draft {out}/draft.gguf --spec-type draft-simple \\
     --spec-draft-n-max 3 --metrics \\
     --host 127.0.0.1 --port 8080
-# vLLM (`make vllm`; `python -m specviz serve --engine vllm --drafter draft`)
+# vLLM (`make vllm`; `python -m specviz serve --engine vllm --drafter {arg}`)
 {vllm_command(target_dir, {"method": "draft_model", "model": str(out), "num_speculative_tokens": 3})}
 ```
 """

@@ -9,6 +9,7 @@ from specviz.serving.export_common import (
     TOLERANCE,
     DrafterExport,
     ExportError,
+    drafter_arg,
     state_rows,
     target_tensors,
     vllm_command,
@@ -105,9 +106,10 @@ def check_eagle3(cfg, state: dict, embed, tc: dict, out: Path, rows: int = 64, r
 
 
 def readme(folder: Path, out: Path, target_dir: Path, cfg, check: dict) -> str:
+    arg = drafter_arg(folder, cfg)
     return f"""# EAGLE-3 drafter for {cfg.target}, exported by specviz
 
-From {folder} (`python -m specviz export eagle`), in the EAGLE-3 layout vLLM and SGLang load: `fc` over the
+From {folder} (`python -m specviz export {arg}`), in the EAGLE-3 layout vLLM and SGLang load: `fc` over the
 target's hidden states after layers {list(cfg.feature_layers)}, `midlayer.*`, `norm`, `lm_head` (the target's
 embedding rows at the drafter's {len(state_rows(cfg))} vocabulary ids), `d2t` (draft id → target id offset) and `t2d`.
 The target is {target_dir} (`python -m specviz export target`).
@@ -115,7 +117,7 @@ The target is {target_dir} (`python -m specviz export target`).
 Checked: loaded back through specviz's EAGLE-3 reader, its draft logits equal the original drafter's (largest
 difference {check['max_abs_logit_diff']:.1e} over {check['rows']} rows, greedy draft equal on {check['argmax_equal']}).
 
-Serve it (vLLM, built by `make vllm`; `python -m specviz serve --engine vllm --drafter eagle` does this for you):
+Serve it (vLLM, built by `make vllm`; `python -m specviz serve --engine vllm --drafter {arg}` does this for you):
 
 ```bash
 {vllm_command(target_dir, {"method": "eagle3", "model": str(out), "num_speculative_tokens": 3})}

@@ -10,6 +10,7 @@ from specviz.serving.export_common import (
     DrafterExport,
     ExportError,
     draft_vocab_head,
+    drafter_arg,
     state_rows,
     target_tensors,
     vllm_command,
@@ -71,9 +72,10 @@ def check_medusa(cfg, state: dict, embed, vocab_ids, out: Path, rows: int = 64) 
 
 
 def readme(folder: Path, out: Path, target_dir: Path, cfg, check: dict) -> str:
+    arg = drafter_arg(folder, cfg)
     return f"""# Medusa heads for {cfg.target}, exported by specviz
 
-From {folder} (`python -m specviz export medusa`), in the layout vLLM's Medusa loads: {cfg.medusa_heads} heads, each
+From {folder} (`python -m specviz export {arg}`), in the layout vLLM's Medusa loads: {cfg.medusa_heads} heads, each
 one residual block (`blocks.K.layers.0`) over the target's final-norm hidden state, sharing one LM head
 (`lm_heads.0`, `original_lm_head`): the target's embedding rows at the drafter's {len(state_rows(cfg))} vocabulary
 ids and zero elsewhere (vLLM 0.32 fails to load a `token_map` cut), so greedy drafts equal specviz's unless every
@@ -82,7 +84,7 @@ draft-vocabulary logit is negative. vLLM drafts a chain: head K's argmax for pos
 Checked: read back as vLLM's Medusa reads it, each head's draft logits equal specviz's (largest difference
 {check['max_abs_logit_diff']:.1e} over {check['rows']} head-rows, greedy draft equal on {check['argmax_equal']}).
 
-Serve it (vLLM, built by `make vllm`; `python -m specviz serve --engine vllm --drafter medusa` does this for you):
+Serve it (vLLM, built by `make vllm`; `python -m specviz serve --engine vllm --drafter {arg}` does this for you):
 
 ```bash
 {vllm_command(target_dir, {"method": "medusa", "model": str(out), "num_speculative_tokens": 3})}

@@ -20,7 +20,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from specviz.serving.export_common import DrafterExport, ExportError, state_rows
+from specviz.serving.export_common import DrafterExport, ExportError, drafter_arg, state_rows
 from specviz.serving.export_eagle import check_eagle3, eagle3_tensors, llama_fields, save_tensors
 
 SPECIALISED = {"norm_before_residual": False, "norm_before_fc": False, "fc_norm": False, "norm_output": False}
@@ -103,9 +103,10 @@ def check_speculators(cfg, state: dict, embed, tc: dict, out: Path) -> dict:
 
 
 def readme(folder: Path, out: Path, target_dir: Path, cfg, check: dict) -> str:
+    arg = drafter_arg(folder, cfg)
     return f"""# EAGLE-3 drafter for {cfg.target} in the speculators format, exported by specviz
 
-From {folder} (`python -m specviz export eagle --format speculators`): the EAGLE-3 weights (`fc` over the target's
+From {folder} (`python -m specviz export {arg} --format speculators`): the EAGLE-3 weights (`fc` over the target's
 hidden states after layers {list(cfg.feature_layers)}, `midlayer.*`, `norm`, `lm_head` over
 {len(state_rows(cfg))} draft ids, `d2t`, `t2d`) and a config.json in vLLM's `speculators` format: it names the
 verifier, {check['verifier']} (`python -m specviz export target`), and γ = {check['num_speculative_tokens']}.
@@ -114,7 +115,7 @@ Checked: the config as vLLM reads it keeps specviz's norm order, and loaded back
 its draft logits equal the original drafter's (largest difference {check['max_abs_logit_diff']:.1e} over
 {check['rows']} rows, greedy draft equal on {check['argmax_equal']}).
 
-Serve it (vLLM, built by `make vllm`; `python -m specviz serve --engine vllm --drafter eagle --format speculators`
+Serve it (vLLM, built by `make vllm`; `python -m specviz serve --engine vllm --drafter {arg} --format speculators`
 does this for you): the drafter folder alone, vLLM finds the target in its config.
 
 ```bash

@@ -31,6 +31,7 @@ from pathlib import Path
 from specviz.serving.export_common import (
     DrafterExport,
     ExportError,
+    drafter_arg,
     state_rows,
     target_tensors,
     vocab_ids_of,
@@ -220,9 +221,10 @@ def _serve_line(out: Path, target_dir: Path, spec_type: str, n_max: int) -> str:
 def readme_eagle3(folder: Path, out: Path, target_dir: Path, cfg, check: dict) -> str:
     from specviz.serving.engines import GAMMA
 
+    arg = drafter_arg(folder, cfg)
     return f"""# EAGLE-3 drafter for {cfg.target} as a GGUF for llama.cpp, exported by specviz
 
-From {folder} (`python -m specviz export eagle --format gguf`): `{FILE}`, arch `eagle3` as the pinned llama.cpp's
+From {folder} (`python -m specviz export {arg} --format gguf`): `{FILE}`, arch `eagle3` as the pinned llama.cpp's
 converter writes it: `fc` over the target's hidden states at layers {list(cfg.feature_layers)} (`target_layers`),
 one layer `blk.0.*`, `output_norm`, `output` over {len(state_rows(cfg))} draft ids and `d2t` (their absolute target
 ids, I64), the target's tokenizer. The target is {target_dir} (`python -m specviz export target`).
@@ -231,7 +233,7 @@ Checked: {check['reader']}; the logits the pinned graph computes from the file e
 (largest difference {check['max_abs_logit_diff']:.1e} over {check['rows']} rows, greedy draft equal on
 {check['argmax_equal']}).
 
-Serve it (`python -m specviz serve --engine llama.cpp --drafter eagle` does this for you):
+Serve it (`python -m specviz serve --engine llama.cpp --drafter {arg}` does this for you):
 
 ```bash
 {_serve_line(out, target_dir, "draft-eagle3", GAMMA)}
@@ -240,9 +242,10 @@ Serve it (`python -m specviz serve --engine llama.cpp --drafter eagle` does this
 
 
 def readme_dflash(folder: Path, out: Path, target_dir: Path, cfg, check: dict) -> str:
+    arg = drafter_arg(folder, cfg)
     return f"""# DFlash drafter for {cfg.target} as a GGUF for llama.cpp, exported by specviz
 
-From {folder} (`python -m specviz export dflash --format gguf`): `{FILE}`, arch `dflash` as the pinned llama.cpp's
+From {folder} (`python -m specviz export {arg} --format gguf`): `{FILE}`, arch `dflash` as the pinned llama.cpp's
 converter writes it: `fc` + `enc.output_norm` over the target's hidden states at layers
 {list(cfg.feature_layers)} (`target_layers`), {cfg.num_hidden_layers} layers `blk.*`, `output_norm`, `output` over
 {len(state_rows(cfg))} draft ids and `d2t` (absolute target ids, I64), `block_size` {cfg.block_size}, the mask token
@@ -253,7 +256,7 @@ Checked: {check['reader']}; the logits the pinned graph computes from the file e
 {check['argmax_equal']}).
 
 llama.cpp drafts a block of n_max + 1 tokens and its attention is bidirectional, so only n_max = block_size - 1
-drafts what specviz drafts. Serve it (`python -m specviz serve --engine llama.cpp --drafter dflash` does this):
+drafts what specviz drafts. Serve it (`python -m specviz serve --engine llama.cpp --drafter {arg}` does this):
 
 ```bash
 {_serve_line(out, target_dir, "draft-dflash", cfg.block_size - 1)}

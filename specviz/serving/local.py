@@ -96,14 +96,18 @@ def compare(served: dict, local: dict, dtype_served: str = "float32") -> dict:
     out["agree"] = abs(gaps[i]) <= AGREE
     head = (f"largest gap at position {i}: served {s[i]:.2f}, local {m[i]:.2f} ({gaps[i]:+.2f}; "
             f"{served['drafts'] or 0:.0f} served and {local['drafts']} local drafts)")
-    if template:
-        cause = (f"likely cause: the chat template: {len(template)}/{len(pairs)} prompts have another length on the "
-                 "server (its template or special tokens differ from the target's)")
+    template_line = (f"the chat template: {len(template)}/{len(pairs)} prompts have another length on the server (its "
+                     "template or special tokens differ from the target's)")
+    differ_line = (f"the greedy answers differ on {len(differ)}/{len(pairs)} prompts (weights: served {dtype_served}, "
+                   f"local {local['dtype']}; or numerics), so the drafts are judged on other text")
+    if out["agree"]:  # no gap to explain: what differs is said as a caveat
+        cause = f"agree within {AGREE} at every position; " + (
+            f"though {template_line}" if template else f"though {differ_line}" if differ
+            else "same template, same answers")
+    elif template:
+        cause = f"likely cause: {template_line}"
     elif differ:
-        cause = (f"likely cause: the greedy answers differ on {len(differ)}/{len(pairs)} prompts (weights: served "
-                 f"{dtype_served}, local {local['dtype']}; or numerics), so the drafts are judged on other text")
-    elif out["agree"]:
-        cause = f"agree within {AGREE} at every position; same template, same answers"
+        cause = f"likely cause: {differ_line}"
     elif methods.spec(local["method"]).family == "lookup":
         cause = ("likely cause: the engine's n-gram rule differs from specviz's prompt lookup (which match it takes, "
                  "how short a continuation it proposes); same template, same answers")

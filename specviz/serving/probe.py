@@ -291,7 +291,7 @@ def assemble(url: str, reference: Optional[str], engine: str, model: Optional[st
     head = (f"draft acceptance {_f(g.get('acceptance_rate'))}, τ {_f(g.get('tau'))}, tokens per target forward "
             f"{_f(g.get('tokens_per_forward'))} (greedy)")
     if identity is None:
-        verdict = f"{head}; greedy identity not checked (no --reference)"
+        verdict = f"{head}; greedy identity with the engine unspeculated not checked (no --reference)"
     elif identity["passed"]:
         verdict = (f"greedy output identical to the reference on {identity['identical']}/{identity['prompts']} prompts"
                    + (f" ({identity['near_ties']} near-tie flips)" if identity["near_ties"] else "") + f"; {head}")

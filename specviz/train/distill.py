@@ -22,7 +22,15 @@ from typing import Callable, Iterator
 import torch
 
 from specviz import prompts as prompts_file
-from specviz.core.answers import MANIFEST, DistillError, read_examples, read_manifest, sha256_file, verified_chunks
+from specviz.core.answers import (
+    MANIFEST,
+    DistillError,
+    is_example_file,
+    read_examples,
+    read_manifest,
+    sha256_file,
+    verified_chunks,
+)
 from specviz.paths import TRAIN_PROMPTS
 from specviz.train.answer import answer_batch, answer_batch_generate, pad_id
 
@@ -66,10 +74,31 @@ def pack(src: Path, dst: Path) -> None:
             f.write(json.dumps(r, separators=(",", ":")) + "\n")
 
 
-def split(examples: list[dict], held_out: float = 0.05) -> tuple[list[dict], list[dict]]:
-    """A fixed train / held-out split by example index (every 20th example is held out at 5%)."""
-    every = max(2, round(1 / held_out))
+HELD_OUT_EVERY = 20  # every 20th example, by index, is held out (5%)
+
+
+def check_prompt_files(files: list[str]) -> None:
+    """Training's data files, before the target loads: DistillError when a prompt file has no prompts, or when the
+    data is prompt files only and holds fewer than HELD_OUT_EVERY (none would be held out)."""
+    prompt_files = [f for f in files if not Path(f).is_dir() and not is_example_file(f)]
+    n_prompts = sum(len(read_prompt_file(f)) for f in prompt_files)
+    if files and len(prompt_files) == len(files) and n_prompts < HELD_OUT_EVERY:
+        raise DistillError(f"data={', '.join(files)!r} has {n_prompts} prompts: training holds out every "
+                           f"{HELD_OUT_EVERY}th answer to score on, so give at least {HELD_OUT_EVERY}")
+
+
+def split(examples: list[dict], every: int = HELD_OUT_EVERY) -> tuple[list[dict], list[dict]]:
+    """A fixed train / held-out split by example index (every 20th example is held out)."""
     return ([e for e in examples if e["i"] % every != every - 1], [e for e in examples if e["i"] % every == every - 1])
+
+
+def split_for_training(examples: list[dict]) -> tuple[list[dict], list[dict]]:
+    """split(), DistillError when either side is empty (training scores and measures on the held-out side)."""
+    train, held = split(examples)
+    if not train or not held:
+        raise DistillError(f"the data gives {len(examples)} examples, {len(held)} of them held out (every "
+                           f"{HELD_OUT_EVERY}th): training needs at least {HELD_OUT_EVERY} examples")
+    return train, held
 
 
 def sequences(examples: list[dict]) -> Iterator[list[int]]:

@@ -140,9 +140,7 @@ def train(opts: TrainOptions, log=print, target=None, custom_loss=None) -> Train
     from specviz.models import loader as models
 
     torch.manual_seed(opts.seed)
-    for f in data_files(opts):  # a prompt file without prompts: one line (DistillError) before the target loads
-        if not Path(f).is_dir() and not answers.is_example_file(f):
-            distill.read_prompt_file(f)
+    distill.check_prompt_files(data_files(opts))  # no prompts, or too few: one line before the target loads
     ckpt_path = opts.out / "checkpoint.pt"
     if opts.resume and not ckpt_path.is_file():
         log(f"resume: no checkpoint in {opts.out} ({ckpt_path.name}): starting fresh")
@@ -152,7 +150,7 @@ def train(opts: TrainOptions, log=print, target=None, custom_loss=None) -> Train
     check_layer_options(opts, spec, target.model.config.num_hidden_layers)
     init = init_from(opts, target) if opts.init else None
     examples = examples_for(opts, target, log)
-    train_ex, held_out = distill.split(examples)
+    train_ex, held_out = distill.split_for_training(examples)
     layers = feature_layers(opts, spec, init, target.model.config.num_hidden_layers)
     exit_layer = (init[0].exit_layer if init else opts.exit_layer) if exits_early(spec) else None
     bf16 = mixed_bf16(opts.precision)
