@@ -131,6 +131,21 @@ def expected_tokens_per_step(alpha: float, gamma: int) -> float:
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
+def alpha_for_tau(tau: float, gamma: int) -> float:
+    """The per-token α whose Leviathan expectation over a chain of γ is `tau` (expected_tokens_per_step inverted, by
+    bisection): what a served τ says of α, where an engine's acceptance rate counts every drafted token (the drafts
+    after a refusal included) and so reads lower than Leviathan's α."""
+    if tau <= 1.0:
+        return 0.0
+    if tau >= gamma + 1.0:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens_per_step(mid, gamma) < tau else (lo, mid)
+    return (lo + hi) / 2
+
+
 def draft_cost(gamma: int, c: float, block: bool = False) -> float:
     """A step's drafting in AR steps: γ forwards of c each (Leviathan's γc), or one forward of c for a drafter that
     drafts its whole block at once (DFlash: `block`, methods.MethodSpec.drafts_block)."""

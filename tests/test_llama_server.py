@@ -209,3 +209,16 @@ def test_llama_server_serves_the_dflash_gguf(fp32_plain, tmp_path):
     with engines.Engine(p) as engine:
         d = _served_beside_local(engine.url, str(folder), fp32_plain.url, tmp_path)
     assert len(d["served"]["per_position"]) == block - 1
+
+
+def test_serve_none_is_the_engine_without_speculation(capsys):
+    """`serve --drafter none`: the reference a probe's --reference compares greedy answers with (a new user had to
+    assemble it by hand from serve's printout); its start line is a command a shell takes, without --spec-type."""
+    import shlex
+
+    assert main(["serve", "--engine", "llama.cpp", "--drafter", "none", "--duration", "1"]) == 0
+    out = capsys.readouterr().out
+    start = next(line for line in out.splitlines() if line.startswith("starting llama.cpp without speculation"))
+    argv = shlex.split(start.split(": ", 1)[1])
+    assert argv[0].endswith("llama-server") and "--spec-type" not in argv and "--metrics" in argv, start
+    assert "--reference http://127.0.0.1:" in out and "stopped the engine" in out, out

@@ -199,16 +199,20 @@ def test_compare_names_the_largest_gap_and_its_cause():
     c = local.compare(*_sides([0.33, 0.08, 0.01], [0.35, 0.09, 0.02]))
     assert c["agree"] and c["largest"]["position"] == 0 and "agree within 0.05" in c["verdict"]
     c = local.compare(*_sides([0.33, 0.08, 0.01], [0.41, 0.12, 0.02], served_len=31))
-    assert not c["agree"] and "largest gap at position 0: served 0.33, local 0.41 (-0.08" in c["verdict"]
+    assert not c["agree"] and "largest gap at position 0: served 0.330, local 0.410 (-0.080" in c["verdict"]
+    # a new user's pass: "+0.05" with agree False never said they disagree, nor that 30 drafts a side cannot tell
+    assert "they do not agree within 0.05, though the gap is within sampling noise at these counts (±0.14" in c[
+        "verdict"]
     assert "likely cause: the chat template: 1/1 prompts" in c["verdict"]
     c = local.compare(*_sides([0.33, 0.08, 0.01], [0.41, 0.12, 0.02], local_text="b"))
     assert "the greedy answers differ on 1/1 prompts (weights: served float32, local float32" in c["verdict"]
     assert local.served_weights("/x/SmolLM2-135M-Instruct.Q4_1.gguf") == "the GGUF SmolLM2-135M-Instruct.Q4_1.gguf"
     assert "float32" in local.served_weights("smollm2-135m")
+    assert local.served_weights("out/export/smollm2-135m/target-f32.gguf").endswith("(the same fp32 weights)")
     c = local.compare(*_sides([0.33, 0.08, 0.01], [0.41, 0.12, 0.02]))
     assert "drafter conversion" in c["verdict"]
     c = local.compare(*_sides([0.6, 0.5, 0.4], [0.8, 0.5, 0.4], method="pld"))
-    assert "n-gram rule differs" in c["verdict"]
+    assert "n-gram rule differs" in c["verdict"] and "they do not agree within 0.05: likely cause" in c["verdict"]
     assert "exported no acceptance by position" in local.compare(*_sides([], [0.3]))["verdict"]
     # a new user's pass: a gap of +0.00 was given a "likely cause"; within AGREE what differs is a caveat only
     c = local.compare(*_sides([0.0, 0.0, 0.0], [0.0, 0.0, 0.0], local_text="b"))
@@ -224,10 +228,10 @@ def test_shapes_and_what_each_drafter_kind_expects():
     assert shape_verdict([0.4, 0.9, 0.83], "ngram").startswith("α_i is not monotone by position (0.40 0.90 0.83)")
     assert "as expected for an n-gram copy" in shape_verdict([0.4, 0.8, 0.9], "ngram")
     assert "unusual for an n-gram copy" in shape_verdict([0.9, 0.6, 0.4], "ngram")
-    assert "normal for a eagle chain (surviving drafts sit in easy spans)" in shape_verdict([0.4, 0.5, 0.6], "eagle")
+    assert "normal for an eagle chain (surviving drafts sit in easy spans)" in shape_verdict([0.4, 0.5, 0.6], "eagle")
     assert "normal for a draft chain (its own errors compound)" in shape_verdict([0.6, 0.5, 0.4], "draft")
     assert "position 2 keeps under half of position 0's rate" in shape_verdict([0.6, 0.5, 0.2], "eagle")
-    assert "not monotone, unusual for a eagle chain" in shape_verdict([0.5, 0.7, 0.4], "eagle")
+    assert "not monotone, unusual for an eagle chain" in shape_verdict([0.5, 0.7, 0.4], "eagle")
     assert shape_verdict([0.5, 0.7], None).endswith("(give the drafter kind to judge it)")
 
 
@@ -258,7 +262,7 @@ def test_watch_reads_positions_with_the_drafter_kind():
                   for i, v in enumerate(per_pos)]
         return "\n".join(lines) + "\n"
 
-    for drafter, says in (("ngram", "as expected for an n-gram copy"), ("eagle", "normal for a eagle chain"),
+    for drafter, says in (("ngram", "as expected for an n-gram copy"), ("eagle", "normal for an eagle chain"),
                           (None, "give the drafter kind")):
         w = Watch(drafter=drafter)
         w.add(parse(page(0, 0, [0, 0, 0]), t=0.0))
@@ -300,3 +304,25 @@ def test_an_export_readme_serves_the_drafter_it_was_exported_from(writer, tmp_pa
     assert f"--drafter {kind}`" not in text and f"--drafter {kind} " not in text, text
     text = write(shipped_drafter("smollm2-135m", kind), tmp_path / "out", tmp_path / "target", cfg, check)
     assert f"--drafter {kind}" in text and f"export {kind}" in text, text
+
+
+# -- serve's start line: the γ the engine was told, a command a shell takes, a probe that runs as printed -----------
+
+def test_a_plan_says_its_gamma_and_a_command_a_shell_takes():
+    """A new user's pass: `serve --engine llama.cpp --drafter dflash` printed γ=3 beside --spec-draft-n-max 7, and
+    vLLM's --speculative-config JSON was printed unquoted (six words in a shell)."""
+    import shlex
+
+    spec = {"method": "eagle3", "model": "out/export/x y", "num_speculative_tokens": 3}
+    vllm = engines.Plan("vllm", "eagle", ["vllm", "--speculative-config", json.dumps(spec)],
+                        {"VLLM_CPU_KVCACHE_SPACE": "1"}, 8000, "t", speculative={"num_speculative_tokens": 3})
+    assert vllm.gamma == 3 and shlex.split(vllm.command) == ["VLLM_CPU_KVCACHE_SPACE=1", "vllm",
+                                                             "--speculative-config", json.dumps(spec)]
+    llama = engines.Plan("llama.cpp", "dflash", ["llama-server"], {}, 1, "t",
+                         speculative={"--spec-type": "draft-dflash", "--spec-draft-n-max": "7"})
+    ngram = engines.Plan("llama.cpp", "ngram", ["llama-server"], {}, 1, "t",
+                         speculative={"--spec-type": "ngram-simple", "--spec-ngram-simple-size-m": "3"})
+    assert (llama.gamma, ngram.gamma, engines.Plan("llama.cpp", "none", [], {}, 1, "t").gamma) == (7, 3, 0)
+    line = engines.probe_command("http://127.0.0.1:9", "eagle", prompts=Path("my prompts.jsonl"))
+    assert "--prompts 'my prompts.jsonl'" in line and line.endswith("--local --drafter eagle")
+    assert "--max-new-tokens 64" in line and "PROMPTS.jsonl" not in line

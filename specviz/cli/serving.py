@@ -12,6 +12,7 @@ from specviz.cli.common import DEFAULTS, InputError, float_arg, int_arg
 def serving_parsers(sub) -> None:
     """watch and probe: a serving engine (vLLM, llama.cpp, SGLang, TensorRT-LLM) through its /metrics and its API."""
     from specviz.serving import probe, watch
+    from specviz.serving.engines import DRAFTERS
 
     w = sub.add_parser("watch", help="live speculative-decoding figures from a serving engine's /metrics")
     w.add_argument("url", help="the server, e.g. http://127.0.0.1:8080 (its /metrics is scraped)")
@@ -41,7 +42,7 @@ def serving_parsers(sub) -> None:
     pb.add_argument("--local", action="store_true", help="also run the same drafter in specviz on the same prompts "
                     "(chat template, greedy, chain length) and compare acceptance by position with the server's")
     pb.add_argument("--drafter", default=None, help="with --local (required there): the drafter the server runs "
-                    "(ngram, eagle, medusa, draft or a drafter folder)")
+                    f"({', '.join(DRAFTERS['vllm'])} or a drafter folder)")
     pb.add_argument("--gamma", default=None, help="with --local: drafted tokens per step (default: the server's "
                     "positions, else 3)")
     engine_parsers(sub)
@@ -66,8 +67,9 @@ def engine_parsers(sub) -> None:
     sv = sub.add_parser("serve", help="serve the target with a drafter on a real engine (vLLM or llama.cpp) at "
                         "127.0.0.1, exporting what it needs; stops the engine on Ctrl-C or exit")
     sv.add_argument("--engine", required=True, help=f"one of {', '.join(engines.ENGINES)}")
-    sv.add_argument("--drafter", required=True, help="ngram, eagle, medusa, draft, dflash, or a drafter folder trained "
-                    "here (vLLM: all; llama.cpp: ngram, draft, eagle, dflash)")
+    sv.add_argument("--drafter", required=True, help=f"{', '.join(('ngram', *KINDS))}, or a drafter folder trained "
+                    f"here (vLLM: all; llama.cpp: {', '.join(engines.DRAFTERS['llama.cpp'])}); {engines.NO_DRAFTER}: "
+                    "the engine without speculation, the --reference of a probe")
     sv.add_argument("--format", default="native", help="the drafter export's format: native (default) or "
                     "speculators (vLLM with --drafter eagle: the drafter folder alone, naming the target)")
     sv.add_argument("--port", default=None, help="the port on 127.0.0.1 (default: a free one)")
@@ -187,16 +189,23 @@ def cmd_serve(args) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        plan = engines.plan(args.engine, args.drafter, port, fmt=args.format)
-        print(f"starting {plan.engine} with drafter {plan.drafter} "
-              f"(γ={plan.speculative.get('num_speculative_tokens', engines.GAMMA)}) on {plan.url}: "
-              + " ".join(plan.argv), flush=True)
+        if args.drafter == engines.NO_DRAFTER:  # the reference `probe --reference` compares greedy answers with
+            plan = engines.reference(args.engine, port=port)
+            print(f"starting {plan.engine} without speculation on {plan.url}: {plan.command}", flush=True)
+        else:
+            plan = engines.plan(args.engine, args.drafter, port, fmt=args.format)
+            print(f"starting {plan.engine} with drafter {plan.drafter} (γ={plan.gamma}) on {plan.url}: {plan.command}",
+                  flush=True)
         t0 = time.monotonic()
         with engines.Engine(plan, log_path=Path(args.log) if args.log else None) as engine:
             print(f"serving at {engine.url} (ready in {time.monotonic() - t0:.0f} s; engine process group "
                   f"{engine.pgid}; log {engine.log})", flush=True)
-            print(f"  watch: {engines.watch_command(engine.url, args.drafter)}", flush=True)
-            print(f"  probe: {engines.probe_command(engine.url)} --drafter {args.drafter}", flush=True)
+            if args.drafter == engines.NO_DRAFTER:
+                print(f"  the reference of a probe: python -m specviz probe URL ... --reference {engine.url}",
+                      flush=True)
+            else:
+                print(f"  watch: {engines.watch_command(engine.url, args.drafter)}", flush=True)
+                print(f"  probe: {engines.probe_command(engine.url, args.drafter)}", flush=True)
             print("Ctrl-C stops it", flush=True)
             end = None if duration is None else time.monotonic() + duration
             while end is None or time.monotonic() < end:

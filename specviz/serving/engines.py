@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -38,6 +39,7 @@ VLLM_METHOD = {"eagle": "eagle3", "medusa": "medusa", "draft": "draft_model", "d
 # config method
 VLLM_VENV_ENV = "SPECVIZ_VLLM_VENV"
 VLLM_VENV = Path(".venv-vllm")
+NO_DRAFTER = "none"       # serve --drafter none: the engine without speculation (a probe's --reference)
 GAMMA = 3                 # drafted tokens per step for every engine and drafter (the probe's local run uses it too)
 NGRAM = {"max": 4, "min": 2}  # n-gram lookup: the longest and shortest match
 READY_TIMEOUT = {"vllm": 420.0, "llama.cpp": 180.0}  # seconds to answer /health (vLLM: ~45-90 s here)
@@ -83,6 +85,18 @@ class Plan:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def gamma(self) -> int:
+        """Tokens drafted a step as the engine was told (0: no speculation)."""
+        s = self.speculative
+        n = s.get("num_speculative_tokens") or s.get("--spec-draft-n-max") or s.get("--spec-ngram-simple-size-m")
+        return int(n) if n else 0
+
+    @property
+    def command(self) -> str:
+        """The command as a shell takes it (copied into a terminal, it starts the same engine)."""
+        return " ".join([f"{k}={shlex.quote(v)}" for k, v in self.env.items()] + [shlex.join(self.argv)])
 
 
 def drafter_kind(value: str) -> tuple[str, Optional[Path]]:
@@ -139,10 +153,10 @@ def plan(engine: str, drafter: str, port: Optional[int] = None, spec: str = "smo
 
 
 def reference(engine: str, spec: str = "smollm2-135m", log: Callable[[str], None] = print,
-              export_root: Optional[Path] = None) -> Plan:
+              export_root: Optional[Path] = None, port: Optional[int] = None) -> Plan:
     """The same engine and target without speculation: the greedy reference `probe --reference` compares with (the
-    n-gram plan with its speculation arguments, always the last ones, cut off)."""
-    p = plan(engine, "ngram", spec=spec, log=log, export_root=export_root)
+    n-gram plan with its speculation arguments, always the last ones, cut off); `serve --drafter none`."""
+    p = plan(engine, "ngram", port, spec=spec, log=log, export_root=export_root)
     first = "--speculative-config" if p.engine == "vllm" else next(iter(p.speculative))
     return replace(p, drafter="none", argv=p.argv[:p.argv.index(first)], speculative={})
 
@@ -313,5 +327,11 @@ def watch_command(url: str, drafter: str = "") -> str:
     return f"python -m specviz watch {url}" + (f" --drafter {drafter}" if drafter else "")
 
 
-def probe_command(url: str, prompts: str = "PROMPTS.jsonl") -> str:
-    return f"python -m specviz probe {url} --prompts {prompts} --limit 8 --temperature 0 --local --json out/probe.json"
+def probe_command(url: str, drafter: str, prompts: Optional[Path] = None) -> str:
+    """A probe of the server at `url` that runs as printed: Spec-Bench's questions where the shared data is beside
+    the checkout, else PROMPTS.jsonl to fill in; the same drafter run here beside it (--local)."""
+    from specviz.paths import SPEC_BENCH
+
+    prompts = prompts or (SPEC_BENCH if SPEC_BENCH.is_file() else Path("PROMPTS.jsonl"))
+    return (f"python -m specviz probe {url} --prompts {shlex.quote(str(prompts))} --limit 8 --max-new-tokens 64 "
+            f"--temperature 0 --local --drafter {shlex.quote(drafter)}")

@@ -68,11 +68,26 @@ def served_figures(data: dict) -> dict:
 
 
 def served_weights(model: str | None) -> str:
-    """What the server decodes with, as far as its model name tells: a GGUF's file name (its quantisation), else the
-    server's dtype (specviz serve starts vLLM in float32)."""
+    """What the server decodes with, as far as its model name tells: a GGUF's file name (its quantisation; the fp32
+    export specviz serve gives llama.cpp holds the weights specviz decodes), else the server's dtype (specviz serve
+    starts vLLM in float32)."""
+    from specviz.serving.export_common import TARGET_GGUF
+
     if model and model.endswith(".gguf"):
-        return f"the GGUF {model.rsplit('/', 1)[-1]}"
+        name = model.rsplit("/", 1)[-1]
+        return f"the GGUF {name}" + (" (the same fp32 weights)" if name == TARGET_GGUF else "")
     return "the server's dtype (specviz serve: float32)"
+
+
+def noise(served: dict, local: dict, i: int) -> float:
+    """Two standard errors of the gap at position i: each side a share of its drafts (a binomial proportion)."""
+    import math
+
+    var = 0.0
+    for side in (served, local):
+        p, n = side["per_position"][i], side["drafts"] or 0
+        var += p * (1 - p) / n if n else 0.25
+    return 2 * math.sqrt(var)
 
 
 def compare(served: dict, local: dict, dtype_served: str = "float32") -> dict:
@@ -94,8 +109,13 @@ def compare(served: dict, local: dict, dtype_served: str = "float32") -> dict:
     i = max(range(n), key=lambda k: abs(gaps[k]))
     out["largest"] = {"position": i, "served": s[i], "local": m[i], "gap": gaps[i]}
     out["agree"] = abs(gaps[i]) <= AGREE
-    head = (f"largest gap at position {i}: served {s[i]:.2f}, local {m[i]:.2f} ({gaps[i]:+.2f}; "
+    out["noise"] = noise(served, local, i)
+    head = (f"largest gap at position {i}: served {s[i]:.3f}, local {m[i]:.3f} ({gaps[i]:+.3f}; "
             f"{served['drafts'] or 0:.0f} served and {local['drafts']} local drafts)")
+    if not out["agree"]:
+        head += f": they do not agree within {AGREE}" + (
+            f", though the gap is within sampling noise at these counts (±{out['noise']:.2f}, two standard errors): "
+            "probe more prompts to tell" if abs(gaps[i]) <= out["noise"] else "")
     template_line = (f"the chat template: {len(template)}/{len(pairs)} prompts have another length on the server (its "
                      "template or special tokens differ from the target's)")
     differ_line = (f"the greedy answers differ on {len(differ)}/{len(pairs)} prompts (weights: served {dtype_served}, "

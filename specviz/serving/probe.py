@@ -193,7 +193,8 @@ def run_probe(url: str, rows: list[dict], options: ProbeOptions = ProbeOptions()
         if reference:
             _compare(requests, row, reference, options, log)
         log(f"[{n + 1}/{len(rows)}] {row['id']} ({row['category']}): " + " · ".join(
-            f"{r['mode']} acceptance {_f(r.get('acceptance_rate'))} τ/forward {_f(r.get('tokens_per_forward'))}"
+            f"{r['mode']} acceptance {_f(r.get('acceptance_rate'))} tokens per forward "
+            f"{_f(r.get('tokens_per_forward'))}"
             for r in requests if r["id"] == row["id"] and r["mode"] in ("greedy", "sampled") and not r["error"])
             + ("" if not reference else f" · identical: {_identity_word(requests[-1])}"))
     data = assemble(url, reference, engine or "unknown", model, options, requests)

@@ -350,21 +350,20 @@ class Watch:
             "gamma": gamma, "gamma_from": gamma_from, "cost_ratio": self.cost_ratio,
             "names": sorted(self.names),
         }
-        out["predicted_speedup"] = self._prediction(rate, gamma)
+        # Leviathan's α is per token along a chain; the engine's rate also counts the drafts after a refusal, so
+        # at that rate the formula's τ fell below the measured one (0.18 at γ 3: 1.22 against τ 1.54, served EAGLE-3)
+        out["alpha_per_token"] = leviathan.alpha_for_tau(tau, gamma) if tau is not None and gamma else None
+        out["predicted_speedup"] = (leviathan.predicted_speedup(out["alpha_per_token"], gamma, self.cost_ratio)
+                                    if out["alpha_per_token"] is not None else None)
         out["verdict"] = self._verdict(out)
         return out
 
-    def _prediction(self, alpha: Optional[float], gamma: Optional[int]) -> Optional[float]:
-        if alpha is None or not gamma:
-            return None
-        return leviathan.predicted_speedup(alpha, gamma, self.cost_ratio)
-
     def predicted_speedup(self) -> Optional[float]:
-        """Leviathan et al.'s speedup at the measured draft acceptance, the engine's γ and cost_ratio."""
+        """Leviathan et al.'s speedup at the per-token α that gives the measured τ, the engine's γ and cost_ratio."""
         return self.summary()["predicted_speedup"]
 
     def verdict(self) -> str:
-        """One line: idle, collapsed or healthy, and the shape of α_i by position (shape_verdict)."""
+        """One line: idle, few drafts, collapsed or healthy, and the shape of α_i by position (shape_verdict)."""
         return self.summary()["verdict"]
 
     def _verdict(self, s: dict) -> str:
@@ -372,6 +371,9 @@ class Watch:
         if not s["drafts"] and s["tau"] is None:
             return f"idle: no drafts in {s['seconds']:.0f} s (no traffic, or speculation is off)"
         over = f"over {s['drafts']:.0f} drafts" if s["drafts"] else f"over {s['seconds']:.0f} s (the engine's gauges)"
+        if 0 < s["drafts"] < MIN_SUPPORT:  # a watch that caught the end of one request judges nothing
+            return (f"few drafts: τ={f(s['tau'])}, draft acceptance {f(s['acceptance_rate'])} {over}, too few to "
+                    f"judge (at least {MIN_SUPPORT}: watch while traffic runs)")
         if s["tau"] is not None and s["tau"] < self.collapse_tau:
             return (f"collapsed: τ={s['tau']:.2f} < {self.collapse_tau:g} {over}, draft acceptance "
                     f"{f(s['acceptance_rate'])}: the output stays correct but speculation does not pay")
@@ -417,13 +419,14 @@ def shape_verdict(alphas: list[float], drafter: Optional[str] = None) -> str:
         if form == "falls":
             return said + ": unusual for an n-gram copy (its copies break early: short repeats)"
         return said + ": not monotone for an n-gram copy, which should keep running once kept"
+    a_drafter = ("an " if drafter[:1].lower() in "aeiou" else "a ") + drafter
     weak = next((i for i, a in enumerate(alphas[1:], 1) if a < 0.5 * alphas[0]), None)
     if weak is not None:
         return (said + f": position {weak} keeps under half of position 0's rate: drafting past position "
-                f"{weak - 1} rarely pays for a {drafter} drafter (try γ={weak})")
+                f"{weak - 1} rarely pays for {a_drafter} drafter (try γ={weak})")
     if form == "not monotone":
-        return said + f": not monotone, unusual for a {drafter} chain (rising or falling are both normal)"
-    return said + f": normal for a {drafter} chain (" + (
+        return said + f": not monotone, unusual for {a_drafter} chain (rising or falling are both normal)"
+    return said + f": normal for {a_drafter} chain (" + (
         "surviving drafts sit in easy spans)" if form == "rises" else
         "its own errors compound)" if form == "falls" else "each position as likely as the last)")
 

@@ -35,6 +35,13 @@ def window_line(w: Window, since: float) -> str:
     return line + ("  (server restarted: counting from the new values)" if w.reset else "")
 
 
+def prediction_line(s: dict) -> str:
+    """Leviathan's prediction as a watch states it: at the per-token α whose chain of γ gives the measured τ."""
+    bound = " (drafting free: an upper bound)" if not s["cost_ratio"] else ""
+    return (f"Leviathan prediction at α={_f(s['alpha_per_token'])} per token (the α whose chain of γ={s['gamma']}, "
+            f"{s['gamma_from']}, gives τ={_f(s['tau'])}), c={s['cost_ratio']:g}: {s['predicted_speedup']:.2f}×{bound}")
+
+
 def summary_lines(s: dict) -> list[str]:
     """The whole watch, for the terminal."""
     lines = [f"engine {s['engine']} · {s['seconds']:.0f} s · {s['drafts']:.0f} drafts, {s['draft_tokens']:.0f} drafted "
@@ -45,8 +52,7 @@ def summary_lines(s: dict) -> list[str]:
         lines.append("acceptance by position (share of drafts): " + " ".join(f"{a:.2f}" for a in s["per_position"])
                      + " · α_i (given the earlier ones): " + " ".join(_f(a) for a in s["per_position_conditional"]))
     if s["predicted_speedup"] is not None:
-        lines.append(f"Leviathan prediction at α={_f(s['acceptance_rate'])}, γ={s['gamma']} ({s['gamma_from']}), "
-                     f"c={s['cost_ratio']:g}: {s['predicted_speedup']:.2f}×")
+        lines.append(prediction_line(s))
     if s["resets"] or s["failed_scrapes"]:
         lines.append(f"{s['resets']} server restart(s), {len(s['failed_scrapes'])} failed scrape(s)")
     lines += [f"+{a['at']:.1f}s {a['line']}" for a in s.get("alarms", [])]
@@ -95,7 +101,8 @@ class LiveView:
         if watch is None or w is None:
             return Panel(Text("waiting for the second scrape…"), title=f"specviz watch {self.url}")
         s = watch.summary()
-        colour = {"idle": "yellow", "collapsed": "red", "healthy": "green"}[s["verdict"].split(":")[0]]
+        colour = {"idle": "yellow", "few drafts": "yellow", "collapsed": "red",
+                  "healthy": "green"}[s["verdict"].split(":")[0]]
         table = Table(box=None)
         for col in ("", "τ", "draft acceptance", "drafted tok/s", "accepted tok/s", "requests running"):
             table.add_column(col, justify="right")
@@ -115,8 +122,7 @@ class LiveView:
                 pos.add_row(str(i + 1), f"{a:.2f}", _f(c), "█" * round(a * 30))
             parts.append(pos)
         if s["predicted_speedup"] is not None:
-            parts.append(Text(f"Leviathan prediction at α={_f(s['acceptance_rate'])}, γ={s['gamma']} "
-                              f"({s['gamma_from']}), c={s['cost_ratio']:g}: {s['predicted_speedup']:.2f}×"))
+            parts.append(Text(prediction_line(s)))
         parts += [Text(n, style="yellow") for n in self.notes[-3:]]
         return Panel(Group(*parts), title=f"specviz watch {self.url} · {s['engine']}")
 

@@ -72,7 +72,7 @@ def read(url: str):
 
 
 def verdict_kind(verdict: str) -> str:
-    return "idle" if verdict.startswith("idle") else "bad" if verdict.startswith("collapsed") else "ok"
+    return "idle" if verdict.startswith(("idle", "few drafts")) else "bad" if verdict.startswith("collapsed") else "ok"
 
 
 def watch_cards_html(s: dict) -> str:
@@ -89,8 +89,8 @@ def watch_cards_html(s: dict) -> str:
         ("accepted tok/s", num(s["accepted_tokens_per_s"], ".1f"), "over the watch"),
         ("requests running", num(s["requests_running"], ".1f"), "mean over the watch"),
         ("predicted speedup", num(s["predicted_speedup"]) + "×" if s["predicted_speedup"] else "–",
-         f"Leviathan et al. at this acceptance and γ, with the draft's cost c = {s['cost_ratio']:g}"
-         + (" (an upper bound)" if not s["cost_ratio"] else "")),
+         f"Leviathan et al. at α = {num(s['alpha_per_token'])} per token (the α whose chain of γ gives this τ), "
+         f"with the draft's cost c = {s['cost_ratio']:g}" + (" (an upper bound)" if not s["cost_ratio"] else "")),
     ]
     if s["resets"] or s["failed_scrapes"]:
         cards.append(("restarts / failed scrapes", f"{s['resets']} / {len(s['failed_scrapes'])}",
@@ -252,8 +252,9 @@ def intro_html(port: Optional[int] = None) -> str:
                      "</code>, SGLang <code>--enable-metrics</code>, TensorRT-LLM, or specviz's own): specviz reads "
                      "its Prometheus <code>/metrics</code> every few seconds and draws how often drafts are kept, the "
                      "tokens each target pass gives (τ = 1 + accepted / drafts) and how often each draft position is "
-                     "kept. The verdict: idle, healthy, or collapsed (τ near 1: the answers stay correct and only the "
-                     "speedup is gone, so nothing else would tell you), with an <b>alarm</b> when τ stays near 1 or "
+                     "kept. The verdict: idle, few drafts (too few to judge), healthy, or collapsed (τ near 1: the "
+                     "answers stay correct and only the speedup is gone, so nothing else would tell you), with an "
+                     "<b>alarm</b> when τ stays near 1 or "
                      "acceptance halves. Name the drafter kind to judge each position against what that kind usually "
                      f"keeps. The same as <code>python -m specviz watch URL --drafter KIND</code>.<br>{where}")
 
