@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import urllib.request
+from pathlib import Path
 
-from specviz.paths import SPEC_BENCH
-from specviz.serving import engine_export, server
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from specviz.paths import SPEC_BENCH  # noqa: E402
+from specviz.serving import engine_export, server  # noqa: E402
 
 
 def post(url: str, path: str, body: dict) -> dict:
