@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from specviz import engines
+from specviz.models import drafts
 from specviz.models import loader as models
 from specviz.ui.logic import make_config
 
@@ -125,8 +126,8 @@ def test_eight_concurrent_sessions_each_get_their_own_results(app_url, target):
     # (other tests of the session may have loaded the target in another dtype or with another attention, such as
     # the sdpa control of the bitwise tests: count the app's own, the default attention)
     assert sum(1 for key in models._cache if key == ("smollm2-135m", "cpu", str(target.dtype), None)) == 1
-    assert target.model in models._int8_copies
-    assert len(models._int8_copies) <= sum(1 for key in models._cache if key[0] == "smollm2-135m")
+    assert target.model in drafts._int8_copies
+    assert len(drafts._int8_copies) <= sum(1 for key in models._cache if key[0] == "smollm2-135m")
 
 
 # --- Stop -----------------------------------------------------------------------------------------------
