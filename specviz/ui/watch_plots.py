@@ -98,7 +98,11 @@ def watch_rate_figure(series: Sequence, t0: float) -> go.Figure:
          "hovertemplate": "%{x:.0f} s: %{y:.1f} requests running<extra></extra>"},
     ]
     return figure(data, "Drafted and accepted tokens per second", None if series else "waiting for a second scrape",
-                   margin={"l": 64, "r": 64, "t": 60, "b": 56},
+                   # the legend under the axis title: at the top right, beside the second axis, it wrapped onto the
+                   # title (headless Chromium at 1400 px, a half-width panel)
+                   legend={"orientation": "h", "yanchor": "top", "y": -0.24, "xanchor": "left", "x": 0.0,
+                           "font": {"size": 15}},
+                   margin={"l": 64, "r": 64, "t": 60, "b": 110},
                    xaxis={"title": {"text": "seconds since the watch started"}, "rangemode": "tozero"},
                    yaxis={"title": {"text": "tokens / s"}, "rangemode": "tozero"},
                    yaxis2={"title": {"text": "running"}, "overlaying": "y", "side": "right", "rangemode": "tozero",
