@@ -189,23 +189,19 @@ def cmd_serve(args) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        if args.drafter == engines.NO_DRAFTER:  # the reference `probe --reference` compares greedy answers with
-            plan = engines.reference(args.engine, port=port)
-            print(f"starting {plan.engine} without speculation on {plan.url}: {plan.command}", flush=True)
-        else:
-            plan = engines.plan(args.engine, args.drafter, port, fmt=args.format)
-            print(f"starting {plan.engine} with drafter {plan.drafter} (γ={plan.gamma}) on {plan.url}: {plan.command}",
-                  flush=True)
+        plan = engines.plan(args.engine, args.drafter, port, fmt=args.format)
+        how = f"with drafter {plan.drafter} (γ={plan.gamma})" if plan.speculative else "without speculation"
+        print(f"starting {plan.engine} {how} on {plan.url}: {plan.command}", flush=True)
         t0 = time.monotonic()
         with engines.Engine(plan, log_path=Path(args.log) if args.log else None) as engine:
             print(f"serving at {engine.url} (ready in {time.monotonic() - t0:.0f} s; engine process group "
                   f"{engine.pgid}; log {engine.log})", flush=True)
-            if args.drafter == engines.NO_DRAFTER:
-                print(f"  the reference of a probe: python -m specviz probe URL ... --reference {engine.url}",
-                      flush=True)
-            else:
+            if plan.speculative:
                 print(f"  watch: {engines.watch_command(engine.url, args.drafter)}", flush=True)
                 print(f"  probe: {engines.probe_command(engine.url, args.drafter)}", flush=True)
+            else:  # the reference `probe --reference` compares greedy answers with
+                print(f"  the reference of a probe: python -m specviz probe URL ... --reference {engine.url}",
+                      flush=True)
             print("Ctrl-C stops it", flush=True)
             end = None if duration is None else time.monotonic() + duration
             while end is None or time.monotonic() < end:

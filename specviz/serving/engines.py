@@ -107,29 +107,30 @@ def drafter_kind(value: str) -> tuple[str, Optional[Path]]:
         return "ngram", None
     if value in SHIPPED:
         return value, shipped(value)
-    path = Path(value)
+    path, named = Path(value), ", ".join(("ngram", *SHIPPED))
     if path.is_dir() and (path / "config.json").is_file():
         kind = json.loads((path / "config.json").read_text()).get("kind")
         if kind in KINDS:
             return kind, path
-        raise ServeError(f"drafter={value!r} is a {kind or 'non-specviz'} drafter: serve takes "
-                         f"{', '.join(('ngram', *SHIPPED))} or a folder of one of those trained here")
+        raise ServeError(f"drafter={value!r} is a {kind or 'non-specviz'} drafter: serve takes {named} or a folder of "
+                         "one of those trained here")
     if path.exists() or "/" in value:  # meant as a folder: say what is wrong with it
         from specviz.drafters.config import not_a_drafter_folder
 
         raise ServeError(not_a_drafter_folder(path))
-    raise ServeError(f"drafter={value!r} is unknown: use {', '.join(('ngram', *SHIPPED))}, or a drafter folder "
-                     "trained here")
+    raise ServeError(f"drafter={value!r} is unknown: use {named}, or a drafter folder trained here")
 
 
 def plan(engine: str, drafter: str, port: Optional[int] = None, spec: str = "smollm2-135m",
          log: Callable[[str], None] = print, export_root: Optional[Path] = None, fmt: str = "native") -> Plan:
-    """Check the request, export what it needs (cached, in `fmt`: native or speculators), and build the command.
-    ServeError: one line."""
+    """Check the request, export what it needs (cached, in `fmt`: native or speculators), and build the command;
+    drafter NO_DRAFTER: the engine without speculation (reference()). ServeError: one line."""
     from specviz.serving import engine_export as ee
 
     if engine not in ENGINES:
         raise ServeError(f"engine={engine!r} is unknown: use one of {', '.join(ENGINES)}")
+    if drafter == NO_DRAFTER:
+        return reference(engine, spec, log, export_root, port)
     kind, folder = drafter_kind(drafter)
     if fmt != ee.NATIVE:
         try:
@@ -158,7 +159,7 @@ def reference(engine: str, spec: str = "smollm2-135m", log: Callable[[str], None
     n-gram plan with its speculation arguments, always the last ones, cut off); `serve --drafter none`."""
     p = plan(engine, "ngram", port, spec=spec, log=log, export_root=export_root)
     first = "--speculative-config" if p.engine == "vllm" else next(iter(p.speculative))
-    return replace(p, drafter="none", argv=p.argv[:p.argv.index(first)], speculative={})
+    return replace(p, drafter=NO_DRAFTER, argv=p.argv[:p.argv.index(first)], speculative={})
 
 
 def _exports(kind: str, folder: Optional[Path], spec: str, log, root: Optional[Path], fmt: str = "native"):
